@@ -1,0 +1,3 @@
+"""slurm-elastic: elastic deep-learning training on Slurm."""
+
+__version__ = "0.1.0"

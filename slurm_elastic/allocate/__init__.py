@@ -1,0 +1,1 @@
+"""Choosing the allocation: the L1-norm multi-resource MILP on HiGHS, Slurm request shapes, throughput models."""

@@ -1,0 +1,175 @@
+"""The allocation problem and its answer: plain data shared by the solver, the controller and the simulator.
+
+Contract (the controller, the simulator and the benchmarks rely on it):
+
+- `AllocationProblem(jobs, nodes, policy)` can be built from plain
+  descriptions; `AllocationProblem.from_state(ClusterState, policy)` builds it
+  from a Slurm snapshot (lives in `allocate/from_state.py`).
+- `slurm_elastic.allocate.solve(problem) -> Allocation`.
+- Job keys are strings (Slurm job ids as text, or simulator job names).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, runtime_checkable
+
+from slurm_elastic.errors import AllocationError
+
+
+@runtime_checkable
+class ThroughputModel(Protocol):
+    """Speed (samples/s, or any unit consistent per job) at `gpus` GPUs spread over `nodes` nodes."""
+
+    def __call__(self, gpus: int, nodes: int = 1) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCapacity:
+    """What one up node can give to elastic work (configured minus non-elastic use)."""
+
+    name: str
+    gpus: int
+    cpus: int
+    mem_mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """One elastic job as the allocator sees it.
+
+    `current` maps node name -> GPUs the job holds there now (empty when it is
+    not running); `restart_cost_s` is kappa_j, the seconds a resize costs it.
+    `allowed_gpus`, when given, restricts g_j further (e.g. powers of two);
+    0 (not running) is always allowed.
+    """
+
+    key: str
+    min_gpus: int
+    max_gpus: int
+    gpu_step: int = 1
+    cpus_per_gpu: int = 1
+    mem_per_gpu_mb: int = 1024
+    weight: float = 1.0
+    current: Mapping[str, int] = field(default_factory=dict)
+    restart_cost_s: float = 30.0
+    throughput: Callable[..., float] | None = None
+    allowed_gpus: tuple[int, ...] | None = None
+    must_run: bool = False
+
+    @property
+    def current_gpus(self) -> int:
+        return sum(self.current.values())
+
+    def candidate_gpus(self) -> tuple[int, ...]:
+        """Every non-zero GPU count the job may take."""
+        counts = range(self.min_gpus, self.max_gpus + 1, self.gpu_step)
+        if self.allowed_gpus is not None:
+            allowed = set(self.allowed_gpus)
+            return tuple(g for g in counts if g in allowed)
+        return tuple(counts)
+
+    def validate(self) -> None:
+        if not self.key:
+            raise AllocationError("a job needs a non-empty key")
+        for name in ("min_gpus", "max_gpus", "gpu_step"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise AllocationError(f"job {self.key}: {name} must be a positive integer, got {v!r}")
+        if self.min_gpus > self.max_gpus:
+            raise AllocationError(f"job {self.key}: min GPUs {self.min_gpus} exceeds max {self.max_gpus}")
+        for name in ("cpus_per_gpu", "mem_per_gpu_mb"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise AllocationError(f"job {self.key}: {name} must be a non-negative number, got {v!r}")
+        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight) or self.weight <= 0:
+            raise AllocationError(f"job {self.key}: weight must be a positive finite number, got {self.weight!r}")
+        if not math.isfinite(self.restart_cost_s) or self.restart_cost_s < 0:
+            raise AllocationError(f"job {self.key}: restart cost must be >= 0 seconds, got {self.restart_cost_s!r}")
+        if any(g < 0 for g in self.current.values()):
+            raise AllocationError(f"job {self.key}: negative current GPUs {dict(self.current)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Weights of the objective terms and the solver's limits (see docs/method.md)."""
+
+    alpha: float = 0.5        # L1 distance of allocated from demanded resource matrix
+    beta: float = 0.002       # L1 restart cost, per second of kappa_j per GPU changed
+    gamma: float = 0.01       # per node a job spans
+    time_limit_s: float = 10.0
+    mip_rel_gap: float = 0.01
+    allowed_shapes: tuple[int, ...] | None = None  # e.g. (1, 2, 4, 8) GPUs per job, or None for any
+    whole_nodes_when_spanning: bool = True
+    threads: int | None = None
+
+    def validate(self) -> None:
+        for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise AllocationError(f"policy {name} must be a non-negative finite number, got {v!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    """A job that cannot run at its minimum anywhere, and why."""
+
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationProblem:
+    jobs: tuple[JobRequest, ...]
+    nodes: tuple[NodeCapacity, ...]
+    policy: Policy = Policy()
+    unplaceable: tuple[Unplaceable, ...] = ()
+
+    def validate(self) -> None:
+        self.policy.validate()
+        keys = [j.key for j in self.jobs]
+        if len(set(keys)) != len(keys):
+            raise AllocationError("job keys must be unique")
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise AllocationError("node names must be unique")
+        for n in self.nodes:
+            for r in ("gpus", "cpus", "mem_mb"):
+                v = getattr(n, r)
+                if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise AllocationError(f"node {n.name}: {r} capacity must be >= 0, got {v!r}")
+        for j in self.jobs:
+            j.validate()
+
+
+@dataclass(frozen=True, slots=True)
+class JobDecision:
+    """Why a job got what it got (for `--explain`)."""
+
+    key: str
+    gpus_before: int
+    gpus_after: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The solver's answer.
+
+    `gpus[key]` is g_j (0 = not running); `placement[key]` maps node name ->
+    GPUs of the job there. `method` is "milp", "milp-time-limit" (HiGHS's
+    incumbent at its time limit) or "greedy" (no incumbent: fallback).
+    """
+
+    gpus: Mapping[str, int]
+    placement: Mapping[str, Mapping[str, int]]
+    status: str
+    method: str
+    objective: float
+    mip_gap: float
+    bound: float
+    solve_s: float
+    decisions: tuple[JobDecision, ...] = ()
+    unplaceable: tuple[Unplaceable, ...] = ()
+    notes: tuple[str, ...] = ()

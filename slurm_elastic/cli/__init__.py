@@ -1,0 +1,45 @@
+"""The `slurm-elastic` command: click groups only; each subcommand lives in its own module."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from slurm_elastic import __version__
+from slurm_elastic.cli.admin import admin
+from slurm_elastic.cli.cluster import cluster
+from slurm_elastic.cli.demo import demo
+from slurm_elastic.cli.sbatch import sbatch, watch
+from slurm_elastic.cli.simulate import simulate
+from slurm_elastic.cli.status import status
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="slurm-elastic")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """Elastic deep-learning training on Slurm.
+
+    Submit jobs with a GPU range; a controller re-solves the allocation of
+    GPUs, CPUs and memory over all elastic jobs (an L1-norm integer program
+    on HiGHS) when nodes are lost or gained, requeues the jobs whose size
+    changes, and the training shim resumes from the last forward-layer
+    checkpoint.
+
+    \b
+    Examples:
+      slurm-elastic cluster up                 # a real 4-node Slurm on loopback
+      slurm-elastic sbatch --gpus 2-8 train.sbatch
+      slurm-elastic admin rebalance --dry-run --explain
+      slurm-elastic demo
+    """
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    if os.environ.get("SLURM_ELASTIC_LOG"):
+        level = getattr(logging, os.environ["SLURM_ELASTIC_LOG"].upper(), level)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+for command in (sbatch, watch, status, admin, simulate, demo, cluster):
+    main.add_command(command)

@@ -1,0 +1,37 @@
+"""Shared click plumbing: turning ElasticError into one clear line and an exit code."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Callable, TypeVar
+
+import click
+
+from slurm_elastic.errors import ElasticError, PermissionRefused, SpecError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def not_implemented(what: str) -> None:
+    """For commands a later issue fills: say so and exit 2, never pretend to work."""
+    raise click.UsageError(f"{what} is not implemented yet")
+
+
+def elastic_errors(func: F) -> F:
+    """Map the ElasticError family to click errors: bad input exits 2, failures exit 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (SpecError, PermissionRefused) as exc:
+            raise click.UsageError(str(exc)) from None
+        except ElasticError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(payload: object) -> None:
+    click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,57 @@
+"""The Backend protocol: every Slurm call the controller makes goes through one of these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from slurm_elastic.cluster.model import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitDescription:
+    """What to submit, in Slurm's nouns; the backend turns it into sbatch flags or an API call."""
+
+    script: str                                # path of the batch script
+    nodes: int
+    gpus_per_node: int
+    cpus_per_gpu: int
+    mem_per_gpu_mb: int
+    comment: str = ""                          # the canonical ElasticSpec text for elastic jobs
+    job_name: str | None = None
+    requeue: bool = True
+    hold: bool = False
+    extra_args: tuple[str, ...] = ()           # other sbatch options, passed through unchanged
+    script_args: tuple[str, ...] = ()
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Slurm behind one interface (CLI, pyslurm, or the simulator)."""
+
+    name: str
+
+    def snapshot(self) -> ClusterState:
+        """All nodes and jobs, in a constant number of Slurm calls."""
+        ...
+
+    def submit(self, description: SubmitDescription) -> int: ...
+
+    def hold(self, job_id: int) -> None: ...
+
+    def requeue_hold(self, job_id: int) -> None: ...
+
+    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
+                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+        """Change a pending (held) job's shape; `start_now` clears the requeue BeginTime delay."""
+        ...
+
+    def release(self, job_id: int) -> None: ...
+
+    def signal(self, job_id: int, signal: str) -> None:
+        """Send `signal` (e.g. 'USR2') to every step of the job, including the batch step."""
+        ...
+
+    def cancel(self, job_id: int) -> None: ...

@@ -1,0 +1,1 @@
+"""The level-triggered controller: reconcile cycles, plans, the requeue protocol and its journal."""

@@ -1,0 +1,1 @@
+"""A real multi-node Slurm on loopback for tests, the demo and newcomers."""

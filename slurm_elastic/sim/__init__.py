@@ -1,0 +1,1 @@
+"""The trace-driven what-if simulator and its baseline policies."""
