@@ -42,3 +42,7 @@ class ClusterSetupError(ElasticError):
 
 class PermissionRefused(ElasticError):
     """The caller may not perform this action (e.g. a non-operator acting cluster-wide)."""
+
+
+class TraceError(ElasticError):
+    """A simulator input (workload trace, application profile, sacct export, failure file) is malformed."""
