@@ -1,0 +1,178 @@
+"""`scontrol show job|node` text (one-line `-o` or multi-line) turned into the cluster model.
+
+The fallback where JSON is unavailable or lacks a field: `scontrol show` text exists with the
+same keys on every Slurm from 22.05 on. Values may contain spaces (OS=, Command=, Comment=,
+SubmitLine=), so a token starts a new key only if it looks like one of scontrol's keys:
+an upper-case first letter, then letters, digits, '_', '/', ':' up to '='.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Iterable
+
+from slurm_elastic.cluster.model import Job, JobState, Node
+from slurm_elastic.cluster.slurm_values import (SlurmParseError, expand_hostlist, gres_gpus, job_state,
+                                                node_state, per_gpu_value, size_mb, spec_from_comment,
+                                                tres_gpus)
+
+_KEY = re.compile(r"[A-Z][A-Za-z0-9_/:]*=")
+_NULL = ("", "(null)", "N/A", "None", "Unknown")
+
+
+def records(text: str, first_key: str) -> list[dict[str, str]]:
+    """Split scontrol output into key/value records; each record starts at `first_key=`."""
+    out: list[dict[str, str]] = []
+    current: dict[str, str] | None = None
+    last_key: str | None = None
+    for token in text.split():
+        m = _KEY.match(token)
+        if m:
+            key, value = token[:m.end() - 1], token[m.end():]
+            if key == first_key:
+                current = {}
+                out.append(current)
+            if current is None:
+                raise SlurmParseError(f"scontrol text does not start with {first_key}=: {text[:80]!r}")
+            current[key] = value
+            last_key = key
+        elif current is not None and last_key is not None:
+            current[last_key] = f"{current[last_key]} {token}"
+    return out
+
+
+def _int(rec: dict[str, str], key: str, rid: object, default: int | None = None) -> int:
+    raw = rec.get(key)
+    if raw is None:
+        if default is None:
+            raise SlurmParseError(f"scontrol text for {rid}: {key}= is missing")
+        return default
+    m = re.match(r"\d+", raw)
+    if m is None:
+        if default is None:
+            raise SlurmParseError(f"scontrol text for {rid}: {key}={raw!r} is not a number")
+        return default
+    return int(m[0])
+
+
+def _time(raw: str | None) -> float | None:
+    if raw in _NULL or raw is None:
+        return None
+    try:
+        return time.mktime(time.strptime(raw, "%Y-%m-%dT%H:%M:%S"))  # scontrol prints local time
+    except ValueError:
+        return None
+
+
+def _mem_field(rec: dict[str, str], key: str) -> int | None:
+    raw = rec.get(key)
+    if raw in _NULL or raw is None:
+        return None
+    return size_mb(raw)
+
+
+def jobs_from_text(text: str) -> tuple[Job, ...]:
+    return tuple(job_from_text(rec) for rec in records(text, "JobId"))
+
+
+def job_from_text(rec: dict[str, str]) -> Job:
+    jid = _int(rec, "JobId", "job")
+    if "JobState" not in rec:
+        raise SlurmParseError(f"scontrol text for job {jid}: JobState= is missing")
+    state = job_state(rec["JobState"])
+    reason = rec.get("Reason", "")
+    if reason in _NULL:
+        reason = ""
+    user_field = rec.get("UserId", "")
+    m = re.fullmatch(r"(.*)\((\d+)\)", user_field)
+    user, uid = (m[1], int(m[2])) if m else (user_field, None)
+    if not user:
+        raise SlurmParseError(f"scontrol text for job {jid}: UserId= is missing")
+
+    nodes = expand_hostlist(rec.get("NodeList", ""))
+    num_nodes = len(nodes) if (nodes and state.active) else _int(rec, "NumNodes", jid)
+    gpn = _text_gpus_per_node(rec, num_nodes, running=state.active)
+    cpus = _int(rec, "NumCPUs", jid)
+    cpus_per_node = math.ceil(cpus / max(num_nodes, 1))
+    cpg = per_gpu_value(rec.get("CpusPerTres"))
+    mpg_raw = per_gpu_value(rec.get("MemPerTres"))
+    mem_per_gpu = size_mb(mpg_raw) if mpg_raw else None
+    mem_node = _mem_field(rec, "MinMemoryNode")
+    if mem_node is None:
+        per_cpu = _mem_field(rec, "MinMemoryCPU")
+        mem_node = per_cpu * cpus_per_node if per_cpu else (mem_per_gpu or 0) * gpn
+    priority = _int(rec, "Priority", jid)
+    comment = rec.get("Comment", "")
+    comment = "" if comment == "(null)" else comment
+    spec, spec_error = spec_from_comment(comment)
+    ran = state.active or state.finished or state is JobState.REQUEUE_HOLD
+    return Job(
+        job_id=jid, user=user, name=rec.get("JobName", ""), state=state, reason=reason, nodes=nodes,
+        num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node, mem_per_node_mb=mem_node,
+        cpus_per_gpu=int(cpg) if cpg and cpg.isdigit() else None, mem_per_gpu_mb=mem_per_gpu,
+        restarts=_int(rec, "Restarts", jid), requeue=rec.get("Requeue") == "1",
+        held=state is JobState.REQUEUE_HOLD or (state is JobState.PENDING and priority == 0
+                                                and reason.startswith("JobHeld")),
+        partition=rec.get("Partition", ""), comment=comment, user_id=uid,
+        submit_time=_time(rec.get("SubmitTime")),
+        start_time=_time(rec.get("StartTime")) if ran else None,
+        spec=spec, spec_error=spec_error,
+    )
+
+
+def _text_gpus_per_node(rec: dict[str, str], num_nodes: int, *, running: bool) -> int:
+    if running and rec.get("GRES"):  # `scontrol show job -d`: per-node allocation
+        got = gres_gpus(rec["GRES"])
+        if got is not None:
+            return got
+    for key in ("TresPerNode", "Gres"):
+        got = gres_gpus(rec.get(key))
+        if got is not None:
+            return got
+    per_job = gres_gpus(rec.get("TresPerJob"))
+    if per_job is not None:
+        return math.ceil(per_job / max(num_nodes, 1))
+    for key in ("AllocTRES", "TRES", "ReqTRES"):
+        total = tres_gpus(rec.get(key))
+        if total is not None:
+            return math.ceil(total / max(num_nodes, 1))
+    return 0
+
+
+def nodes_from_text(text: str, jobs: Iterable[Job] = ()) -> tuple[Node, ...]:
+    """Nodes of `scontrol show node [-d] [-o]`.
+
+    Used GPUs come from GresUsed= (only with -d) or a gres/gpu entry in AllocTRES= (only if
+    the site accounts GPUs); failing both, from the running `jobs` on the node, which is what
+    Slurm itself counts.
+    """
+    held: dict[str, int] = {}
+    for j in jobs:
+        if j.state.active:
+            for n in j.nodes:
+                held[n] = held.get(n, 0) + j.gpus_per_node
+    out = []
+    for rec in records(text, "NodeName"):
+        name = rec["NodeName"]
+        if "State" not in rec:
+            raise SlurmParseError(f"scontrol text for node {name}: State= is missing")
+        state, flags = node_state(rec["State"])
+        used = gres_gpus(rec.get("GresUsed"))
+        if used is None:
+            used = tres_gpus(rec.get("AllocTRES"))
+        if used is None:
+            used = held.get(name, 0)
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", rec.get("Reason", ""))
+        cpus = _int(rec, "CPUEfctv", name, default=-1)
+        out.append(Node(
+            name=name, state=state, flags=flags,
+            cpus=cpus if cpus >= 0 else _int(rec, "CPUTot", name),
+            cpus_alloc=_int(rec, "CPUAlloc", name), mem_mb=_int(rec, "RealMemory", name),
+            mem_alloc_mb=_int(rec, "AllocMem", name, default=0),
+            gpus=gres_gpus(rec.get("Gres")) or 0, gpus_alloc=used,
+            partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p and p not in _NULL),
+            reason="" if reason in _NULL else reason,
+        ))
+    return tuple(out)
