@@ -1,0 +1,229 @@
+"""The shape of a local cluster (nodes, ports, resources) and where its files live."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slurm_elastic.errors import ClusterSetupError
+
+CLUSTER_DIR_ENV = "SLURM_ELASTIC_CLUSTER_DIR"
+# slurmctld listens on port_base; node i (1-based) on port_base + 3 + i, so the
+# defaults are Slurm's own (6817 for slurmctld, n1 on 6821).
+DEFAULT_PORT_BASE = 6817
+_NODE_PORT_OFFSET = 3
+# A unix socket path is limited to 108 bytes (sun_path).
+_MAX_SOCKET_PATH = 107
+
+
+def default_state_dir() -> Path:
+    """`$SLURM_ELASTIC_CLUSTER_DIR`, else `$XDG_STATE_HOME/slurm-elastic/cluster` (XDG default ~/.local/state)."""
+    override = os.environ.get(CLUSTER_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(xdg).expanduser() / "slurm-elastic" / "cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One node as slurm.conf declares it; a spare is configured but not started by `up`."""
+
+    name: str
+    port: int
+    gpus: int
+    cpus: int
+    memory_mb: int
+    spare: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLayout:
+    """Everything `up` decides once and later commands must agree on (saved as cluster.json)."""
+
+    state_dir: Path
+    slurm_version: str
+    nodes: int = 4
+    spares: int = 2
+    gpus_per_node: int = 4
+    cpus_per_node: int = 8
+    memory_mb: int = 16000
+    port_base: int = DEFAULT_PORT_BASE
+    partition: str = "gpu"
+    cluster_name: str = "elastic-local"
+    job_submit_lua: bool = False
+    node_prefix: str = "n"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.nodes < 1:
+            problems.append(f"--nodes must be at least 1 (got {self.nodes})")
+        if self.spares < 0:
+            problems.append(f"--spares must be 0 or more (got {self.spares})")
+        if self.gpus_per_node < 0 or self.gpus_per_node > 64:
+            problems.append(f"--gpus must be between 0 and 64 (got {self.gpus_per_node})")
+        if self.cpus_per_node < 1:
+            problems.append(f"--cpus must be at least 1 (got {self.cpus_per_node})")
+        if self.memory_mb < 100:
+            problems.append(f"--mem-mb must be at least 100 (got {self.memory_mb})")
+        last_port = self.port_base + _NODE_PORT_OFFSET + self.nodes + self.spares
+        if self.port_base < 1024 or last_port > 65535:
+            problems.append(f"--port-base {self.port_base} puts ports outside 1024-65535 (last would be {last_port})")
+        if len(str(self.munge_socket)) > _MAX_SOCKET_PATH:
+            problems.append(f"--state-dir is too long for a unix socket path ({self.munge_socket})")
+        if problems:
+            raise ClusterSetupError("; ".join(problems))
+
+    # -- nodes and ports -------------------------------------------------
+    @property
+    def ctld_port(self) -> int:
+        return self.port_base
+
+    @property
+    def node_specs(self) -> tuple[NodeSpec, ...]:
+        return tuple(
+            NodeSpec(
+                name=f"{self.node_prefix}{i}",
+                port=self.port_base + _NODE_PORT_OFFSET + i,
+                gpus=self.gpus_per_node,
+                cpus=self.cpus_per_node,
+                memory_mb=self.memory_mb,
+                spare=i > self.nodes,
+            )
+            for i in range(1, self.nodes + self.spares + 1)
+        )
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.node_specs)
+
+    @property
+    def spare_names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.node_specs if spec.spare)
+
+    def node(self, name: str) -> NodeSpec:
+        for spec in self.node_specs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    @property
+    def all_ports(self) -> tuple[int, ...]:
+        return (self.ctld_port, *(spec.port for spec in self.node_specs))
+
+    # -- files -------------------------------------------------------------
+    @property
+    def etc_dir(self) -> Path:
+        return self.state_dir / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc_dir / "slurm.conf"
+
+    @property
+    def gres_conf(self) -> Path:
+        return self.etc_dir / "gres.conf"
+
+    @property
+    def cgroup_conf(self) -> Path:
+        return self.etc_dir / "cgroup.conf"
+
+    @property
+    def job_submit_lua_path(self) -> Path:
+        # Slurm's lua plugin reads job_submit.lua from the directory of slurm.conf.
+        return self.etc_dir / "job_submit.lua"
+
+    @property
+    def dev_dir(self) -> Path:
+        return self.state_dir / "dev"
+
+    def gpu_files(self, node: str) -> tuple[Path, ...]:
+        return tuple(self.dev_dir / f"{node}gpu{i}" for i in range(self.gpus_per_node))
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.state_dir / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.munge_dir / "munge.key"
+
+    @property
+    def munge_pid(self) -> Path:
+        return self.munge_dir / "munged.pid"
+
+    @property
+    def munge_log(self) -> Path:
+        return self.log_dir / "munged.log"
+
+    @property
+    def munge_seed(self) -> Path:
+        return self.munge_dir / "munged.seed"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "log"
+
+    @property
+    def ctld_state_dir(self) -> Path:
+        return self.state_dir / "ctld"
+
+    @property
+    def ctld_pid(self) -> Path:
+        return self.run_dir / "slurmctld.pid"
+
+    @property
+    def ctld_log(self) -> Path:
+        return self.log_dir / "slurmctld.log"
+
+    @property
+    def spool_root(self) -> Path:
+        return self.state_dir / "spool"
+
+    def slurmd_pid(self, node: str) -> Path:
+        return self.run_dir / f"slurmd-{node}.pid"
+
+    def slurmd_log(self, node: str) -> Path:
+        return self.log_dir / f"slurmd-{node}.log"
+
+    def slurmd_spool(self, node: str) -> Path:
+        return self.spool_root / node
+
+    @property
+    def env_file(self) -> Path:
+        return self.state_dir / "env"
+
+    @property
+    def layout_file(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    # -- persistence -----------------------------------------------------
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["state_dir"] = str(self.state_dir)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ClusterLayout:
+        path = Path(state_dir) / "cluster.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ClusterSetupError(
+                f"no local cluster in {state_dir} (no cluster.json); start one with `slurm-elastic cluster up`"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise ClusterSetupError(f"cannot read {path}: {exc}") from None
+        data["state_dir"] = Path(data["state_dir"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{key: value for key, value in data.items() if key in known})

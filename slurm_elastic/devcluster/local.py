@@ -1,0 +1,570 @@
+"""LocalCluster: start, inspect, break and stop a real multi-node Slurm on 127.0.0.1."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.devcluster import processes
+from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE, ClusterLayout, default_state_dir
+from slurm_elastic.devcluster.processes import Identity
+from slurm_elastic.devcluster.slurmconf import (
+    SPARE_REASON,
+    render_cgroup_conf,
+    render_gres_conf,
+    render_slurm_conf,
+)
+from slurm_elastic.devcluster.version import SlurmVersion, detect_version, require_program
+from slurm_elastic.errors import ClusterSetupError
+
+log = logging.getLogger(__name__)
+
+# NVIDIA's character-device major number; nothing ever opens these files, but
+# Slurm only exports CUDA_VISIBLE_DEVICES for GRES files that are devices.
+_GPU_DEVICE_MAJOR = 195
+# States in which a node has registered and can run jobs.
+_SERVING = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
+_NOT_SERVING_FLAGS = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN"}
+
+
+class ClusterAlreadyUp(ClusterSetupError):
+    """`up` found the cluster of this state directory already running."""
+
+
+class UnknownNode(ClusterSetupError):
+    """A node name that this cluster does not have (bad input)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One node as Slurm and the process table see it."""
+
+    name: str
+    state: str  # Slurm's State=, e.g. IDLE, MIXED, DOWN+NOT_RESPONDING; STOPPED when slurmctld is not running
+    gpus: int
+    cpus: int
+    memory_mb: int
+    port: int
+    spare: bool
+    started: bool  # its slurmd is running
+    slurmd_pid: int | None
+    reason: str | None
+
+    @property
+    def serving(self) -> bool:
+        """Registered and schedulable (IDLE/MIXED/ALLOCATED, not DOWN, not responding or drained)."""
+        return node_state_serving(self.state)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "gpus": self.gpus,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "port": self.port,
+            "spare": self.spare,
+            "started": self.started,
+            "slurmd_pid": self.slurmd_pid,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """The whole local cluster: what `status --json` prints."""
+
+    state_dir: Path
+    slurm_conf: Path
+    slurm_version: str
+    running: bool  # slurmctld is running
+    controller_pid: int | None
+    controller_port: int
+    munged_pid: int | None
+    env_file: Path
+    nodes: tuple[NodeStatus, ...]
+
+    def node(self, name: str) -> NodeStatus:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state_dir": str(self.state_dir),
+            "slurm_conf": str(self.slurm_conf),
+            "slurm_version": self.slurm_version,
+            "running": self.running,
+            "controller_pid": self.controller_pid,
+            "controller_port": self.controller_port,
+            "munged_pid": self.munged_pid,
+            "env_file": str(self.env_file),
+            "nodes": [node.to_dict() for node in self.nodes],
+        }
+
+
+def node_state_serving(state: str) -> bool:
+    parts = state.upper().split("+")
+    return parts[0] in _SERVING and not _NOT_SERVING_FLAGS.intersection(parts[1:])
+
+
+def parse_scontrol_nodes(text: str) -> dict[str, dict[str, str]]:
+    """`scontrol -o show node` (one line per node) -> {name: {key: value}}; same text format on every version."""
+    nodes: dict[str, dict[str, str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("NodeName="):
+            continue
+        fields: dict[str, str] = {}
+        # Values (Reason=...) may contain spaces; a new field starts at " Key=".
+        for token in re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line):
+            key, _, value = token.partition("=")
+            fields[key] = value
+        nodes[fields["NodeName"]] = fields
+    return nodes
+
+
+class LocalCluster:
+    """A real Slurm (one slurmctld, one `slurmd -N nX` per node, a private munged) in one state directory.
+
+    Every process it signals is found by its pid file and checked against
+    /proc/<pid>/cmdline first, so nothing outside this cluster is touched.
+    """
+
+    def __init__(self, state_dir: Path | str | None = None) -> None:
+        self.state_dir = Path(state_dir).expanduser().resolve() if state_dir else default_state_dir().resolve()
+
+    # -- what is there -----------------------------------------------------
+    @property
+    def layout(self) -> ClusterLayout:
+        return ClusterLayout.load(self.state_dir)
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.state_dir / "etc" / "slurm.conf"
+
+    def exists(self) -> bool:
+        """True if `up` ran here at least once (there is a cluster.json)."""
+        return (self.state_dir / "cluster.json").is_file()
+
+    def env(self) -> dict[str, str]:
+        """The variables a Slurm client needs to talk to this cluster (to merge into os.environ)."""
+        return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env())
+        return env
+
+    def is_up(self) -> bool:
+        """slurmctld of this state directory is running."""
+        return self.exists() and self._ctld_pid(self.layout) is not None
+
+    # -- identities and pids -----------------------------------------------
+    @staticmethod
+    def _ctld_identity(layout: ClusterLayout) -> Identity:
+        return Identity("slurmctld", (str(layout.slurm_conf),))
+
+    @staticmethod
+    def _slurmd_identity(layout: ClusterLayout, node: str) -> Identity:
+        return Identity("slurmd", (str(layout.slurm_conf), f"-N\0{node}"))
+
+    @staticmethod
+    def _munged_identity(layout: ClusterLayout) -> Identity:
+        return Identity("munged", (f"--socket={layout.munge_socket}",))
+
+    def _ctld_pid(self, layout: ClusterLayout) -> int | None:
+        return processes.verified_pid(layout.ctld_pid, self._ctld_identity(layout))
+
+    def _slurmd_pid(self, layout: ClusterLayout, node: str) -> int | None:
+        return processes.verified_pid(layout.slurmd_pid(node), self._slurmd_identity(layout, node))
+
+    def _munged_pid(self, layout: ClusterLayout) -> int | None:
+        return processes.verified_pid(layout.munge_pid, self._munged_identity(layout))
+
+    def leftover_processes(self) -> list[int]:
+        """Every live process of this cluster: daemons (by their arguments) and job step daemons (by log file)."""
+        layout = self.layout
+        pids = set(processes.processes_mentioning(str(layout.slurm_conf), ("slurmctld", "slurmd")))
+        pids.update(processes.processes_mentioning(f"--socket={layout.munge_socket}", ("munged",)))
+        stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
+        pids.update(stepds)
+        pids.update(processes.descendants(stepds))
+        return sorted(pids)
+
+    # -- Slurm commands ----------------------------------------------------
+    def slurm(self, *args: str, timeout: float = 20.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command (scontrol, sinfo, ...) against this cluster."""
+        program = require_program(args[0])
+        try:
+            result = subprocess.run(
+                [program, *args[1:]], env=self._env(), capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise ClusterSetupError(f"`{' '.join(args)}` did not answer within {timeout:.0f} s") from None
+        if check and result.returncode != 0:
+            raise ClusterSetupError(f"`{' '.join(args)}` failed: {(result.stderr or result.stdout).strip()}")
+        return result
+
+    def node_states(self) -> dict[str, dict[str, str]]:
+        """Slurm's view of every node (`scontrol -o show node`), keyed by node name."""
+        return parse_scontrol_nodes(self.slurm("scontrol", "-o", "show", "node").stdout)
+
+    # -- status --------------------------------------------------------------
+    def status(self) -> ClusterStatus:
+        layout = self.layout
+        ctld = self._ctld_pid(layout)
+        slurm_view: dict[str, dict[str, str]] = {}
+        if ctld is not None:
+            try:
+                slurm_view = self.node_states()
+            except ClusterSetupError as exc:
+                log.warning("slurmctld pid %d is alive but does not answer: %s", ctld, exc)
+        nodes = []
+        for spec in layout.node_specs:
+            fields = slurm_view.get(spec.name, {})
+            state = fields.get("State") or ("UNKNOWN" if ctld is not None else "STOPPED")
+            pid = self._slurmd_pid(layout, spec.name)
+            nodes.append(
+                NodeStatus(
+                    name=spec.name,
+                    state=state,
+                    gpus=spec.gpus,
+                    cpus=spec.cpus,
+                    memory_mb=spec.memory_mb,
+                    port=spec.port,
+                    spare=spec.spare,
+                    started=pid is not None,
+                    slurmd_pid=pid,
+                    reason=fields.get("Reason") or None,
+                )
+            )
+        return ClusterStatus(
+            state_dir=layout.state_dir,
+            slurm_conf=layout.slurm_conf,
+            slurm_version=layout.slurm_version,
+            running=ctld is not None,
+            controller_pid=ctld,
+            controller_port=layout.ctld_port,
+            munged_pid=self._munged_pid(layout),
+            env_file=layout.env_file,
+            nodes=tuple(nodes),
+        )
+
+    # -- up ------------------------------------------------------------------
+    def up(
+        self,
+        *,
+        nodes: int = 4,
+        spares: int = 2,
+        gpus_per_node: int = 4,
+        cpus_per_node: int = 8,
+        memory_mb: int = 16000,
+        port_base: int = DEFAULT_PORT_BASE,
+        job_submit_lua: Path | str | None = None,
+        timeout: float = 60.0,
+    ) -> ClusterStatus:
+        """Write the configuration, start munged, slurmctld and one slurmd per non-spare node; wait until IDLE."""
+        if os.geteuid() != 0:
+            raise ClusterSetupError(
+                "`slurm-elastic cluster up` must run as root (slurmd runs jobs as their users); use sudo"
+            )
+        for program in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "scancel"):
+            require_program(program)
+        if self.exists():
+            left = self.leftover_processes()
+            if left:
+                what = "is already up" if self.is_up() else "is partly running"
+                raise ClusterAlreadyUp(
+                    f"the local cluster in {self.state_dir} {what} (pids {', '.join(map(str, left))}); "
+                    "use it, or stop it first with `slurm-elastic cluster down`"
+                )
+        lua_source = Path(job_submit_lua).expanduser() if job_submit_lua else None
+        if lua_source is not None and not lua_source.is_file():
+            raise ClusterSetupError(f"--job-submit-lua {lua_source}: no such file")
+        version = detect_version()
+        layout = ClusterLayout(
+            state_dir=self.state_dir,
+            slurm_version=str(version),
+            nodes=nodes,
+            spares=spares,
+            gpus_per_node=gpus_per_node,
+            cpus_per_node=cpus_per_node,
+            memory_mb=memory_mb,
+            port_base=port_base,
+            job_submit_lua=lua_source is not None,
+        )
+        self._check_ports(layout)
+        self._write_files(layout, version, lua_source)
+        started = time.monotonic()
+        try:
+            self._start_munged(layout)
+            self._start_ctld(layout, timeout)
+            self._mark_spares_down(layout)
+            serving = [spec.name for spec in layout.node_specs if not spec.spare]
+            for name in serving:
+                self._start_slurmd(layout, name)
+            self.wait_for_nodes(serving, node_state_serving, timeout=timeout, what="IDLE")
+        except BaseException:
+            # Never leave half a cluster behind: stop whatever this call started.
+            try:
+                self._stop_everything(layout)
+            except ClusterSetupError as exc:
+                log.error("cleanup after a failed start: %s", exc)
+            raise
+        log.info("local cluster up in %.2f s (%s)", time.monotonic() - started, layout.slurm_conf)
+        return self.status()
+
+    def _check_ports(self, layout: ClusterLayout) -> None:
+        owners = {layout.ctld_port: "slurmctld", **{spec.port: f"{spec.name}'s slurmd" for spec in layout.node_specs}}
+        busy = [f"{port} ({owner})" for port, owner in owners.items() if not processes.port_free(port)]
+        if busy:
+            raise ClusterSetupError(
+                f"port(s) on 127.0.0.1 already in use: {', '.join(busy)}; "
+                f"choose free ones with --port-base (now {layout.port_base})"
+            )
+
+    def _write_files(self, layout: ClusterLayout, version: SlurmVersion, lua_source: Path | None) -> None:
+        for directory in (
+            layout.etc_dir,
+            layout.dev_dir,
+            layout.run_dir,
+            layout.log_dir,
+            layout.ctld_state_dir,
+            layout.spool_root,
+            *(layout.slurmd_spool(name) for name in layout.node_names),
+        ):
+            directory.mkdir(parents=True, exist_ok=True)
+        # munged wants its socket directory executable by all but writable only
+        # by its user, and its key readable only by its user.
+        layout.munge_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(layout.munge_dir, 0o755)
+        if not layout.munge_key.is_file():
+            fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as key:
+                key.write(os.urandom(128))  # what `mungekey -b 1024` writes
+        for name in layout.node_names:
+            for index, path in enumerate(layout.gpu_files(name)):
+                self._make_gpu_file(path, index)
+        _write_text(layout.slurm_conf, render_slurm_conf(layout, version))
+        _write_text(layout.gres_conf, render_gres_conf(layout))
+        cgroup = render_cgroup_conf(version)
+        if cgroup is not None:
+            _write_text(layout.cgroup_conf, cgroup)
+        elif layout.cgroup_conf.exists():
+            layout.cgroup_conf.unlink()
+        if lua_source is not None:
+            shutil.copyfile(lua_source, layout.job_submit_lua_path)
+        elif layout.job_submit_lua_path.exists():
+            layout.job_submit_lua_path.unlink()
+        _write_text(layout.layout_file, layout.to_json())
+        _write_text(layout.env_file, f"export SLURM_CONF={layout.slurm_conf}\n")
+
+    @staticmethod
+    def _make_gpu_file(path: Path, index: int) -> None:
+        try:
+            if stat.S_ISCHR(path.lstat().st_mode):
+                return
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(_GPU_DEVICE_MAJOR, index))
+        except PermissionError:
+            # Some containers forbid mknod; Slurm then sets only SLURM_GPUS_ON_NODE.
+            log.warning("cannot create character device %s; using a plain file (no CUDA_VISIBLE_DEVICES)", path)
+            path.touch()
+
+    def _start_munged(self, layout: ClusterLayout) -> None:
+        argv = [
+            require_program("munged"),
+            f"--socket={layout.munge_socket}",
+            f"--key-file={layout.munge_key}",
+            f"--pid-file={layout.munge_pid}",
+            f"--log-file={layout.munge_log}",
+            f"--seed-file={layout.munge_seed}",
+        ]
+        processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / "munged.start.log")
+        _wait_until(lambda: layout.munge_socket.exists(), 10.0, f"munged did not create {layout.munge_socket}; see {layout.munge_log}")
+
+    def _start_ctld(self, layout: ClusterLayout, timeout: float) -> None:
+        argv = [require_program("slurmctld"), "-f", str(layout.slurm_conf)]
+        processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / "slurmctld.start.log")
+
+        def answering() -> bool:
+            if self._ctld_pid(layout) is None and not _pidfile_pending(layout.ctld_pid):
+                raise ClusterSetupError(f"slurmctld exited during start; see {layout.ctld_log}")
+            result = self.slurm("scontrol", "ping", timeout=10.0, check=False)
+            return result.returncode == 0 and "UP" in result.stdout
+
+        _wait_until(answering, timeout, f"slurmctld did not answer within {timeout:.0f} s; see {layout.ctld_log}")
+
+    def _mark_spares_down(self, layout: ClusterLayout) -> None:
+        """Spares are configured DOWN, but a state recovered from an earlier run may say otherwise."""
+        if not layout.spare_names:
+            return
+        states = self.node_states()
+        not_down = [n for n in layout.spare_names if "DOWN" not in states.get(n, {}).get("State", "DOWN")]
+        if not_down:
+            self.slurm("scontrol", "update", f"NodeName={','.join(not_down)}", "State=DOWN", f"Reason={SPARE_REASON}")
+
+    def _start_slurmd(self, layout: ClusterLayout, name: str) -> None:
+        argv = [require_program("slurmd"), "-f", str(layout.slurm_conf), "-N", name]
+        processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / f"slurmd-{name}.start.log")
+
+    # -- waiting ---------------------------------------------------------------
+    def wait_for_nodes(
+        self,
+        names: Iterable[str],
+        predicate: Callable[[str], bool],
+        *,
+        timeout: float,
+        what: str = "ready",
+    ) -> dict[str, str]:
+        """Poll `scontrol show node` until predicate(State) holds for every node in names; return their states."""
+        names = list(names)
+        layout = self.layout
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while True:
+            view = self.node_states()
+            states = {name: view.get(name, {}).get("State", "UNKNOWN") for name in names}
+            if all(predicate(state) for state in states.values()):
+                return states
+            if time.monotonic() >= deadline:
+                waiting = ", ".join(f"{n}={s}" for n, s in states.items() if not predicate(s))
+                logs = ", ".join(str(layout.slurmd_log(n)) for n in names if not predicate(states[n]))
+                raise ClusterSetupError(
+                    f"nodes not {what} after {timeout:.0f} s: {waiting}; see {logs} and {layout.ctld_log}"
+                )
+            time.sleep(0.1)
+
+    # -- breaking and mending nodes ------------------------------------------
+    def _known(self, layout: ClusterLayout, name: str) -> None:
+        if name not in layout.node_names:
+            raise UnknownNode(f"unknown node {name!r}; this cluster has {', '.join(layout.node_names)}")
+
+    def node_down(self, name: str) -> int:
+        """SIGKILL the node's slurmd and everything it runs (a real node failure); return the slurmd pid.
+
+        Slurm notices by itself: the node becomes DOWN+NOT_RESPONDING about
+        30 s later (SlurmdTimeout=10) and its `--requeue` jobs go back to PENDING.
+        """
+        layout = self.layout
+        self._known(layout, name)
+        pid = self._slurmd_pid(layout, name)
+        if pid is None:
+            raise ClusterSetupError(f"node {name} is not running (its slurmd is not up); nothing to kill")
+        stepds = processes.stepds_writing([layout.slurmd_log(name)])
+        victims = [*stepds, *processes.descendants(stepds)]
+        processes.send(pid, signal.SIGKILL)
+        for victim in victims:
+            processes.send(victim, signal.SIGKILL)
+        left = processes.wait_gone([pid, *victims], 5.0)
+        if left:
+            raise ClusterSetupError(f"node {name}: pids {left} survived SIGKILL")
+        log.info("node %s down: killed slurmd %d and %d job processes", name, pid, len(victims))
+        return pid
+
+    def node_up(self, name: str, *, wait: bool = True, timeout: float = 30.0) -> int:
+        """Start the node's slurmd again (or a spare's for the first time); return its pid.
+
+        With wait, return once Slurm shows the node serving (IDLE or running jobs).
+        """
+        layout = self.layout
+        self._known(layout, name)
+        if self._ctld_pid(layout) is None:
+            raise ClusterSetupError(f"the local cluster in {self.state_dir} is not up; run `slurm-elastic cluster up`")
+        running = self._slurmd_pid(layout, name)
+        if running is not None:
+            raise ClusterSetupError(f"node {name} is already up (slurmd pid {running})")
+        port = layout.node(name).port
+        if not processes.port_free(port):
+            raise ClusterSetupError(f"port {port} for {name}'s slurmd is in use on 127.0.0.1")
+        self._start_slurmd(layout, name)
+        if wait:
+            self.wait_for_nodes([name], node_state_serving, timeout=timeout, what="back in service")
+        pid = self._slurmd_pid(layout, name)
+        if pid is None:
+            raise ClusterSetupError(f"slurmd of {name} exited after starting; see {layout.slurmd_log(name)}")
+        return pid
+
+    # -- down ------------------------------------------------------------------
+    def down(self, *, grace: float = 3.0) -> list[int]:
+        """Cancel every job, stop all daemons, and prove that no process of the cluster is left.
+
+        Returns the pids that were running before. Raises if any survived.
+        """
+        layout = self.layout
+        before = self.leftover_processes()
+        if self._ctld_pid(layout) is not None:
+            self._cancel_all_jobs(grace)
+        self._stop_everything(layout)
+        return before
+
+    def _cancel_all_jobs(self, grace: float) -> None:
+        jobs = self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if not jobs:
+            return
+        self.slurm("scancel", *jobs, check=False)
+        # Give jobs a moment to end cleanly; what is left is SIGKILLed with its step daemon.
+        _wait_until(
+            lambda: not self.slurm("squeue", "-h", "-t", "R,CG,S", "-o", "%i", check=False).stdout.strip(),
+            grace,
+            None,
+        )
+
+    def _stop_everything(self, layout: ClusterLayout) -> None:
+        stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
+        for pid in [*stepds, *processes.descendants(stepds)]:
+            processes.send(pid, signal.SIGKILL)
+        slurmds = [pid for n in layout.node_names if (pid := self._slurmd_pid(layout, n)) is not None]
+        processes.stop(slurmds, grace=5.0)
+        ctld = self._ctld_pid(layout)
+        if ctld is not None:
+            processes.stop([ctld], grace=10.0)
+        munged = self._munged_pid(layout)
+        if munged is not None:
+            processes.stop([munged], grace=5.0)
+        # Anything still alive that carries our configuration (e.g. a daemon
+        # whose pid file was lost) is ours too: stop it as well, then verify.
+        stray = self.leftover_processes()
+        if stray:
+            processes.stop(stray, grace=2.0)
+        left = self.leftover_processes()
+        if left:
+            raise ClusterSetupError(f"processes of the local cluster still running after down: {left}")
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _pidfile_pending(path: Path) -> bool:
+    """slurmctld writes its pid file a moment after daemonizing; treat 'not yet' as still starting."""
+    return not path.exists()
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float, error: str | None) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            if error is None:
+                return False
+            raise ClusterSetupError(error)
+        time.sleep(0.05)
