@@ -44,6 +44,13 @@ command -v "$python" >/dev/null 2>&1 || die "no '$python' on PATH; set PYTHON=/p
 
 changed=0
 say() { echo "install.sh: $*"; }
+log=""
+pip_quiet() {  # pip's build chatter goes to a log; shown only when pip fails
+    if ! "$vpy" -m pip install -q "$@" >>"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        die "pip install $* failed (full log: $log)"
+    fi
+}
 
 # -- Debian's Slurm and munge (the local cluster needs real daemons) --------------------
 if [ "$with_slurm" = 1 ]; then
@@ -67,20 +74,21 @@ if [ "$with_slurm" = 1 ]; then
 fi
 
 # -- the virtual environment ------------------------------------------------------------
-if [ ! -x "$prefix/bin/python" ]; then
+vpy="$prefix/bin/python"
+log="$prefix/install.log"
+if [ ! -x "$vpy" ]; then
     say "creating virtual environment $prefix"
     mkdir -p "$(dirname "$prefix")"
     "$python" -m venv "$prefix"
-    "$prefix/bin/python" -m pip install -q --upgrade pip >/dev/null
+    pip_quiet --upgrade pip
     changed=1
 fi
-vpy="$prefix/bin/python"
 
 # torch: never let a plain requirement pull a multi-GB CUDA build on a CPU machine.
 if ! "$vpy" -c 'import torch' >/dev/null 2>&1; then
     spec=${TORCH_SPEC:-torch}
     say "installing $spec (set TORCH_SPEC to choose a build)"
-    "$vpy" -m pip install -q "$spec"
+    pip_quiet "$spec"
     changed=1
 fi
 
@@ -103,9 +111,9 @@ if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$prefix/bin
 else
     say "installing slurm-elastic $version [$extras] into $prefix"
     if [ "$dev" = 1 ]; then
-        "$vpy" -m pip install -q -e "$here[$extras]"
+        pip_quiet -e "$here[$extras]"
     else
-        "$vpy" -m pip install -q "$here[$extras]"
+        pip_quiet "$here[$extras]"
     fi
     echo "$stamp" > "$stamp_file"
     changed=1

@@ -1,0 +1,90 @@
+"""install.sh and the modulefiles it writes, checked in a real Lmod login shell."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slurm_elastic
+
+REPO = Path(__file__).resolve().parents[1]
+INSTALL = REPO / "install.sh"
+PREFIX = Path(sys.prefix)
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+def _installed_by_install_sh() -> bool:
+    return (PREFIX / ".slurm-elastic-install").is_file()
+
+
+def test_unknown_option_is_one_clear_line() -> None:
+    proc = subprocess.run(["bash", str(INSTALL), "--frobnicate"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "install.sh: unknown option '--frobnicate' (see ./install.sh --help)"
+
+
+def test_prefix_needs_a_value() -> None:
+    proc = subprocess.run(["bash", str(INSTALL), "--prefix"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--prefix needs a directory" in proc.stderr
+
+
+@pytest.mark.skipif(not _installed_by_install_sh(), reason="tests not run from a venv that install.sh made")
+def test_second_run_changes_nothing() -> None:
+    dev = ["--dev"] if (PREFIX / "lib").glob("*/site-packages/__editable__*slurm_elastic*") else []
+    stamp = (PREFIX / ".slurm-elastic-install").read_text()
+    proc = subprocess.run(["bash", str(INSTALL), "--prefix", str(PREFIX), *dev],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing changed" in proc.stdout, proc.stdout
+    assert (PREFIX / ".slurm-elastic-install").read_text() == stamp
+
+
+@pytest.mark.skipif(not LMOD_INIT.exists(), reason="Lmod is not installed (Debian package 'lmod')")
+@pytest.mark.skipif(not _installed_by_install_sh(), reason="tests not run from a venv that install.sh made")
+def test_module_load_in_a_real_lmod_login_shell(tmp_path: Path) -> None:
+    modulefiles = PREFIX / "modulefiles"
+    assert (modulefiles / "slurm-elastic" / f"{slurm_elastic.__version__}.lua").is_file()
+    script = f"""
+        # Lmod drops duplicate PATH entries on unload; start from a PATH without them.
+        export PATH=$(printf %s "$PATH" | awk -v RS=: '!seen[$0]++' | paste -sd:)
+        before=$PATH
+        module use {modulefiles}
+        module load slurm-elastic
+        echo "WHICH=$(command -v slurm-elastic)"
+        slurm-elastic --version
+        python -c 'import slurm_elastic, sys; print("IMPORTED", slurm_elastic.__file__, sys.prefix)'
+        echo "HOME=$SLURM_ELASTIC_HOME"
+        module unload slurm-elastic
+        [ "$PATH" = "$before" ] && echo PATH-RESTORED || echo "PATH-CHANGED $before -> $PATH"
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    proc = subprocess.run(["bash", "-lc", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=120)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert f"WHICH={PREFIX}/bin/slurm-elastic" in out
+    assert f"slurm-elastic, version {slurm_elastic.__version__}" in out
+    assert f"IMPORTED" in out and str(PREFIX) in out.split("IMPORTED", 1)[1].splitlines()[0]
+    assert f"HOME={PREFIX}" in out
+    assert "PATH-RESTORED" in out, out
+
+
+def test_tcl_modulefile_has_the_magic_cookie() -> None:
+    if not _installed_by_install_sh():
+        pytest.skip("tests not run from a venv that install.sh made")
+    tcl = PREFIX / "modulefiles" / "slurm-elastic" / slurm_elastic.__version__
+    text = tcl.read_text()
+    assert text.startswith("#%Module")
+    assert f"prepend-path PATH {PREFIX}/bin" in text
+    if shutil.which("tclsh"):
+        # The file must at least be valid Tcl syntax (Environment Modules evaluates it).
+        proc = subprocess.run(["tclsh"], input=f"puts [info complete [read [open {tcl}]]]\n",
+                              capture_output=True, text=True)
+        assert proc.stdout.strip() == "1"
