@@ -16,7 +16,7 @@ from typing import Iterable
 from slurm_elastic.cluster.model import Job, JobState, Node
 from slurm_elastic.cluster.slurm_values import (SlurmParseError, expand_hostlist, gres_gpus, job_state,
                                                 node_state, per_gpu_value, size_mb, spec_from_comment,
-                                                tres_gpus)
+                                                tres_gpus, tres_map)
 
 _KEY = re.compile(r"[A-Z][A-Za-z0-9_/:]*=")
 _NULL = ("", "(null)", "N/A", "None", "Unknown")
@@ -100,9 +100,15 @@ def job_from_text(rec: dict[str, str]) -> Job:
     mpg_raw = per_gpu_value(rec.get("MemPerTres"))
     mem_per_gpu = size_mb(mpg_raw) if mpg_raw else None
     mem_node = _mem_field(rec, "MinMemoryNode")
-    if mem_node is None:
+    if not mem_node:  # 0 when memory was asked per GPU or per CPU
         per_cpu = _mem_field(rec, "MinMemoryCPU")
         mem_node = per_cpu * cpus_per_node if per_cpu else (mem_per_gpu or 0) * gpn
+    if not mem_node:  # no per-node/CPU/GPU request (whole-node memory): what the TRES say
+        for key in ("AllocTRES", "TRES", "ReqTRES"):
+            mem = tres_map(rec.get(key)).get("mem")
+            if mem:
+                mem_node = math.ceil(size_mb(mem) / max(num_nodes, 1))
+                break
     priority = _int(rec, "Priority", jid)
     comment = rec.get("Comment", "")
     comment = "" if comment == "(null)" else comment

@@ -1,0 +1,307 @@
+"""The Backend over Slurm's commands (squeue/sinfo/scontrol/sbatch/scancel), for every Slurm from 22.05 on.
+
+Every command runs from an argument list (never a shell) with the caller's environment, so
+SLURM_CONF chooses the cluster. A snapshot is exactly two calls: `squeue --json` for all
+jobs, whose meta also tells the Slurm version (cached), then the node list: `sinfo --json`
+on 22.05 (one full record per node there), `scontrol show nodes --json` from 23.02 on
+(sinfo --json groups nodes by partition and state there, which loses per-node
+allocations). A third call, `scontrol -o -d show job`, happens only when a job record
+lacks a field the model needs. Where `--json` is not available at all, text is used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from typing import Mapping, Sequence
+
+from slurm_elastic.cluster.backend import SubmitDescription
+from slurm_elastic.cluster.model import ClusterState, Job
+from slurm_elastic.cluster.parse_json import MissingField, job_from_record, parse_nodes, version_of
+from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text
+from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion
+from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
+
+log = logging.getLogger(__name__)
+
+# scontrol --json (and per-node records from `scontrol show nodes --json`) exist from 23.02.
+SCONTROL_JSON_SINCE = SlurmVersion(23, 2)
+# From 23.02 Slurm prints and honours TRES names with '/', e.g. gres/gpu:3. On 22.05,
+# `TresPerNode=gres/gpu:N` is accepted and shown but ignored by the scheduler, while
+# `gres:gpu:N` works on every version (slurm-versions.md); so 22.05 gets the ':' spelling.
+TRES_SLASH_SINCE = SlurmVersion(23, 2)
+
+_UNAVAILABLE = re.compile(
+    r"Unable to contact slurm controller|Connection refused|Socket timed out|Zero Bytes were transmitted"
+    r"|Could not establish a configuration source|Communication connection failure|standby mode"
+    r"|Connection timed out|Transport endpoint|connect failure|Slurm temporarily unable",
+    re.IGNORECASE)
+_UNKNOWN_JOB = re.compile(r"Invalid job id|Unknown job|job id \S+ not found|does not exist", re.IGNORECASE)
+_NO_JSON = re.compile(r"unrecognized option '--json'|invalid option|No serializer|serializer.*not found"
+                      r"|data_parser.*(not found|unavailable)", re.IGNORECASE)
+
+
+class CliBackend:
+    """Slurm through its command-line tools."""
+
+    name = "cli"
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, retries: int = 3, backoff_s: float = 1.0,
+                 max_backoff_s: float = 8.0, timeout_s: float = 60.0,
+                 version: SlurmVersion | None = None) -> None:
+        self._env = dict(os.environ if env is None else env)
+        self.retries = max(int(retries), 1)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.timeout_s = timeout_s
+        self._version = version
+        self._json = True          # flips to False once if this Slurm's tools lack --json
+        self.calls = 0             # Slurm commands run, for tests and the benchmark
+
+    # --- running commands ------------------------------------------------------------------------
+    def _run(self, args: Sequence[str], *, retry: bool = True, stdin: str | None = None,
+             stderr_errors: bool = False) -> str:
+        """Run one Slurm command; SlurmUnavailable is retried with bounded exponential backoff."""
+        delay = self.backoff_s
+        attempts = self.retries if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._run_once(args, stdin, stderr_errors)
+            except SlurmUnavailable as exc:
+                if attempt == attempts:
+                    raise
+                log.warning("%s (attempt %d/%d), retrying in %.1f s", exc, attempt, attempts, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+        raise AssertionError("unreachable")
+
+    def _run_once(self, args: Sequence[str], stdin: str | None, stderr_errors: bool) -> str:
+        argv = tuple(str(a) for a in args)
+        self.calls += 1
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=self._env, input=stdin,
+                                  timeout=self.timeout_s, check=False)
+        except FileNotFoundError:
+            raise SlurmUnavailable(f"{argv[0]} not found: Slurm's commands are not installed or not on PATH",
+                                   command=argv) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{' '.join(argv)} did not answer within {self.timeout_s:.0f} s",
+                                   command=argv) from None
+        err = proc.stderr.strip()
+        if proc.returncode != 0:
+            raise classify(err or proc.stdout.strip() or f"exit code {proc.returncode}", argv, proc.returncode)
+        errors = [line for line in err.splitlines() if "error:" in line] if stderr_errors else []
+        if errors:
+            raise classify("\n".join(errors), argv, proc.returncode)
+        return proc.stdout
+
+    # --- version -----------------------------------------------------------------------------------
+    @property
+    def version(self) -> SlurmVersion:
+        """The Slurm version, read once (from the first JSON meta, or `scontrol --version`)."""
+        if self._version is None:
+            self._version = SlurmVersion.parse(self._run(["scontrol", "--version"]))
+            log.info("Slurm %s detected via scontrol --version", self._version)
+        return self._version
+
+    def _learn_version(self, doc: Mapping) -> None:
+        if self._version is None:
+            self._version = version_of(doc)
+            log.info("Slurm %s detected from squeue --json meta", self._version)
+
+    # --- snapshot ------------------------------------------------------------------------------------
+    def snapshot(self) -> ClusterState:
+        if self._json:
+            try:
+                return self._snapshot_json()
+            except _NoJson as exc:
+                log.warning("Slurm's tools have no usable --json (%s); reading scontrol text instead", exc)
+                self._json = False
+        return self._snapshot_text()
+
+    def _load_json(self, args: Sequence[str]) -> dict:
+        # The JSON document carries RPC failures in `errors` with rc 0 (seen on 22.05 with
+        # slurmctld down), so those are retried like a failed command.
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                out = self._run(args, retry=False)
+            except SlurmError as exc:
+                if _NO_JSON.search(str(exc)):
+                    raise _NoJson(str(exc)) from None
+                if not isinstance(exc, SlurmUnavailable) or attempt == self.retries:
+                    raise
+                log.warning("%s (attempt %d/%d), retrying in %.1f s", exc, attempt, self.retries, delay)
+            else:
+                try:
+                    doc = json.loads(out)
+                except json.JSONDecodeError as exc:
+                    raise SlurmParseError(f"{' '.join(args)} printed no JSON ({exc}): {out[:120]!r}") from None
+                errors = doc.get("errors") or []
+                if not errors:
+                    return doc
+                msg = "; ".join(_error_text(e) for e in errors)
+                if attempt == self.retries:
+                    raise SlurmUnavailable(f"{' '.join(args)}: Slurm reported: {msg}", command=tuple(args))
+                log.warning("%s: Slurm reported %s (attempt %d/%d), retrying in %.1f s",
+                            " ".join(args), msg, attempt, self.retries, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, self.max_backoff_s)
+        raise AssertionError("unreachable")
+
+    def _snapshot_json(self) -> ClusterState:
+        taken_at = time.time()
+        jobs_doc = self._load_json(["squeue", "--json", "--all", "--states=all"])
+        self._learn_version(jobs_doc)
+        if self.version >= SCONTROL_JSON_SINCE:
+            nodes_doc = self._load_json(["scontrol", "show", "nodes", "--json"])
+        else:
+            nodes_doc = self._load_json(["sinfo", "--json", "--all"])
+        jobs: list[Job] = []
+        missing: dict[int, MissingField] = {}
+        for rec in jobs_doc.get("jobs", []):
+            try:
+                jobs.append(job_from_record(rec))
+            except MissingField as exc:
+                missing[int(exc.record_id)] = exc
+        if missing:
+            # One text call for all of them, never one per job.
+            log.info("job JSON lacks %s; reading scontrol text for %d job(s)",
+                     next(iter(missing.values())).field, len(missing))
+            by_id = {j.job_id: j for j in jobs_from_text(self._run(["scontrol", "-o", "-d", "show", "job"]))}
+            for jid, exc in missing.items():
+                if jid not in by_id:
+                    raise exc
+                jobs.append(by_id[jid])
+        return ClusterState(nodes=parse_nodes(nodes_doc), jobs=tuple(jobs), taken_at=taken_at,
+                            slurm_version=str(self.version))
+
+    def _snapshot_text(self) -> ClusterState:
+        taken_at = time.time()
+        jobs = jobs_from_text(self._run(["scontrol", "-o", "-d", "show", "job"]))
+        nodes = nodes_from_text(self._run(["scontrol", "-o", "-d", "show", "node"]), jobs)
+        return ClusterState(nodes=nodes, jobs=jobs, taken_at=taken_at, slurm_version=str(self.version))
+
+    # --- actions -------------------------------------------------------------------------------------
+    def submit(self, description: SubmitDescription) -> int:
+        out = self._run(sbatch_args(description), retry=False)
+        first = out.strip().splitlines()[0] if out.strip() else ""
+        m = re.fullmatch(r"(\d+)(?:;\S+)?", first.strip())
+        if m is None:
+            raise SlurmError(f"sbatch printed no job id: {out.strip()[:200]!r}")
+        return int(m[1])
+
+    def hold(self, job_id: int) -> None:
+        self._run(["scontrol", "hold", str(int(job_id))])
+
+    def requeue_hold(self, job_id: int) -> None:
+        self._run(["scontrol", "requeuehold", str(int(job_id))])
+
+    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
+                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+        self._run(update_args(self.version, job_id, nodes=nodes, gpus_per_node=gpus_per_node,
+                              cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu_mb, start_now=start_now))
+
+    def release(self, job_id: int) -> None:
+        self._run(["scontrol", "release", str(int(job_id))])
+
+    def signal(self, job_id: int, signal: str) -> None:
+        # --full: the batch shell and every step (srun tasks) get it; without it the batch
+        # shell is skipped, with --batch only the batch shell (checked live on 22.05).
+        self._run(["scancel", f"--signal={_signal_name(signal)}", "--full", str(int(job_id))])
+
+    def cancel(self, job_id: int) -> None:
+        # scancel exits 0 for an unknown job id and says so only with --verbose.
+        self._run(["scancel", "--verbose", str(int(job_id))], stderr_errors=True)
+
+
+class _NoJson(Exception):
+    """This Slurm's tool has no usable --json."""
+
+
+def _error_text(e: object) -> str:
+    if isinstance(e, dict):
+        return str(e.get("description") or e.get("error") or e)
+    return str(e)
+
+
+def classify(message: str, command: tuple[str, ...], returncode: int | None) -> SlurmError:
+    """Slurm's message -> the typed error a caller can act on (the message is Slurm's own)."""
+    text = f"{' '.join(command[:2])}: {message}"
+    if _UNAVAILABLE.search(message):
+        return SlurmUnavailable(text, command=command, returncode=returncode)
+    if _UNKNOWN_JOB.search(message):
+        return UnknownJob(text, command=command, returncode=returncode)
+    return SlurmError(text, command=command, returncode=returncode)
+
+
+def _signal_name(signal: str | int) -> str:
+    name = str(signal).strip().upper()
+    if name.isdigit():
+        return name
+    name = name.removeprefix("SIG")
+    if not re.fullmatch(r"[A-Z0-9]+", name):
+        raise SlurmError(f"not a signal name: {signal!r}")
+    return name
+
+
+def gpu_tres(version: SlurmVersion, count: int) -> str:
+    """The per-GPU TRES spelling this Slurm honours in `scontrol update` (see TRES_SLASH_SINCE)."""
+    return f"gres/gpu:{count}" if version >= TRES_SLASH_SINCE else f"gres:gpu:{count}"
+
+
+def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
+                mem_per_gpu_mb: int, start_now: bool = True) -> list[str]:
+    """`scontrol update` for a held job's new shape.
+
+    TresPerNode/CpusPerTres/MemPerTres take the version's spelling; they change the job the way
+    --gres/--cpus-per-gpu/--mem-per-gpu at submit time do (checked live on 22.05: the released
+    job runs with SLURM_GPUS_ON_NODE equal to the new count). StartTime=now clears the ~120 s
+    BeginTime Slurm puts on a requeued job.
+    """
+    for name, val in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("cpus_per_gpu", cpus_per_gpu),
+                      ("mem_per_gpu_mb", mem_per_gpu_mb)):
+        if int(val) < 1:
+            raise SlurmError(f"set_resources: {name} must be >= 1, got {val}")
+    args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}",
+            f"TresPerNode={gpu_tres(version, int(gpus_per_node))}",
+            f"CpusPerTres={gpu_tres(version, int(cpus_per_gpu))}",
+            f"MemPerTres={gpu_tres(version, int(mem_per_gpu_mb))}"]
+    if start_now:
+        args.append("StartTime=now")
+    return args
+
+
+def sbatch_args(d: SubmitDescription) -> list[str]:
+    """sbatch flags for a SubmitDescription (per-node GPUs via --gres, understood by every version)."""
+    for name, val in (("nodes", d.nodes), ("gpus_per_node", d.gpus_per_node), ("cpus_per_gpu", d.cpus_per_gpu),
+                      ("mem_per_gpu_mb", d.mem_per_gpu_mb)):
+        if int(val) < (0 if name == "gpus_per_node" else 1):
+            raise SlurmError(f"submit: {name} must be positive, got {val}")
+    args = ["sbatch", "--parsable", f"--nodes={int(d.nodes)}"]
+    if d.gpus_per_node > 0:
+        args += [f"--gres=gpu:{int(d.gpus_per_node)}", f"--cpus-per-gpu={int(d.cpus_per_gpu)}",
+                 f"--mem-per-gpu={int(d.mem_per_gpu_mb)}M"]
+    if d.comment:
+        args.append(f"--comment={d.comment}")
+    if d.job_name:
+        args.append(f"--job-name={d.job_name}")
+    args.append("--requeue" if d.requeue else "--no-requeue")
+    if d.hold:
+        args.append("--hold")
+    if d.workdir:
+        args.append(f"--chdir={d.workdir}")
+    if d.env:
+        # --export keeps the caller's environment (ALL) and adds these; values may not hold commas.
+        for k, v in d.env.items():
+            if "," in v or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise SlurmError(f"submit: environment {k}={v!r} cannot be passed through sbatch --export")
+        args.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in d.env.items()))
+    args += list(d.extra_args)
+    args.append(d.script)
+    args += list(d.script_args)
+    return args
