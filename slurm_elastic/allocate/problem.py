@@ -126,6 +126,13 @@ class AllocationProblem:
     policy: Policy = Policy()
     unplaceable: tuple[Unplaceable, ...] = ()
 
+    @classmethod
+    def from_state(cls, state: object, policy: Policy | None = None, *,
+                   throughput: object = None, restart_cost: object = None) -> AllocationProblem:
+        """Build the problem from a ClusterState (see allocate/from_state.py)."""
+        from slurm_elastic.allocate.from_state import problem_from_state
+        return problem_from_state(state, policy, throughput=throughput, restart_cost=restart_cost)  # type: ignore[arg-type]
+
     def validate(self) -> None:
         self.policy.validate()
         keys = [j.key for j in self.jobs]
@@ -151,6 +158,9 @@ class JobDecision:
     gpus_before: int
     gpus_after: int
     reason: str
+    # machine-readable cause: "max", "capacity", "restart-cost", "node-cost", "min-not-placeable",
+    # "no-gain", "traded" (see allocate/explain.py)
+    cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,111 @@
+"""Why each job got what it got: a JobDecision per job, and the text `admin rebalance --dry-run --explain` prints.
+
+The cause is found by probing the final layout: the job's next allowed count
+either does not fit (capacity of resource r on node n), or fits but the
+objective says no (restart cost, node cost), or it is at its max.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from slurm_elastic.allocate.instance import RESOURCES, Instance
+from slurm_elastic.allocate.packing import Layout, Row
+from slurm_elastic.allocate.problem import Allocation, JobDecision
+
+_UNIT = {"gpu": "", "cpu": "", "mem": " MB"}
+
+
+def decide(inst: Instance, rows: Sequence[Row]) -> tuple[JobDecision, ...]:
+    lay = Layout(inst)
+    for i, row in enumerate(rows):
+        lay.put(i, row)
+    unplaceable = {u.key: u.reason for u in inst.unplaceable}
+    out = []
+    for i, job in enumerate(inst.jobs):
+        before, after = job.current_gpus, sum(rows[i].values())
+        cause, reason = _why(inst, lay, i, unplaceable.get(job.key))
+        out.append(JobDecision(job.key, before, after, reason, cause))
+    return tuple(out)
+
+
+def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[str, str]:
+    job = inst.jobs[i]
+    row = lay.rows[i]
+    g = sum(row.values())
+    lost = [inst.node_names[n] for n in inst.current[i] if inst.cap[n, 0] <= 0]
+    lost_note = f" (node {', '.join(lost)} gives nothing now)" if lost else ""
+    if unplaceable is not None:
+        return "min-not-placeable", unplaceable + lost_note
+    if g >= job.max_gpus or (inst.terms[i].candidates and g >= inst.terms[i].candidates[-1]):
+        top = job.max_gpus if g >= job.max_gpus else inst.terms[i].candidates[-1]
+        note = "" if top == job.max_gpus else f" (largest count a Slurm shape allows here; max is {job.max_gpus})"
+        return "max", f"max reached ({top} GPUs){note}{lost_note}"
+    ups = [c for c in inst.terms[i].candidates if c > g]
+    nxt = ups[0]
+    new = lay.find(i, nxt, row or inst.current[i])
+    if new is None:
+        return "capacity", _capacity_reason(inst, lay, i, nxt) + lost_note
+    base = inst.job_objective(i, row)
+    gain_s = inst.throughput_value(i, nxt) - (inst.throughput_value(i, g) if g else 0.0)
+    gain_d = inst.terms[i].demand_cost * (nxt - g)
+    t = inst.terms[i]
+    cur = inst.current[i]
+    moved_new = sum(abs(new.get(n, 0) - cur.get(n, 0)) for n in set(new) | set(cur))
+    moved_old = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
+    restart = inst.policy.beta * t.kappa * (moved_new - moved_old)
+    nodes = inst.policy.gamma * (len(new) - len(row))
+    total = inst.job_objective(i, new) - base
+    if total <= 0 and restart > 0 and restart >= gain_s + gain_d - nodes:
+        return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would add {gain_s + gain_d:.4g} "
+                                f"but cost {restart:.4g} in restarts{lost_note}")
+    if total <= 0 and nodes > 0:
+        return "node-cost", (f"spanning {len(new)} nodes for {nxt} GPUs costs {nodes:.4g}, more than "
+                             f"the gain {gain_s + gain_d - restart:.4g}{lost_note}")
+    if total <= 0:
+        return "no-gain", f"{nxt} GPUs would not raise the objective ({total:.4g}){lost_note}"
+    return "traded", (f"{nxt} GPUs would fit but the solver gave the capacity to jobs gaining more "
+                      f"(this job would gain {total:.4g}; within the MIP gap or needed by a shape){lost_note}")
+
+
+def _capacity_reason(inst: Instance, lay: Layout, i: int, gpus: int) -> str:
+    """Name the resource and node that stop job i from taking `gpus` GPUs."""
+    free = lay.free.copy()
+    for n, v in lay.rows[i].items():
+        free[n] += v * inst.rho[i]
+    need = gpus * inst.rho[i]
+    up = inst.cap[:, 0] > 0
+    if not up.any():
+        return f"no node has GPUs for elastic work ({gpus} GPUs wanted)"
+    # the node the job is on (or the one with most free GPUs) is the one a user will ask about
+    if lay.rows[i]:
+        n = max(lay.rows[i], key=lambda k: lay.rows[i][k])
+    else:
+        n = int(np.argmax(np.where(up, free[:, 0] + free[:, 1] / max(need[1], 1), -np.inf)))
+    short = [r for r in range(3) if free[n, r] < need[r] - 1e-9]
+    if not short:
+        return (f"no shape fits {gpus} GPUs: spanning needs equal whole nodes and none are free enough")
+    r = short[0]
+    name = RESOURCES[r]
+    return (f"capacity of {name} on node {inst.node_names[n]}: {gpus} GPUs need {need[r]:.0f}{_UNIT[name]} "
+            f"{name}, {free[n, r]:.0f}{_UNIT[name]} free there (and no other node fits)")
+
+
+def render(allocation: Allocation, *, only_changes: bool = False) -> str:
+    """The table `slurm-elastic admin rebalance --dry-run --explain` prints."""
+    lines = [f"method {allocation.method}  status {allocation.status}  objective {allocation.objective:.6g}  "
+             f"bound {allocation.bound:.6g}  gap {allocation.mip_gap:.3%}  solve {allocation.solve_s:.3f}s"]
+    decisions = [d for d in allocation.decisions if not only_changes or d.gpus_before != d.gpus_after]
+    width = max((len(d.key) for d in decisions), default=3)
+    width = max(width, 3)
+    lines.append(f"{'job':<{width}}  {'before':>6} -> {'after':<6}  why")
+    for d in decisions:
+        where = allocation.placement.get(d.key, {})
+        nodes = ",".join(f"{n}:{g}" for n, g in sorted(where.items()))
+        lines.append(f"{d.key:<{width}}  {d.gpus_before:>6} -> {d.gpus_after:<6}  {d.reason}"
+                     + (f"  [{nodes}]" if nodes else ""))
+    for note in allocation.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

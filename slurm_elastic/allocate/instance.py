@@ -1,0 +1,174 @@
+"""The numeric form of an AllocationProblem: capacity and demand arrays, candidate counts, throughput hulls, and the objective.
+
+Every solver path (exact MILP, counts + packing, greedy, the brute force in
+the tests) scores a placement with `Instance.objective`, so "better" means the
+same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from slurm_elastic.allocate import throughput as tp
+from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, Unplaceable
+from slurm_elastic.allocate.shapes import placement_is_valid_shape, spanning_widths
+from slurm_elastic.errors import AllocationError
+
+RESOURCES = ("gpu", "cpu", "mem")
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class JobTerms:
+    """Per-job constants of the objective."""
+
+    candidates: tuple[int, ...]        # allowed non-zero counts that some shape can place on the empty cluster
+    hull: tuple[tuple[float, float], ...]
+    norm: float                        # hull value at max GPUs (s_j(gmax_j))
+    weight: float
+    kappa: float                       # restart cost (0 for a job that is not running)
+    demand_cost: float                 # alpha * sum_r rho[j,r] / Cap_r: cost per GPU missing from gmax
+    spans: bool                        # some candidate needs >= 2 nodes
+
+
+class Instance:
+    """Arrays over jobs j, nodes n, resources r (gpu, cpu, mem)."""
+
+    def __init__(self, problem: AllocationProblem) -> None:
+        problem.validate()
+        self.problem = problem
+        self.policy = problem.policy
+        self.jobs: tuple[JobRequest, ...] = problem.jobs
+        self.nodes = problem.nodes
+        self.node_names = tuple(n.name for n in self.nodes)
+        self.node_index = {n: i for i, n in enumerate(self.node_names)}
+        self.job_index = {j.key: i for i, j in enumerate(self.jobs)}
+        self.cap = np.array([[n.gpus, n.cpus, n.mem_mb] for n in self.nodes], dtype=float).reshape(-1, 3)
+        self.rho = np.array([[1.0, j.cpus_per_gpu, j.mem_per_gpu_mb] for j in self.jobs], dtype=float).reshape(-1, 3)
+        self.total = self.cap.sum(axis=0) if len(self.nodes) else np.zeros(3)
+        self.node_sizes = {int(g) for g in self.cap[:, 0] if g > 0}
+        self.max_node_gpus = max(self.node_sizes, default=0)
+        self.whole = self.policy.whole_nodes_when_spanning
+        # x0: the current allocation matrix (GPUs on nodes the problem does not know are lost anyway).
+        self.current: list[dict[int, int]] = []
+        for j in self.jobs:
+            row = {self.node_index[n]: int(g) for n, g in j.current.items() if g > 0 and n in self.node_index}
+            self.current.append(row)
+        self.terms: list[JobTerms] = []
+        unplaceable = {u.key: u for u in problem.unplaceable}
+        for i, j in enumerate(self.jobs):
+            terms, why = self._job_terms(i, j)
+            self.terms.append(terms)
+            if not terms.candidates and j.key not in unplaceable:
+                unplaceable[j.key] = Unplaceable(j.key, why)
+        self.unplaceable = tuple(unplaceable.values())
+
+    # -- construction -------------------------------------------------------------------
+    def _job_terms(self, i: int, job: JobRequest) -> tuple[JobTerms, str]:
+        allowed = job.candidate_gpus()
+        if self.policy.allowed_shapes is not None:
+            allowed = tuple(g for g in allowed if g in set(self.policy.allowed_shapes))
+        feasible = tuple(g for g in allowed if self._fits_empty(i, g))
+        why = ""
+        if not allowed:
+            why = (f"no allowed GPU count in {job.min_gpus}-{job.max_gpus} (step {job.gpu_step}"
+                   f"{', allowed ' + str(self.policy.allowed_shapes) if self.policy.allowed_shapes else ''})")
+        elif not feasible:
+            why = self._why_not_placeable(i, allowed[0])
+        model = job.throughput if job.throughput is not None else tp.LinearThroughput()
+        points = sorted(set(allowed) | {job.max_gpus})
+        hull = tp.curve(model, points, self.nodes_for, job.key)
+        norm = tp.evaluate_curve(hull, job.max_gpus)
+        if norm <= 0:
+            raise AllocationError(f"job {job.key}: throughput at its max of {job.max_gpus} GPUs must be > 0")
+        demand_cost = 0.0
+        for r in range(3):
+            if self.total[r] > 0:
+                demand_cost += self.rho[i, r] / self.total[r]
+        demand_cost *= self.policy.alpha
+        kappa = float(job.restart_cost_s) if job.current_gpus > 0 else 0.0
+        spans = any(spanning_widths(g, self.node_sizes, self.whole) for g in feasible) and len(self.nodes) > 1
+        return JobTerms(feasible, hull, norm, float(job.weight), kappa, demand_cost, spans), why
+
+    def nodes_for(self, gpus: int) -> int:
+        """Nodes a count needs at the least (throughput models see this node count)."""
+        if gpus <= 0:
+            return 0
+        if self.max_node_gpus <= 0:
+            return 1
+        return max(1, math.ceil(gpus / self.max_node_gpus))
+
+    def _fits_empty(self, i: int, g: int) -> bool:
+        need = g * self.rho[i]
+        if np.any(np.all(self.cap >= need - _EPS, axis=1)):
+            return True
+        for w in spanning_widths(g, self.node_sizes, self.whole):
+            per = w * self.rho[i]
+            ok = np.all(self.cap >= per - _EPS, axis=1)
+            if self.whole:
+                ok &= self.cap[:, 0] == w
+            if int(ok.sum()) >= g // w:
+                return True
+        return False
+
+    def _why_not_placeable(self, i: int, g: int) -> str:
+        job = self.jobs[i]
+        if not len(self.nodes) or not np.any(self.cap[:, 0] > 0):
+            return f"min {g} GPUs not placeable: the cluster has no free GPUs for elastic work"
+        need = g * self.rho[i]
+        short = []
+        for r, name, unit in ((0, "GPUs", ""), (1, "CPUs", ""), (2, "memory", " MB")):
+            best = self.cap[:, r].max()
+            if best < need[r] - _EPS:
+                short.append(f"{name} {need[r]:.0f}{unit} > largest free {best:.0f}{unit}")
+        detail = "; ".join(short) if short else "no node has all resources at once and no spanning shape fits"
+        return (f"min {g} GPUs not placeable (job {job.key} needs {need[0]:.0f} GPUs, {need[1]:.0f} CPUs, "
+                f"{need[2]:.0f} MB on one node or equal whole nodes): {detail}")
+
+    # -- scoring ---------------------------------------------------------------------------
+    def throughput_value(self, i: int, g: int) -> float:
+        t = self.terms[i]
+        return t.weight * tp.evaluate_curve(t.hull, g) / t.norm
+
+    def job_objective(self, i: int, row: Mapping[int, int]) -> float:
+        """Job i's share of the objective when it holds row[n] GPUs on node n."""
+        t = self.terms[i]
+        g = sum(row.values())
+        job = self.jobs[i]
+        value = self.throughput_value(i, g) if g > 0 else 0.0
+        value -= t.demand_cost * (job.max_gpus - g)
+        if t.kappa > 0:
+            cur = self.current[i]
+            moved = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
+            value -= self.policy.beta * t.kappa * moved
+        value -= self.policy.gamma * sum(1 for v in row.values() if v > 0)
+        return value
+
+    def objective(self, placement: Sequence[Mapping[int, int]]) -> float:
+        return float(sum(self.job_objective(i, row) for i, row in enumerate(placement)))
+
+    # -- checking --------------------------------------------------------------------------
+    def violations(self, placement: Sequence[Mapping[int, int]]) -> list[str]:
+        """Every broken rule of a placement (empty when it is valid)."""
+        out: list[str] = []
+        used = np.zeros_like(self.cap)
+        node_gpus = {self.node_names[n]: int(self.cap[n, 0]) for n in range(len(self.nodes))}
+        for i, row in enumerate(placement):
+            g = sum(row.values())
+            if g and g not in self.terms[i].candidates:
+                out.append(f"job {self.jobs[i].key}: {g} GPUs is not an allowed count")
+            named = {self.node_names[n]: v for n, v in row.items()}
+            if not placement_is_valid_shape(named, node_gpus, self.whole):
+                out.append(f"job {self.jobs[i].key}: {named} is not a Slurm shape")
+            for n, v in row.items():
+                if v < 0:
+                    out.append(f"job {self.jobs[i].key}: negative GPUs on {self.node_names[n]}")
+                used[n] += v * self.rho[i]
+        over = used > self.cap + 1e-6
+        for n, r in zip(*np.nonzero(over)):
+            out.append(f"node {self.node_names[n]}: {RESOURCES[r]} {used[n, r]:.0f} > capacity {self.cap[n, r]:.0f}")
+        return out

@@ -1,0 +1,188 @@
+"""Node placement against per-node capacity: the packing pass after a counts solve, and the greedy marginal-gain allocator.
+
+Both work on a `Layout`: the GPUs each job holds on each node and what is
+still free on every node, for all three resources. Placing a job prefers the
+nodes it holds now (moving a job costs its restart), then the fullest node
+that still fits (best fit keeps whole nodes free for jobs that span).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+import numpy as np
+
+from slurm_elastic.allocate.instance import Instance
+from slurm_elastic.allocate.shapes import spanning_widths
+
+_EPS = 1e-9
+Row = dict[int, int]
+
+
+class Layout:
+    """A mutable placement under construction."""
+
+    def __init__(self, inst: Instance) -> None:
+        self.inst = inst
+        self.free = inst.cap.copy()
+        self.rows: list[Row] = [{} for _ in inst.jobs]
+
+    def remove(self, i: int) -> None:
+        for n, g in self.rows[i].items():
+            self.free[n] += g * self.inst.rho[i]
+        self.rows[i] = {}
+
+    def put(self, i: int, row: Row) -> None:
+        self.remove(i)
+        for n, g in row.items():
+            self.free[n] -= g * self.inst.rho[i]
+        self.rows[i] = dict(row)
+
+    def fits(self, i: int, row: Row) -> bool:
+        """Would `row` fit, counting what job i holds now as free."""
+        for n, g in row.items():
+            avail = self.free[n] + self.rows[i].get(n, 0) * self.inst.rho[i]
+            if np.any(avail < g * self.inst.rho[i] - _EPS):
+                return False
+        return True
+
+    def find(self, i: int, g: int, prefer: Row | None = None) -> Row | None:
+        """A placement of g GPUs for job i in what is free (job i's own GPUs count as free), or None."""
+        if g <= 0:
+            return {}
+        inst = self.inst
+        free = self.free.copy()
+        for n, v in self.rows[i].items():
+            free[n] += v * inst.rho[i]
+        rho = inst.rho[i]
+        prefer = prefer or {}
+        need = g * rho
+        ok = np.all(free >= need - _EPS, axis=1)
+        if ok.any():
+            for n in sorted(prefer, key=lambda n: -prefer[n]):
+                if ok[n]:
+                    return {n: g}
+            left = np.where(ok, free[:, 0] - g, np.inf)
+            return {int(np.argmin(left)): g}
+        for w in spanning_widths(g, inst.node_sizes, inst.whole):
+            k = g // w
+            ok = np.all(free >= w * rho - _EPS, axis=1)
+            if inst.whole:
+                ok &= (inst.cap[:, 0] == w) & (free[:, 0] >= w - _EPS)
+            if int(ok.sum()) < k:
+                continue
+            chosen = [n for n in prefer if ok[n]][:k]
+            if len(chosen) < k:
+                taken = set(chosen)
+                # least-free first: keeps the emptiest nodes for later spanning jobs
+                order = np.argsort(free[:, 0] - np.where(ok, 0, np.inf), kind="stable")
+                for n in order:
+                    if len(chosen) == k:
+                        break
+                    if ok[n] and int(n) not in taken:
+                        chosen.append(int(n))
+            return {int(n): w for n in chosen}
+        return None
+
+
+def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
+    """Place the counts a counts-only solve chose; returns the layout and the jobs placed lower than asked.
+
+    Jobs that keep their count keep their nodes when those still fit; the
+    rest go biggest first (spanning jobs before single-node ones), each at the
+    highest allowed count at or below what was asked that still fits.
+    """
+    lay = Layout(inst)
+    todo = []
+    for i, g in enumerate(counts):
+        cur = inst.current[i]
+        if g > 0 and g == sum(cur.values()) and lay.fits(i, cur) and _keeps_shape(inst, cur):
+            lay.put(i, cur)
+        elif g > 0:
+            todo.append(i)
+    todo.sort(key=lambda i: (-counts[i], i))
+    lowered = []
+    for i in todo:
+        cands = [c for c in inst.terms[i].candidates if c <= counts[i]]
+        for c in reversed(cands):
+            row = lay.find(i, c, inst.current[i])
+            if row is not None:
+                lay.put(i, row)
+                break
+        if sum(lay.rows[i].values()) < counts[i]:
+            lowered.append(i)
+    return lay, lowered
+
+
+def _keeps_shape(inst: Instance, row: Row) -> bool:
+    used = [(n, g) for n, g in row.items() if g > 0]
+    if len(used) <= 1:
+        return True
+    if len({g for _, g in used}) != 1:
+        return False
+    return not inst.whole or all(inst.cap[n, 0] == g for n, g in used)
+
+
+def improve(inst: Instance, lay: Layout, *, lookahead: int = 4) -> Layout:
+    """Greedy marginal gain: repeatedly grow the job whose next larger count adds the most objective per GPU.
+
+    This is the Optimus-style allocator when started from an empty layout,
+    and the fill pass after packing (capacity the packing freed goes to
+    whoever gains from it). Gains are re-checked when popped because capacity
+    taken by others can make a remembered placement stale.
+    """
+    heap: list[tuple[float, int, int]] = []
+    version = [0] * len(inst.jobs)
+
+    def best_step(i: int) -> tuple[float, int, Row] | None:
+        row = lay.rows[i]
+        g = sum(row.values())
+        base = inst.job_objective(i, row)
+        best = None
+        ups = [c for c in inst.terms[i].candidates if c > g][:lookahead]
+        for c in ups:
+            new = lay.find(i, c, row or inst.current[i])
+            if new is None:
+                continue
+            gain = inst.job_objective(i, new) - base
+            if gain > 1e-12:
+                rate = gain / (c - g)
+                if best is None or rate > best[0]:
+                    best = (rate, c, new)
+        return best
+
+    for i in range(len(inst.jobs)):
+        step = best_step(i)
+        if step is not None:
+            heapq.heappush(heap, (-step[0], i, version[i]))
+    while heap:
+        neg_rate, i, ver = heapq.heappop(heap)
+        if ver != version[i]:
+            continue
+        step = best_step(i)
+        if step is None:
+            continue
+        if heap and step[0] < -heap[0][0] - 1e-12:
+            version[i] += 1
+            heapq.heappush(heap, (-step[0], i, version[i]))  # stale: someone took its room
+            continue
+        lay.put(i, step[2])
+        version[i] += 1
+        nxt = best_step(i)
+        if nxt is not None:
+            heapq.heappush(heap, (-nxt[0], i, version[i]))
+    return lay
+
+
+def greedy(inst: Instance, *, from_current: bool) -> Layout:
+    """Greedy allocation from nothing (the baseline) or from the current allocation (the fallback)."""
+    lay = Layout(inst)
+    if from_current:
+        order = sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].weight)
+        for i in order:
+            cur = inst.current[i]
+            g = sum(cur.values())
+            if g in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+                lay.put(i, cur)
+    return improve(inst, lay)

@@ -1,0 +1,134 @@
+"""solve(problem) -> Allocation: the exact MILP for small clusters, counts MILP + packing at scale, greedy as the fallback."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Sequence
+
+from slurm_elastic.allocate import explain, highs
+from slurm_elastic.allocate.formulation import Formulation
+from slurm_elastic.allocate.instance import Instance
+from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, pack
+from slurm_elastic.allocate.problem import Allocation, AllocationProblem
+from slurm_elastic.errors import AllocationError
+
+log = logging.getLogger(__name__)
+
+# Above this many (job, node) pairs the exact per-node model is too slow to be
+# worth it on a small controller host; see docs/allocator.md for the measurement.
+EXACT_MAX_PAIRS = 2_500
+
+
+def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
+    """Choose every elastic job's GPUs and nodes.
+
+    `mode`: "auto" (exact when small, else two-stage), "exact", "two-stage"
+    or "greedy" (the fallback alone; used by benchmarks as the baseline is not
+    this: see `greedy_baseline`). Raises AllocationError on malformed input;
+    jobs that cannot run are returned with 0 GPUs and a reason.
+    """
+    t0 = time.perf_counter()
+    if not isinstance(problem, AllocationProblem):
+        raise AllocationError(f"solve() needs an AllocationProblem, got {type(problem).__name__}")
+    inst = Instance(problem)
+    notes: list[str] = []
+    if mode not in ("auto", "exact", "two-stage", "greedy"):
+        raise AllocationError(f"unknown solve mode {mode!r} (auto, exact, two-stage, greedy)")
+    live = [i for i, t in enumerate(inst.terms) if t.candidates]
+    if not live:
+        rows: list[Row] = [{} for _ in inst.jobs]
+        if inst.jobs:
+            notes.append("no job can be placed at its minimum; nothing to optimise")
+        return _answer(inst, rows, "nothing-placeable" if inst.jobs else "no-jobs", "greedy", inst.objective(rows),
+                       inst.objective(rows), 0.0, t0, notes)
+    if mode == "auto":
+        pairs = sum(int((inst.cap[:, 0] > 0).sum()) for _ in live)
+        mode = "exact" if pairs <= EXACT_MAX_PAIRS else "two-stage"
+    fallback = greedy(inst, from_current=True)
+    if mode == "greedy":
+        obj = inst.objective(fallback.rows)
+        return _answer(inst, fallback.rows, "greedy", "greedy", obj, math.nan, math.nan, t0, notes)
+    policy = inst.policy
+    form = Formulation(inst, exact=(mode == "exact"))
+    budget = max(policy.time_limit_s - (time.perf_counter() - t0), 0.05)
+    res = highs.solve(form.model, time_limit_s=budget, mip_rel_gap=policy.mip_rel_gap,
+                      threads=policy.threads, warm=form.point(fallback.rows))
+    method = "milp-time-limit" if res.time_limited else "milp"
+    if res.x is None:
+        notes.append(f"HiGHS found no solution ({res.status}); greedy allocation used")
+        obj = inst.objective(fallback.rows)
+        return _answer(inst, fallback.rows, _status(res.status), "greedy", obj, math.nan, math.nan, t0, notes)
+    if mode == "exact":
+        rows = form.rows_of(res.x)
+    else:
+        lay, lowered = pack(inst, form.counts(res.x))
+        if lowered:
+            notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
+                         "the fill pass then reused freed capacity")
+        rows = improve(inst, lay).rows
+        notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
+    bad = inst.violations(rows)
+    if bad:
+        # should not happen; never hand Slurm an impossible placement
+        log.error("MILP placement broke %d rule(s), using greedy: %s", len(bad), "; ".join(bad[:3]))
+        notes.append(f"MILP placement invalid ({bad[0]}); greedy allocation used")
+        rows, method = fallback.rows, "greedy"
+    obj = inst.objective(rows)
+    greedy_obj = inst.objective(fallback.rows)
+    if greedy_obj > obj + 1e-9:
+        notes.append(f"greedy warm start scored higher ({greedy_obj:.6g} > {obj:.6g}) than the packed MILP answer; "
+                     "greedy allocation used")
+        rows, obj, method = fallback.rows, greedy_obj, "greedy"
+    bound = res.bound
+    return _answer(inst, rows, _status(res.status), method, obj, bound, _gap(obj, bound), t0, notes)
+
+
+def greedy_baseline(problem: AllocationProblem) -> tuple[Sequence[Row], float]:
+    """The Optimus-style marginal-gain allocator from an empty cluster, scored with the same objective."""
+    inst = Instance(problem)
+    lay = greedy(inst, from_current=False)
+    return lay.rows, inst.objective(lay.rows)
+
+
+def _gap(obj: float, bound: float) -> float:
+    if not math.isfinite(bound):
+        return math.nan
+    return max(bound - obj, 0.0) / max(abs(obj), 1e-9)
+
+
+def _status(highs_status: str) -> str:
+    return highs_status.lower().replace(" ", "-")
+
+
+def _answer(inst: Instance, rows: Sequence[Row], status: str, method: str, objective: float, bound: float,
+            gap: float, t0: float, notes: list[str]) -> Allocation:
+    names = inst.node_names
+    gpus = {}
+    placement = {}
+    for i, job in enumerate(inst.jobs):
+        gpus[job.key] = int(sum(rows[i].values()))
+        placement[job.key] = {names[n]: int(g) for n, g in sorted(rows[i].items()) if g > 0}
+    return Allocation(
+        gpus=gpus,
+        placement=placement,
+        status=status,
+        method=method,
+        objective=float(objective),
+        mip_gap=float(gap),
+        bound=float(bound),
+        solve_s=time.perf_counter() - t0,
+        decisions=explain.decide(inst, rows),
+        unplaceable=inst.unplaceable,
+        notes=tuple(notes),
+    )
+
+
+def layout_of(problem: AllocationProblem, allocation: Allocation) -> Layout:
+    """The allocation as a Layout over the problem's arrays (for checks and tests)."""
+    inst = Instance(problem)
+    lay = Layout(inst)
+    for i, job in enumerate(inst.jobs):
+        lay.put(i, {inst.node_index[n]: g for n, g in allocation.placement.get(job.key, {}).items()})
+    return lay

@@ -1,0 +1,180 @@
+"""Throughput models s_j(g, nodes): linear with a node penalty, from a profile table, or fitted from measured steps/s."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from slurm_elastic.errors import AllocationError
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class LinearThroughput:
+    """`per_gpu * g`, times `(1 - node_penalty)` for every node beyond the first.
+
+    The default model: data-parallel training scales about linearly inside a
+    node, and every extra node adds inter-node traffic.
+    """
+
+    per_gpu: float = 1.0
+    node_penalty: float = 0.05
+
+    def __call__(self, gpus: int, nodes: int = 1) -> float:
+        if gpus <= 0:
+            return 0.0
+        return self.per_gpu * gpus * (1.0 - self.node_penalty) ** max(nodes - 1, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PiecewiseThroughput:
+    """A concave piecewise-linear curve through `points` ((gpus, speed), gpus ascending, starting at (0, 0)).
+
+    Beyond the last point the curve continues with the last segment's slope
+    (never below the last value: more GPUs never slow a job down in the model).
+    """
+
+    points: tuple[tuple[float, float], ...]
+
+    def __call__(self, gpus: int, nodes: int = 1) -> float:
+        return _interpolate(self.points, float(gpus))
+
+
+def concave_hull(points: Iterable[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """The upper concave envelope of `points`, always through (0, 0); gpus ascending.
+
+    Keeping only the upper hull makes the epigraph `t <= a_k g + b_k` exact
+    at every breakpoint, which is what the MILP relies on.
+    """
+    best: dict[float, float] = {0.0: 0.0}
+    for g, s in points:
+        g, s = float(g), float(s)
+        if not (math.isfinite(g) and math.isfinite(s)) or g < 0:
+            raise AllocationError(f"throughput point ({g}, {s}) is not a finite non-negative GPU count")
+        if g == 0:
+            continue  # zero GPUs run at zero speed, whatever a table says
+        best[g] = max(best.get(g, -math.inf), max(s, 0.0))
+    pts = sorted(best.items())
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) >= 0:
+            hull.pop()
+        hull.append(p)
+    # Past the peak a concave hull would go down; keep it flat instead (a job
+    # can always leave GPUs idle, so speed is non-decreasing in the model).
+    peak = max(range(len(hull)), key=lambda i: hull[i][1])
+    return tuple(hull[: peak + 1])
+
+
+def table_throughput(table: Mapping[int, float]) -> PiecewiseThroughput:
+    """A profile table (GPUs -> samples/s) as a concave piecewise-linear model."""
+    if not table:
+        raise AllocationError("a throughput table needs at least one (GPUs, speed) entry")
+    return PiecewiseThroughput(concave_hull(table.items()))
+
+
+def fit_throughput(rows: Iterable[Mapping[str, object]], *, default: Callable[..., float] | None = None,
+                   speed_key: str = "samples_per_s") -> Callable[..., float]:
+    """Fit a concave model from the training shim's metrics rows.
+
+    Rows look like `{"step":..,"gpus":..,"nodes":..,"steps_per_s":..,"samples_per_s":..}`.
+    The median speed per GPU count becomes a profile table. With measurements
+    at one GPU count only, the model is linear through that point (with the
+    default node penalty); with none, `default` (or LinearThroughput()) is returned.
+    """
+    by_gpus: dict[int, list[float]] = {}
+    for row in rows:
+        try:
+            g = int(row["gpus"])  # type: ignore[arg-type]
+            s = float(row.get(speed_key, row.get("steps_per_s")))  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if g > 0 and math.isfinite(s) and s >= 0:
+            by_gpus.setdefault(g, []).append(s)
+    if not by_gpus:
+        return default if default is not None else LinearThroughput()
+    medians = {g: statistics.median(v) for g, v in by_gpus.items()}
+    if len(medians) == 1:
+        ((g, s),) = medians.items()
+        if s <= 0:
+            return default if default is not None else LinearThroughput()
+        return LinearThroughput(per_gpu=s / g)
+    return table_throughput(medians)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, object]]:
+    """Rows of a metrics.jsonl file; lines that are not JSON objects are skipped (a writer may be mid-line)."""
+    rows: list[dict[str, object]] = []
+    p = Path(path)
+    if not p.is_file():
+        return rows
+    with p.open("r", encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.debug("%s:%d: not JSON, skipped", p, lineno)
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
+def throughput_from_checkpoints(ckpt_dir: str | Path, job_key: str, *,
+                                default: Callable[..., float] | None = None) -> Callable[..., float]:
+    """The model learned from `<ckpt_dir>/<job-key>/metrics.jsonl` (or `default` when nothing is measured yet)."""
+    return fit_throughput(read_metrics(Path(ckpt_dir) / job_key / METRICS_FILE), default=default)
+
+
+def curve(model: Callable[..., float], counts: Sequence[int], nodes_for: Callable[[int], int],
+          job_key: str = "?") -> tuple[tuple[float, float], ...]:
+    """The concave hull of `model` at the job's candidate GPU counts (with the nodes each count needs)."""
+    pts = []
+    for g in counts:
+        try:
+            s = float(model(g, nodes_for(g)))
+        except TypeError:
+            s = float(model(g))  # a plain callable of GPUs only
+        if not math.isfinite(s) or s < 0:
+            raise AllocationError(f"job {job_key}: throughput model gave {s!r} at {g} GPUs "
+                                  f"(must be a finite number >= 0)")
+        pts.append((g, s))
+    return concave_hull(pts)
+
+
+def evaluate_curve(points: Sequence[tuple[float, float]], gpus: float) -> float:
+    return _interpolate(points, gpus)
+
+
+def segments(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(slope, intercept) of every hull segment: t <= slope*g + intercept for all of them is the epigraph."""
+    out = []
+    for (g0, s0), (g1, s1) in zip(points, points[1:]):
+        a = (s1 - s0) / (g1 - g0)
+        out.append((a, s0 - a * g0))
+    return out
+
+
+def _interpolate(points: Sequence[tuple[float, float]], g: float) -> float:
+    if g <= 0 or len(points) < 2:
+        return 0.0 if g <= 0 or not points else points[-1][1]
+    for (g0, s0), (g1, s1) in zip(points, points[1:]):
+        if g <= g1:
+            return s0 + (s1 - s0) * (g - g0) / (g1 - g0)
+    (g0, s0), (g1, s1) = points[-2], points[-1]
+    return max(s1, s1 + (s1 - s0) / (g1 - g0) * (g - g1))
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
