@@ -1,0 +1,97 @@
+"""The admin daemon: the reconcile loop, woken early by node events, with a heartbeat and metrics."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Callable
+
+from slurm_elastic.control.metrics import ControllerMetrics
+from slurm_elastic.control.reconcile import CycleReport, Reconciler
+from slurm_elastic.control.state_dir import clear_heartbeat, write_heartbeat
+from slurm_elastic.errors import ElasticError
+
+log = logging.getLogger(__name__)
+
+
+class Loop:
+    """Runs `reconciler.cycle()` every `interval_s` until `stop` is set; `wake` starts a cycle at once."""
+
+    def __init__(self, reconciler: Reconciler, *, interval_s: float, heartbeat_dir: Path | None = None,
+                 metrics: ControllerMetrics | None = None,
+                 on_cycle: Callable[[CycleReport], None] | None = None) -> None:
+        self.reconciler = reconciler
+        self.interval_s = interval_s
+        self.heartbeat_dir = heartbeat_dir
+        self.metrics = metrics
+        self.on_cycle = on_cycle
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.cycles = 0
+
+    def run(self, max_cycles: int | None = None) -> None:
+        log.info("reconcile loop started (interval %gs)", self.interval_s)
+        try:
+            while not self.stop.is_set():
+                self.wake.clear()
+                self.run_once()
+                if max_cycles is not None and self.cycles >= max_cycles:
+                    break
+                self.wake.wait(self.interval_s)
+        finally:
+            if self.heartbeat_dir is not None:
+                clear_heartbeat(self.heartbeat_dir)
+            log.info("reconcile loop stopped after %d cycles", self.cycles)
+
+    def run_once(self) -> CycleReport | None:
+        report = None
+        try:
+            report = self.reconciler.cycle()
+            if self.metrics is not None:
+                self.metrics.observe(report)
+            if self.on_cycle is not None:
+                self.on_cycle(report)
+            if report.plans:
+                log.info("cycle: %d plans, %s", len(report.plans),
+                         ", ".join(f"job {o.job_id} {o.status}" for o in report.outcomes))
+        except ElasticError as exc:
+            # Slurm restarting or briefly unreachable must not end the daemon: try again next cycle.
+            log.error("cycle failed: %s", exc)
+            if self.metrics is not None:
+                self.metrics.cycle_errors.inc()
+        self.cycles += 1
+        if self.heartbeat_dir is not None:
+            try:
+                write_heartbeat(self.heartbeat_dir, self.interval_s)
+            except OSError as exc:
+                log.warning("cannot write the heartbeat in %s: %s", self.heartbeat_dir, exc)
+        return report
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop after the current step; SIGHUP wakes a cycle now."""
+        def stop(signum: int, frame: object) -> None:
+            log.info("signal %d: stopping", signum)
+            self.stop.set()
+            self.wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, lambda s, f: self.wake.set())
+
+    def start_node_watch(self, poll: Callable[[], bool], every_s: float = 2.0) -> threading.Thread:
+        """Wake the loop when `poll()` says the nodes changed (a cheap check between full cycles)."""
+        def watch() -> None:
+            while not self.stop.is_set():
+                try:
+                    if poll():
+                        log.info("node change seen: waking the reconcile loop")
+                        self.wake.set()
+                except ElasticError as exc:
+                    log.debug("node watch: %s", exc)
+                self.stop.wait(every_s)
+
+        thread = threading.Thread(target=watch, name="node-watch", daemon=True)
+        thread.start()
+        return thread

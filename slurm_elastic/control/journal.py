@@ -1,0 +1,196 @@
+"""The SQLite (WAL) journal of resize plans: every protocol step is written before it is taken."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.errors import ElasticError
+
+log = logging.getLogger(__name__)
+
+# Steps in protocol order. A step is journaled as an *intent* just before it
+# is taken, so after a crash the last recorded step may or may not have
+# happened; every step is idempotent, so recovery redoes it and goes on.
+STEPS = ("open", "signal", "ack", "hold", "resize", "release")
+OPEN, DONE, ROLLED_BACK, ABANDONED = "open", "done", "rolled_back", "abandoned"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS plans (
+    plan_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id         INTEGER NOT NULL,
+    from_gpus      INTEGER NOT NULL,
+    to_gpus        INTEGER NOT NULL,
+    nodes          INTEGER NOT NULL,
+    gpus_per_node  INTEGER NOT NULL,
+    cpus_per_gpu   INTEGER NOT NULL,
+    mem_per_gpu_mb INTEGER NOT NULL,
+    entry          TEXT    NOT NULL,
+    reason         TEXT    NOT NULL,
+    forced         INTEGER NOT NULL,
+    restarts       INTEGER NOT NULL,
+    step           TEXT    NOT NULL,
+    status         TEXT    NOT NULL,
+    created_at     REAL    NOT NULL,
+    updated_at     REAL    NOT NULL,
+    note           TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS plans_open ON plans(status);
+CREATE INDEX IF NOT EXISTS plans_job ON plans(job_id, created_at);
+CREATE TABLE IF NOT EXISTS steps (
+    plan_id INTEGER NOT NULL REFERENCES plans(plan_id),
+    step    TEXT    NOT NULL,
+    at      REAL    NOT NULL,
+    note    TEXT    NOT NULL DEFAULT ''
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """One journaled plan and how far it got."""
+
+    plan_id: int
+    plan: Plan
+    restarts: int          # the job's Slurm restart count when the plan opened (names the ACK file)
+    step: str
+    status: str
+    created_at: float
+    updated_at: float
+    note: str = ""
+
+    @property
+    def job_id(self) -> int:
+        return self.plan.job_id
+
+    def to_json(self) -> dict[str, object]:
+        return {"plan_id": self.plan_id, "job_id": self.job_id, "from_gpus": self.plan.from_gpus,
+                "to_gpus": self.plan.to_gpus, "nodes": self.plan.nodes,
+                "gpus_per_node": self.plan.gpus_per_node, "entry": self.plan.entry.value,
+                "reason": self.plan.reason, "forced": self.plan.forced, "step": self.step,
+                "status": self.status, "created_at": self.created_at, "updated_at": self.updated_at,
+                "note": self.note}
+
+
+class Journal:
+    """Plans and their steps in one SQLite file (WAL, synchronous=FULL: a step is on disk before it runs)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise ElasticError(f"cannot open the controller journal {self.path}: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- writing -----------------------------------------------------------------------
+    def open_plan(self, plan: Plan, *, restarts: int, now: float | None = None) -> int:
+        """Step 1: 'plan P: job J g0 -> g1' is durable before anything touches the job."""
+        at = time.time() if now is None else now
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT INTO plans (job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu,"
+                " mem_per_gpu_mb, entry, reason, forced, restarts, step, status, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (plan.job_id, plan.from_gpus, plan.to_gpus, plan.nodes, plan.gpus_per_node,
+                 plan.cpus_per_gpu, plan.mem_per_gpu_mb, plan.entry.value, plan.reason,
+                 int(plan.forced), restarts, "open", OPEN, at, at))
+            plan_id = int(cur.lastrowid)
+            self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
+                             (plan_id, "open", at, json.dumps(plan.describe())))
+        log.info("job %d: plan %d opened: %s", plan.job_id, plan_id, plan.describe())
+        return plan_id
+
+    def record(self, plan_id: int, step: str, note: str = "", now: float | None = None) -> None:
+        if step not in STEPS:
+            raise ValueError(f"unknown protocol step {step!r}")
+        at = time.time() if now is None else now
+        with self._tx():
+            self._db.execute("UPDATE plans SET step=?, updated_at=? WHERE plan_id=?", (step, at, plan_id))
+            self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
+                             (plan_id, step, at, note))
+
+    def finish(self, plan_id: int, status: str, note: str = "", now: float | None = None) -> None:
+        if status not in (DONE, ROLLED_BACK, ABANDONED):
+            raise ValueError(f"unknown final status {status!r}")
+        at = time.time() if now is None else now
+        with self._tx():
+            self._db.execute("UPDATE plans SET status=?, note=?, updated_at=? WHERE plan_id=?",
+                             (status, note, at, plan_id))
+            self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
+                             (plan_id, status, at, note))
+
+    # -- reading -----------------------------------------------------------------------
+    def open_plans(self) -> list[PlanRecord]:
+        return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))
+
+    def plans(self, job_id: int | None = None, limit: int = 100) -> list[PlanRecord]:
+        if job_id is None:
+            return self._select("ORDER BY plan_id DESC LIMIT ?", (limit,))
+        return self._select("WHERE job_id=? ORDER BY plan_id DESC LIMIT ?", (job_id, limit))
+
+    def steps(self, plan_id: int) -> list[tuple[str, float, str]]:
+        rows = self._db.execute("SELECT step, at, note FROM steps WHERE plan_id=? ORDER BY rowid",
+                                (plan_id,)).fetchall()
+        return [(str(s), float(a), str(n)) for s, a, n in rows]
+
+    def last_change_at(self, job_id: int) -> float | None:
+        """When the controller last resized this job (a plan that finished), for hysteresis."""
+        row = self._db.execute("SELECT MAX(updated_at) FROM plans WHERE job_id=? AND status=?",
+                               (job_id, DONE)).fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def restarts_since(self, job_id: int, since: float) -> int:
+        """Restarts the controller caused (running jobs it requeued) since `since`, for the budget."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM plans WHERE job_id=? AND entry=? AND created_at>=? AND status IN (?,?)",
+            (job_id, PlanEntry.RUNNING.value, since, DONE, OPEN)).fetchone()
+        return int(row[0])
+
+    # -- internals -----------------------------------------------------------------------
+    def _select(self, where: str, args: tuple[object, ...]) -> list[PlanRecord]:
+        rows = self._db.execute(
+            "SELECT plan_id, job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb,"
+            " entry, reason, forced, restarts, step, status, created_at, updated_at, note FROM plans " + where,
+            args).fetchall()
+        out = []
+        for r in rows:
+            plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), nodes=int(r[4]),
+                        gpus_per_node=int(r[5]), cpus_per_gpu=int(r[6]), mem_per_gpu_mb=int(r[7]),
+                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]))
+            out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[11]), step=str(r[12]),
+                                  status=str(r[13]), created_at=float(r[14]), updated_at=float(r[15]),
+                                  note=str(r[16])))
+        return out
+
+    def _tx(self) -> _Transaction:
+        return _Transaction(self._db)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, so a record is whole or absent after a crash."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._db.execute("BEGIN IMMEDIATE")
+        return self._db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self._db.execute("COMMIT")
+        else:
+            self._db.execute("ROLLBACK")

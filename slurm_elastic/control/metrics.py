@@ -1,0 +1,64 @@
+"""Prometheus metrics of the controller (prometheus_client, one registry per controller)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurm_elastic.control.reconcile import CycleReport
+
+log = logging.getLogger(__name__)
+
+
+class ControllerMetrics:
+    """Cycle and solve time, MIP gap, plans, restarts per job, GPUs allocated vs free, node events."""
+
+    def __init__(self) -> None:
+        # Imported here: prometheus_client is the 'daemon' extra, and the CLI must start without it.
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.cycle_seconds = Histogram("slurm_elastic_cycle_seconds", "Reconcile cycle duration",
+                                       registry=r, buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120))
+        self.solve_seconds = Histogram("slurm_elastic_solve_seconds", "Allocation solve duration",
+                                       registry=r, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30))
+        self.mip_gap = Gauge("slurm_elastic_mip_gap", "Relative MIP gap of the last solve", registry=r)
+        self.plans = Counter("slurm_elastic_plans_total", "Resize plans by outcome", ["outcome"], registry=r)
+        self.restarts = Counter("slurm_elastic_job_restarts_total", "Restarts the controller caused",
+                                ["job_id"], registry=r)
+        self.gpus = Gauge("slurm_elastic_gpus", "GPUs by kind (total on up nodes, allocated to elastic "
+                          "jobs, free)", ["kind"], registry=r)
+        self.node_events = Counter("slurm_elastic_node_events_total", "Nodes lost or gained", ["kind"],
+                                   registry=r)
+        self.elastic_jobs = Gauge("slurm_elastic_jobs", "Elastic jobs by state", ["state"], registry=r)
+        self.cycle_errors = Counter("slurm_elastic_cycle_errors_total", "Cycles that failed", registry=r)
+
+    def observe(self, report: CycleReport) -> None:
+        self.cycle_seconds.observe(report.cycle_s)
+        if report.allocation is not None:
+            self.solve_seconds.observe(report.allocation.solve_s)
+            self.mip_gap.set(report.allocation.mip_gap)
+        for outcome in report.outcomes:
+            self.plans.labels(outcome.status).inc()
+        for plan in report.plans:
+            if plan.entry.value == "running" and not report.dry_run:
+                self.restarts.labels(str(plan.job_id)).inc()
+        self.gpus.labels("total").set(report.gpus_total)
+        self.gpus.labels("allocated").set(report.gpus_elastic)
+        self.gpus.labels("free").set(report.gpus_free)
+        for kind, count in (("lost", len(report.nodes_lost)), ("gained", len(report.nodes_gained))):
+            if count:
+                self.node_events.labels(kind).inc(count)
+        counts: dict[str, int] = {}
+        for state in report.job_states.values():
+            counts[state] = counts.get(state, 0) + 1
+        for state in ("RUNNING", "PENDING"):
+            self.elastic_jobs.labels(state).set(counts.get(state, 0))
+
+    def serve(self, port: int, addr: str = "") -> None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=addr, registry=self.registry)
+        log.info("metrics on http://%s:%d/metrics", addr or "0.0.0.0", port)

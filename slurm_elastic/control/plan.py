@@ -1,0 +1,134 @@
+"""Plans: the diff between the allocation the solver chose and what each elastic job has now."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from slurm_elastic.allocate.problem import Allocation
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, NodeFlag, NodeState
+
+
+class PlanEntry(enum.Enum):
+    """Where a plan enters the requeue protocol."""
+
+    RUNNING = "running"    # signal, wait for the ACK, requeuehold, resize, release
+    PENDING = "pending"    # hold, resize, release (queued, or requeued by Slurm after a node failure)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Change one job to `nodes` x `gpus_per_node` GPUs (to_gpus 0: back to the queue at its minimum)."""
+
+    job_id: int
+    from_gpus: int
+    to_gpus: int
+    nodes: int
+    gpus_per_node: int
+    cpus_per_gpu: int
+    mem_per_gpu_mb: int
+    entry: PlanEntry
+    reason: str
+    forced: bool = False   # a node it used was lost: hysteresis and the restart budget do not apply
+
+    @property
+    def shrinks(self) -> bool:
+        return self.nodes * self.gpus_per_node < self.from_gpus
+
+    def describe(self) -> str:
+        return (f"job {self.job_id}: {self.from_gpus}->{self.to_gpus} GPUs "
+                f"({self.nodes}x{self.gpus_per_node}, {self.entry.value}; {self.reason})")
+
+
+Shape = tuple[int, int]                       # (nodes, GPUs per node)
+ShapeFn = Callable[[Job, int, Mapping[str, int]], Shape]
+
+
+def requeued_by_slurm(job: Job) -> bool:
+    """Slurm requeued it (node failure with --requeue): it would wait ~120 s for BeginTime."""
+    return job.state is JobState.PENDING and job.restarts > 0 and job.reason == "BeginTime" and not job.held
+
+
+def lost_node(job: Job, state: ClusterState) -> bool:
+    """A node the job runs on is no longer available."""
+    if job.state is not JobState.RUNNING:
+        return False
+    for name in job.nodes:
+        try:
+            if not state.node(name).available:
+                return True
+        except KeyError:
+            return True
+    return False
+
+
+def on_dead_node(job: Job, state: ClusterState) -> bool:
+    """A node of the job is down or not responding: Slurm itself will requeue the job."""
+    for name in job.nodes:
+        try:
+            node = state.node(name)
+        except KeyError:
+            return True
+        if node.state is NodeState.DOWN or NodeFlag.NOT_RESPONDING in node.flags:
+            return True
+    return False
+
+
+def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
+               *, job_ids: frozenset[int] | None = None) -> tuple[Plan, ...]:
+    """The changes that take each in-scope elastic job from now to the allocation.
+
+    Shrinks come first so that grows find the GPUs they free.
+    """
+    plans: list[Plan] = []
+    for job in state.elastic_jobs:
+        if job_ids is not None and job.job_id not in job_ids:
+            continue
+        target = allocation.gpus.get(str(job.job_id))
+        if target is None:
+            continue
+        plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state)
+        if plan is not None:
+            plans.append(plan)
+    plans.sort(key=lambda p: (not p.shrinks, p.job_id))
+    return tuple(plans)
+
+
+def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
+              state: ClusterState) -> Plan | None:
+    spec = job.spec
+    assert spec is not None
+    if job.held:
+        return None  # held by its user or an admin (ours are in the journal): never ours to release
+    now = job.gpus
+    if target > 0:
+        nodes, per_node = shape(job, target, placement)
+    else:
+        nodes, per_node = shape(job, spec.min_gpus, {})
+    common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, nodes=nodes, gpus_per_node=per_node,
+                  cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb)
+    if job.state is JobState.RUNNING:
+        if on_dead_node(job, state):
+            # Slurm requeues it itself when it marks the node down; it enters at step 3 then.
+            return None
+        lost = lost_node(job, state)
+        if target == now and not lost:
+            return None
+        if target == 0:
+            reason = "no room: back to the queue at its minimum"
+        elif lost:
+            reason = "a node it uses is drained or unavailable"
+        else:
+            reason = "grow" if target > now else "shrink"
+        return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)
+    if job.state is JobState.PENDING:
+        if requeued_by_slurm(job):
+            why = "requeued by Slurm after a node failure"
+            if target == 0:
+                why += "; no room now, queued at its minimum"
+            return Plan(entry=PlanEntry.PENDING, reason=why, forced=True, **common)
+        if target == 0 or (nodes, per_node) == (job.num_nodes, job.gpus_per_node):
+            return None
+        return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
+    return None

@@ -1,0 +1,260 @@
+"""The requeue protocol: signal, wait for the checkpoint ACK, requeuehold, resize, release; and its recovery."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as _signal
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from slurm_elastic.cluster.backend import Backend
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
+from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.train import protocol as shim
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "SLURM_ELASTIC_CRASH_AFTER"
+"""Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolSettings:
+    signal: str = shim.DEFAULT_SIGNAL
+    ack_timeout_s: float = 60.0      # then proceed: the last periodic checkpoint is the resume point
+    ack_poll_s: float = 0.2
+    settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
+    settle_poll_s: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    plan_id: int
+    job_id: int
+    status: str          # done | rolled_back | abandoned
+    note: str = ""
+    acked: bool | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"plan_id": self.plan_id, "job_id": self.job_id, "status": self.status, "note": self.note,
+                "acked": self.acked}
+
+
+class RequeueProtocol:
+    """Carries plans through the protocol; every step is journaled before it is taken and is idempotent."""
+
+    def __init__(self, backend: Backend, journal: Journal, settings: ProtocolSettings = ProtocolSettings(),
+                 *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 crash_after: str | None = None, crash: Callable[[], None] | None = None) -> None:
+        self.backend = backend
+        self.journal = journal
+        self.settings = settings
+        self._clock = clock
+        self._sleep = sleep
+        self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
+        self._crash = crash or _sigkill_self
+
+    # -- the forward path ------------------------------------------------------------------
+    def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
+        """Run `plans` (all running jobs are signalled together, so their checkpoints overlap)."""
+        records: list[PlanRecord] = []
+        for plan in plans:
+            job = state.job(plan.job_id)
+            plan_id = self.journal.open_plan(plan, restarts=job.restarts)
+            self._maybe_crash("open")
+            records.append(self._record(plan_id))
+        running = [r for r in records if r.plan.entry is PlanEntry.RUNNING]
+        for rec in running:
+            self.journal.record(rec.plan_id, "signal", self.settings.signal)
+            try:
+                self.backend.signal(rec.job_id, self.settings.signal)
+                log.info("job %d: sent %s (plan %d)", rec.job_id, self.settings.signal, rec.plan_id)
+            except SlurmError as exc:
+                # A job that just ended or was requeued by Slurm cannot be signalled; the hold step sorts it out.
+                log.warning("job %d: could not signal (%s); continuing", rec.job_id, exc)
+            self._maybe_crash("signal")
+        acked = self._wait_for_acks(running, state)
+        for rec in running:
+            note = "acked" if acked.get(rec.plan_id) else f"no ACK within {self.settings.ack_timeout_s:g}s"
+            self.journal.record(rec.plan_id, "ack", note)
+            if not acked.get(rec.plan_id):
+                log.warning("job %d: %s; the last periodic checkpoint is the resume point", rec.job_id, note)
+            self._maybe_crash("ack")
+        outcomes = []
+        for rec in records:
+            outcome = self._from_hold(rec, crash=True)
+            outcomes.append(Outcome(outcome.plan_id, outcome.job_id, outcome.status, outcome.note,
+                                    acked.get(rec.plan_id) if rec.plan.entry is PlanEntry.RUNNING else None))
+        return outcomes
+
+    # -- recovery ---------------------------------------------------------------------------
+    def recover(self, state: ClusterState) -> list[Outcome]:
+        """Finish or roll back every open plan of a controller that died, so nothing stays held."""
+        outcomes = []
+        for rec in self.journal.open_plans():
+            job = _find(state, rec.job_id)
+            if job is None or job.state.finished:
+                self.journal.finish(rec.plan_id, ABANDONED, "job ended")
+                log.info("job %d: plan %d abandoned on recovery: the job ended", rec.job_id, rec.plan_id)
+                outcomes.append(Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended"))
+                continue
+            if rec.step == "open":
+                # Nothing was taken yet: the signal is journaled before it is sent.
+                self.journal.finish(rec.plan_id, ROLLED_BACK, "controller stopped before the first step")
+                log.info("job %d: plan %d rolled back on recovery (no step taken)", rec.job_id, rec.plan_id)
+                outcomes.append(Outcome(rec.plan_id, rec.job_id, ROLLED_BACK, "no step taken"))
+                continue
+            log.info("job %d: plan %d resumed on recovery after step %r", rec.job_id, rec.plan_id, rec.step)
+            # The job may have been signalled and its shim may be waiting to be requeued, so from
+            # 'signal' on the plan is finished, not undone.
+            start = {"signal": "hold", "ack": "hold", "hold": "hold", "resize": "resize",
+                     "release": "release"}[rec.step]
+            outcomes.append(self._from_hold(rec, start=start, crash=False))
+        return outcomes
+
+    # -- steps 3-5 -----------------------------------------------------------------------------
+    def _from_hold(self, rec: PlanRecord, *, start: str = "hold", crash: bool) -> Outcome:
+        # `crash` is True on the forward path (test hook armed, plan entry trusted), False on recovery.
+        plan = rec.plan
+        order = ("hold", "resize", "release")
+        try:
+            for step in order[order.index(start):]:
+                self.journal.record(rec.plan_id, step)
+                if step == "hold":
+                    if not self._hold(rec, fresh=crash):
+                        self.journal.finish(rec.plan_id, ABANDONED, "job ended")
+                        return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
+                elif step == "resize":
+                    self._settle(rec.job_id, lambda: self.backend.set_resources(
+                        plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                        cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
+                    log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
+                             plan.gpus_per_node)
+                else:
+                    self._release(rec.job_id, fresh=crash)
+                    log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
+                if crash:
+                    self._maybe_crash(step)
+        except SlurmError as exc:
+            return self._roll_back(rec, f"{exc}")
+        self.journal.finish(rec.plan_id, DONE)
+        return Outcome(rec.plan_id, rec.job_id, DONE)
+
+    def _hold(self, rec: PlanRecord, *, fresh: bool) -> bool:
+        """Requeue-hold a running job or hold a pending one; False when the job is gone.
+
+        On the forward path (`fresh`) the plan's entry says what the job is; only when Slurm refuses
+        (or on recovery) is the job observed again, which keeps a cycle to one snapshot.
+        """
+        if fresh:
+            try:
+                self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING)
+                return True
+            except SlurmError as exc:
+                log.info("job %d: hold refused (%s); looking again", rec.job_id, exc)
+        job = self._observe(rec.job_id)
+        if job is None or job.state.finished:
+            return False
+        if job.held:
+            return True  # done before a crash, or by the requeuehold itself
+        self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
+        return True
+
+    def _hold_action(self, job_id: int, *, running: bool) -> None:
+        if running:
+            self.backend.requeue_hold(job_id)
+            log.info("job %d: requeued and held", job_id)
+        else:
+            self.backend.hold(job_id)
+            log.info("job %d: held", job_id)
+
+    def _release(self, job_id: int, *, fresh: bool = False) -> None:
+        if fresh:
+            try:
+                self.backend.release(job_id)
+                return
+            except SlurmError as exc:
+                log.info("job %d: release refused (%s); looking again", job_id, exc)
+
+        def attempt() -> None:
+            job = self._observe(job_id)
+            if job is None or job.state.finished or not job.held:
+                return
+            self.backend.release(job_id)
+        self._settle(job_id, attempt)
+
+    def _roll_back(self, rec: PlanRecord, why: str) -> Outcome:
+        """A step failed: leave the job released (with whatever shape it has), never held."""
+        log.error("job %d: plan %d failed (%s); releasing the job unchanged", rec.job_id, rec.plan_id, why)
+        try:
+            self._release(rec.job_id)
+        except SlurmError as exc:
+            log.error("job %d: release after a failed plan failed too: %s", rec.job_id, exc)
+            # Stays open: the next recovery tries again, so the job cannot stay held for good.
+            return Outcome(rec.plan_id, rec.job_id, "open", f"{why}; release failed: {exc}")
+        self.journal.finish(rec.plan_id, ROLLED_BACK, why)
+        return Outcome(rec.plan_id, rec.job_id, ROLLED_BACK, why)
+
+    def _settle(self, job_id: int, action: Callable[[], None]) -> None:
+        """Retry `action` while Slurm still finishes the requeue (the job passes through COMPLETING)."""
+        deadline = self._clock() + self.settings.settle_timeout_s
+        while True:
+            try:
+                action()
+                return
+            except SlurmError as exc:
+                if self._clock() >= deadline:
+                    raise
+                log.debug("job %d: Slurm not ready (%s); retrying", job_id, exc)
+                self._sleep(self.settings.settle_poll_s)
+
+    # -- the ACK hand-shake ------------------------------------------------------------------------
+    def _wait_for_acks(self, running: Sequence[PlanRecord], state: ClusterState) -> dict[int, bool]:
+        if not running:
+            return {}
+        paths: dict[int, str | None] = {}
+        for rec in running:
+            job = _find(state, rec.job_id)
+            ckpt = job.spec.ckpt_dir if job is not None and job.spec is not None else None
+            paths[rec.plan_id] = (shim.ack_path(ckpt, shim.job_key(rec.job_id), rec.job_id, rec.restarts)
+                                  if ckpt else None)
+        acked = {pid: False for pid in paths}
+        deadline = self._clock() + self.settings.ack_timeout_s
+        while True:
+            for pid, path in paths.items():
+                if not acked[pid] and path is not None and os.path.exists(path):
+                    acked[pid] = True
+            if all(acked.values()) or self._clock() >= deadline:
+                return acked
+            self._sleep(self.settings.ack_poll_s)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _observe(self, job_id: int) -> Job | None:
+        return _find(self.backend.snapshot(), job_id)
+
+    def _record(self, plan_id: int) -> PlanRecord:
+        for rec in self.journal.open_plans():
+            if rec.plan_id == plan_id:
+                return rec
+        raise KeyError(plan_id)
+
+    def _maybe_crash(self, step: str) -> None:
+        if self._crash_after == step:
+            log.warning("%s=%s: killing the controller now (test hook)", CRASH_ENV, step)
+            self._crash()
+
+
+def _sigkill_self() -> None:
+    logging.shutdown()
+    os.kill(os.getpid(), _signal.SIGKILL)
+
+
+def _find(state: ClusterState, job_id: int) -> Job | None:
+    for job in state.jobs:
+        if job.job_id == job_id:
+            return job
+    return None

@@ -1,0 +1,240 @@
+"""One level-triggered reconcile cycle: observe everything, solve, diff, act through the requeue protocol."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, Policy
+from slurm_elastic.allocate.shapes import shape_of, spanning_widths
+from slurm_elastic.cluster.backend import Backend
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.plan import Plan, lost_node, make_plans, requeued_by_slurm
+from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
+
+log = logging.getLogger(__name__)
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """How a controller behaves; the same for the admin daemon and user-mode watch."""
+
+    policy: Policy = Policy()
+    protocol: ProtocolSettings = ProtocolSettings()
+    min_resize_interval_s: float = 300.0   # hysteresis: no resize sooner, unless a node the job uses is lost
+    restart_budget_per_hour: int = 6       # controller-caused restarts per job per hour
+    user: str | None = None                # user mode: only this user's jobs are elastic to us
+    node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one cycle saw, decided and did (printed by `admin rebalance`, fed to the metrics)."""
+
+    taken_at: float
+    dry_run: bool
+    plans: tuple[Plan, ...] = ()
+    outcomes: tuple[Outcome, ...] = ()
+    recovered: tuple[Outcome, ...] = ()
+    allocation: Allocation | None = None
+    problem: AllocationProblem | None = None
+    pinned: Mapping[int, str] = field(default_factory=dict)
+    malformed: Mapping[int, str] = field(default_factory=dict)
+    nodes_lost: tuple[str, ...] = ()
+    nodes_gained: tuple[str, ...] = ()
+    job_states: Mapping[int, str] = field(default_factory=dict)
+    current_gpus: Mapping[int, int] = field(default_factory=dict)
+    gpus_total: int = 0
+    gpus_elastic: int = 0
+    gpus_free: int = 0
+    cycle_s: float = 0.0
+
+    def target(self, job_id: int) -> int | None:
+        if self.allocation is None:
+            return None
+        g = self.allocation.gpus.get(str(job_id))
+        return None if g is None else int(g)
+
+    def to_json(self) -> dict[str, object]:
+        alloc = self.allocation
+        return {
+            "taken_at": self.taken_at, "dry_run": self.dry_run, "cycle_s": round(self.cycle_s, 4),
+            "plans": [{"job_id": p.job_id, "from_gpus": p.from_gpus, "to_gpus": p.to_gpus, "nodes": p.nodes,
+                       "gpus_per_node": p.gpus_per_node, "entry": p.entry.value, "reason": p.reason,
+                       "forced": p.forced} for p in self.plans],
+            "outcomes": [o.to_json() for o in self.outcomes],
+            "recovered": [o.to_json() for o in self.recovered],
+            "jobs": [{"job_id": j, "state": s, "gpus": self.current_gpus.get(j, 0), "target_gpus": self.target(j),
+                      "pinned": self.pinned.get(j)} for j, s in sorted(self.job_states.items())],
+            "malformed": [{"job_id": j, "error": e} for j, e in sorted(self.malformed.items())],
+            "nodes_lost": list(self.nodes_lost), "nodes_gained": list(self.nodes_gained),
+            "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
+            "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
+                                                  "objective": alloc.objective, "mip_gap": alloc.mip_gap,
+                                                  "bound": alloc.bound, "solve_s": alloc.solve_s,
+                                                  "notes": list(alloc.notes)},
+        }
+
+
+def scope_state(state: ClusterState, user: str | None) -> tuple[ClusterState, dict[int, str]]:
+    """The state as this controller may act on it, and the jobs whose elastic spec is malformed.
+
+    In user mode the other users' elastic jobs become plain usage (spec None):
+    the capacity left to the caller is whatever the rest of the cluster leaves.
+    """
+    malformed = {j.job_id: j.spec_error for j in state.jobs
+                 if j.spec_error and not j.state.finished and (user is None or j.user == user)}
+    if user is None:
+        return state, malformed  # type: ignore[return-value]
+    jobs = tuple(j if j.user == user or j.spec is None else dataclasses.replace(j, spec=None) for j in state.jobs)
+    return dataclasses.replace(state, jobs=jobs), malformed  # type: ignore[return-value]
+
+
+def build_problem(state: ClusterState, policy: Policy) -> AllocationProblem:
+    """AllocationProblem.from_state (allocate/from_state.py)."""
+    from_state = getattr(AllocationProblem, "from_state", None)
+    if from_state is None:
+        from slurm_elastic.allocate.from_state import problem_from_state as from_state  # type: ignore
+        return from_state(state, policy)
+    return from_state(state, policy)
+
+
+def solve(problem: AllocationProblem) -> Allocation:
+    from slurm_elastic.allocate import solve as _solve  # type: ignore[attr-defined]
+
+    return _solve(problem)
+
+
+def request_shape(job: Job, gpus: int, placement: Mapping[str, int], node_sizes: set[int]) -> tuple[int, int]:
+    """(nodes, GPUs per node) for `gpus`: the solver's placement, else the narrowest shape Slurm can express."""
+    spec = job.spec
+    assert spec is not None
+    if placement:
+        s = shape_of(placement, spec.cpus_per_gpu, spec.mem_per_gpu_mb)
+        if s is not None and s.gpus == gpus:
+            return s.nodes, s.gpus_per_node
+    sizes = {n for n in node_sizes if n > 0} or {gpus}
+    if gpus <= max(sizes):
+        return 1, gpus
+    widths = spanning_widths(gpus, sizes, True) or spanning_widths(gpus, sizes, False)
+    if widths:
+        return gpus // widths[0], widths[0]
+    return 1, gpus  # Slurm will keep it pending and say why
+
+
+def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int]) -> AllocationProblem:
+    """Fix the GPU count of each pinned job (job id -> GPUs) so the solver plans around it."""
+    if not pins:
+        return problem
+    jobs: list[JobRequest] = []
+    for req in problem.jobs:
+        g = pins.get(int(req.key)) if req.key.isdigit() else None
+        if g:
+            req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True)
+        jobs.append(req)
+    return dataclasses.replace(problem, jobs=tuple(jobs))
+
+
+class Reconciler:
+    """Observe -> problem -> solve -> plans -> act; a missed event is corrected the next cycle."""
+
+    def __init__(self, backend: Backend, journal: Journal, config: ControllerConfig = ControllerConfig(),
+                 *, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 protocol: RequeueProtocol | None = None) -> None:
+        self.backend = backend
+        self.journal = journal
+        self.config = config
+        self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, sleep=sleep)
+        self._clock = clock
+        self._sleep = sleep
+        self._available: frozenset[str] | None = None
+        self._reported_malformed: set[int] = set()
+
+    def cycle(self, *, dry_run: bool = False) -> CycleReport:
+        t0 = time.monotonic()
+        state = self.backend.snapshot()
+        recovered: list[Outcome] = []
+        if not dry_run and self.journal.open_plans():
+            recovered = self.protocol.recover(state)
+            state = self.backend.snapshot()
+        state = self._confirm_nodes(state)
+        available = frozenset(n.name for n in state.nodes if n.available)
+        lost = gained = ()
+        if self._available is not None:
+            lost = tuple(sorted(self._available - available))
+            gained = tuple(sorted(available - self._available))
+            for name in lost:
+                log.warning("node %s lost", name)
+            for name in gained:
+                log.info("node %s gained", name)
+        if not dry_run:
+            self._available = available
+
+        scoped, malformed = scope_state(state, self.config.user)
+        for job_id, err in malformed.items():
+            if job_id not in self._reported_malformed:
+                log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
+                          job_id, err)
+                self._reported_malformed.add(job_id)
+        pinned, pins = self._pins(scoped)
+        problem = pin_jobs(build_problem(scoped, self.config.policy), pins)
+        allocation = solve(problem)
+        node_sizes = {n.gpus for n in scoped.nodes}
+        plans = make_plans(scoped, allocation,
+                           lambda job, g, placement: request_shape(job, g, placement, node_sizes))
+        for plan in plans:
+            log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
+        outcomes: list[Outcome] = []
+        if plans and not dry_run:
+            outcomes = self.protocol.execute(plans, scoped)
+        elastic = scoped.elastic_jobs
+        total = sum(n.gpus for n in state.nodes if n.available)
+        used = sum(n.gpus_alloc for n in state.nodes if n.available)
+        report = CycleReport(
+            taken_at=state.taken_at, dry_run=dry_run, plans=plans, outcomes=tuple(outcomes),
+            recovered=tuple(recovered), allocation=allocation, problem=problem, pinned=pinned,
+            malformed=malformed, nodes_lost=lost, nodes_gained=gained,
+            job_states={j.job_id: j.state.value for j in elastic},
+            current_gpus={j.job_id: j.gpus for j in elastic},
+            gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
+            gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
+        return report
+
+    # -- hysteresis and the restart budget ----------------------------------------------------
+    def _pins(self, state: ClusterState) -> tuple[dict[int, str], dict[int, int]]:
+        now = self._clock()
+        why: dict[int, str] = {}
+        pins: dict[int, int] = {}
+        for job in state.elastic_jobs:
+            if job.state is not JobState.RUNNING or job.held or lost_node(job, state) or requeued_by_slurm(job):
+                continue  # pending jobs cost no restart; a lost node always allows a resize
+            last = self.journal.last_change_at(job.job_id)
+            if last is not None and now - last < self.config.min_resize_interval_s:
+                why[job.job_id] = (f"resized {now - last:.0f}s ago (hysteresis "
+                                   f"{self.config.min_resize_interval_s:g}s)")
+            elif self.journal.restarts_since(job.job_id, now - HOUR_S) >= self.config.restart_budget_per_hour:
+                why[job.job_id] = f"restart budget of {self.config.restart_budget_per_hour}/hour spent"
+            else:
+                continue
+            pins[job.job_id] = job.gpus
+            log.debug("job %d: kept at %d GPUs: %s", job.job_id, job.gpus, why[job.job_id])
+        return why, pins
+
+    def _confirm_nodes(self, state: ClusterState) -> ClusterState:
+        """A node that just became unavailable is read again after a moment before anyone is resized.
+
+        Slurm 24.11 was seen marking a healthy busy node 'not responding' for under a second.
+        """
+        if self._available is None or self.config.node_confirm_s <= 0:
+            return state
+        now_available = {n.name for n in state.nodes if n.available}
+        if not (self._available - now_available):
+            return state
+        self._sleep(self.config.node_confirm_s)
+        return self.backend.snapshot()
