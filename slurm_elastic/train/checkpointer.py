@@ -1,0 +1,529 @@
+"""LayerCheckpointer: snapshot each layer as the next forward pass reaches it, write it in the background."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from slurm_elastic.errors import CheckpointError
+from slurm_elastic.train.store import CheckpointStore, FileRecord
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP_BYTES = 64 << 20
+_PY_SCALAR_TAGS = {bool: "b", int: "i", float: "f"}
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSlot:
+    """One hooked layer and the state it owns (names relative to the unwrapped model)."""
+
+    index: int
+    name: str
+    params: tuple[tuple[str, nn.Parameter], ...]
+    buffers: tuple[tuple[str, nn.Module, str], ...]   # (fqn, owning module, attribute)
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Consecutive layers written as one file by one rank."""
+
+    index: int
+    slots: tuple[int, ...]
+    owner: int
+    nbytes: int
+
+    @property
+    def file_name(self) -> str:
+        return f"group-{self.index:05d}.safetensors"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSnapshot:
+    """What the background writer reports for one step on this rank."""
+
+    step: int
+    ok: bool
+    records: tuple[FileRecord, ...]
+    error: str | None
+    stall_s: float           # time the training thread spent on this snapshot (hooks + waits)
+    write_s: float
+
+
+@dataclass
+class _Snapshot:
+    step: int
+    pending: set[int]
+    copies: dict[int, Future] = field(default_factory=dict)
+    group_left: dict[int, int] = field(default_factory=dict)
+    records: list[FileRecord] = field(default_factory=list)
+    error: str | None = None
+    stall_s: float = 0.0
+    write_s: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+
+class LayerCheckpointer:
+    """Forward pre-hooks that copy each layer's post-step state to the host, and a writer thread.
+
+    After optimizer.step() of step t, `arm(t)` marks every layer this rank
+    owns as pending. The forward pass of step t+1 reaches each layer; its
+    pre-hook copies the layer's parameters, buffers and optimizer state
+    (unchanged since step t) to host memory - on CPU in a copier thread,
+    on GPU as a non-blocking copy on a side stream - and hands full layer
+    groups to the writer thread. optimizer.step() of t+1 (through a step
+    pre-hook) first waits for the copies still outstanding, never for the
+    writes. Each data-parallel rank owns some layer groups, so ranks write
+    in parallel and every byte is written once.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, store: CheckpointStore, *,
+                 rank: int = 0, world_size: int = 1, layers: Sequence[nn.Module] | None = None,
+                 group_bytes: int = DEFAULT_GROUP_BYTES, async_copy: bool = True,
+                 before_write: Callable[[int, LayerGroup], None] | None = None) -> None:
+        self.model = unwrap(model)
+        self.optimizer = optimizer
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.slots = _build_slots(self.model, layers)
+        self.groups = _build_groups(self.slots, world_size, group_bytes)
+        self._group_of = {s: g.index for g in self.groups for s in g.slots}
+        self._mine = {s for g in self.groups if g.owner == rank for s in g.slots}
+        self._check_optimizer()
+        self._before_write = before_write   # test seam: runs in the writer thread before each file
+        self._snap: _Snapshot | None = None
+        self._lock = threading.Lock()
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-copy") if async_copy else None
+        self._cuda_stream: Any = None
+        self._work: queue.Queue[tuple[_Snapshot, LayerGroup] | tuple[_Snapshot, None] | None] = queue.Queue()
+        self._finished: queue.Queue[FinishedSnapshot] = queue.Queue()
+        self._in_flight = 0
+        self._writer = threading.Thread(target=self._write_loop, name="ckpt-writer", daemon=True)
+        self._writer.start()
+        module_of = {s.index: _slot_module(self.model, s) for s in self.slots}
+        self._handles = [module_of[s.index].register_forward_pre_hook(self._make_hook(s.index))
+                         for s in self.slots if s.index in self._mine and module_of[s.index] is not None]
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.wait_for_copies()))
+
+    # -- the training thread's side ------------------------------------------------------
+    @property
+    def armed(self) -> bool:
+        return self._snap is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Snapshots handed to the writer and not yet reported by `poll`."""
+        return self._in_flight
+
+    def arm(self, step: int) -> None:
+        """Snapshot the state as it is now (after optimizer.step of `step`) during the next forward pass."""
+        if self._snap is not None:
+            raise CheckpointError(f"a snapshot of step {self._snap.step} is still being taken")
+        t0 = time.monotonic()
+        self.store.ensure_job_dir()
+        self.store.begin_step(step)
+        snap = _Snapshot(step=step, pending=set(self._mine))
+        for g in self.groups:
+            if g.owner == self.rank:
+                snap.group_left[g.index] = len(g.slots)
+        self._snap = snap
+        self._in_flight += 1
+        # Layers without a hook (parameters held by a container, not a layer) are
+        # taken now: nothing changes them before the next optimizer.step().
+        for s in list(snap.pending):
+            if _slot_module(self.model, self.slots[s]) is None:
+                self._capture(snap, s)
+        if not snap.group_left:
+            self._work.put((snap, None))   # this rank owns nothing: report an empty success
+            self._snap = None
+        snap.stall_s += time.monotonic() - t0
+
+    def wait_for_copies(self) -> None:
+        """Runs before optimizer.step(): take layers the forward did not reach, wait for all copies."""
+        snap = self._snap
+        if snap is None:
+            return
+        t0 = time.monotonic()
+        for s in sorted(snap.pending):
+            self._capture(snap, s)
+        for fut in snap.copies.values():
+            fut.result()
+        self._snap = None
+        snap.stall_s += time.monotonic() - t0
+
+    def poll(self) -> list[FinishedSnapshot]:
+        """Snapshots whose files are all written (or failed) since the last call."""
+        out = []
+        while True:
+            try:
+                out.append(self._finished.get_nowait())
+            except queue.Empty:
+                break
+        self._in_flight -= len(out)
+        return out
+
+    def drain(self) -> list[FinishedSnapshot]:
+        """Block until every armed snapshot is copied and written."""
+        self.wait_for_copies()
+        out = []
+        while self._in_flight > len(out):
+            out.append(self._finished.get())
+        self._in_flight -= len(out)
+        return out
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._work.put(None)
+        self._writer.join()
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+
+    # -- capture ---------------------------------------------------------------------------
+    def _make_hook(self, slot: int) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any) -> None:
+            snap = self._snap
+            if snap is not None and slot in snap.pending:
+                t0 = time.monotonic()
+                self._capture(snap, slot)
+                snap.stall_s += time.monotonic() - t0
+        return hook
+
+    def _capture(self, snap: _Snapshot, slot_index: int) -> None:
+        snap.pending.discard(slot_index)
+        slot = self.slots[slot_index]
+        # Buffers are copied here, synchronously: this layer's forward may update
+        # them (BatchNorm running stats) right after the hook returns.
+        eager: dict[str, torch.Tensor] = {}
+        for fqn, module, attr in slot.buffers:
+            buf = module._buffers.get(attr)
+            if buf is not None:
+                eager["buffer/" + fqn] = _host_copy_now(buf)
+        live: dict[str, torch.Tensor] = {}
+        for fqn, p in slot.params:
+            live["param/" + fqn] = p.detach()
+            state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    live[f"optim/{fqn}/{key}"] = value.detach()
+                elif type(value) in _PY_SCALAR_TAGS:
+                    eager[f"optimpy/{fqn}/{key}:{_PY_SCALAR_TAGS[type(value)]}"] = _encode_scalar(value)
+                else:
+                    raise CheckpointError(f"optimizer state {key!r} of {fqn} is a {type(value).__name__}; "
+                                          f"only tensors and numbers can be checkpointed")
+        snap.copies[slot_index] = self._copy_async(live, eager)
+        g = self._group_of[slot_index]
+        snap.group_left[g] -= 1
+        if snap.group_left[g] == 0:
+            self._work.put((snap, self.groups[g]))
+
+    def _copy_async(self, live: dict[str, torch.Tensor], done: dict[str, torch.Tensor]) -> Future:
+        on_gpu = any(t.device.type == "cuda" for t in live.values())
+        if on_gpu:
+            return self._copy_cuda(live, done)
+        if self._copier is None:
+            fut: Future = Future()
+            fut.set_result({**done, **{k: t.clone() for k, t in live.items()}})
+            return fut
+        return self._copier.submit(lambda: {**done, **{k: t.clone() for k, t in live.items()}})
+
+    def _copy_cuda(self, live: dict[str, torch.Tensor], done: dict[str, torch.Tensor]) -> Future:
+        # Not exercised on the CPU-only development machine; follows the usual
+        # side-stream pattern: the copy waits for the compute stream, the host
+        # buffers are pinned, and an event says when they are valid.
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream()
+        stream = self._cuda_stream
+        stream.wait_stream(torch.cuda.current_stream())
+        out = dict(done)
+        with torch.cuda.stream(stream):
+            for k, t in live.items():
+                dst = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+                dst.copy_(t, non_blocking=True)
+                t.record_stream(stream)
+                out[k] = dst
+            event = torch.cuda.Event()
+            event.record(stream)
+        def finish() -> dict[str, torch.Tensor]:
+            event.synchronize()
+            return out
+        return _LazyFuture(finish)
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        owned = sum(1 for g in self.groups if g.owner == self.rank)
+        left: dict[int, int] = {}
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            snap, group = item
+            if group is None:
+                self._finished.put(FinishedSnapshot(snap.step, True, (), None, snap.stall_s, 0.0))
+                continue
+            left.setdefault(id(snap), owned)
+            t0 = time.monotonic()
+            if snap.error is None:
+                try:
+                    tensors: dict[str, torch.Tensor] = {}
+                    for s in group.slots:
+                        tensors.update(snap.copies[s].result())
+                    if self._before_write is not None:
+                        self._before_write(snap.step, group)
+                    snap.records.append(self.store.write_tensors(snap.step, group.file_name, tensors,
+                                                                 rank=self.rank))
+                except Exception as exc:   # a full disk must not stop training: report, keep going
+                    snap.error = f"{type(exc).__name__}: {exc}"
+                    log.error("checkpoint of step %d: writing %s failed: %s", snap.step, group.file_name, exc)
+            snap.write_s += time.monotonic() - t0
+            left[id(snap)] -= 1
+            if left[id(snap)] == 0:
+                del left[id(snap)]
+                self._finished.put(FinishedSnapshot(snap.step, snap.error is None, tuple(snap.records),
+                                                    snap.error, snap.stall_s, snap.write_s))
+
+    def _check_optimizer(self) -> None:
+        if self.optimizer is None:
+            return
+        known = {id(p) for s in self.slots for _, p in s.params}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in known:
+                    raise CheckpointError("the optimizer holds a parameter that is not part of the model; "
+                                          "build the optimizer from model.parameters()")
+
+
+class _LazyFuture(Future):
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__()
+        self._fn = fn
+        self._lock2 = threading.Lock()
+
+    def result(self, timeout: float | None = None) -> Any:
+        with self._lock2:
+            if not self.done():
+                self.set_result(self._fn())
+        return super().result(timeout)
+
+
+# -- layout ------------------------------------------------------------------------------------
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside DistributedDataParallel (or similar `.module` wrappers)."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, nn.Module) and isinstance(model, _WRAPPERS) else model
+
+
+_WRAPPERS: tuple[type, ...] = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+
+
+def _build_slots(model: nn.Module, layers: Sequence[nn.Module] | None) -> list[LayerSlot]:
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=True)}
+    if layers is None:
+        chosen = [m for _, m in model.named_modules()
+                  if next(m.parameters(recurse=False), None) is not None or next(m.buffers(recurse=False), None) is not None]
+        chosen = [m for m in chosen if m is not model] or [model]
+    else:
+        chosen = list(layers)
+        for m in chosen:
+            if id(m) not in names:
+                raise CheckpointError(f"layer {type(m).__name__} is not a submodule of the model")
+    claimed: set[int] = set()
+    slots: list[LayerSlot] = []
+
+    def claim(module: nn.Module, name: str, recurse: bool) -> LayerSlot | None:
+        params, buffers, nbytes = [], [], 0
+        for sub_name, sub in (module.named_modules() if recurse else [("", module)]):
+            prefix = ".".join(x for x in (name, sub_name) if x)
+            for attr, p in sub._parameters.items():
+                if p is None or id(p) in claimed:
+                    continue
+                claimed.add(id(p))
+                params.append((f"{prefix}.{attr}" if prefix else attr, p))
+                nbytes += p.numel() * p.element_size()
+            for attr, b in sub._buffers.items():
+                if b is None or id(b) in claimed or attr in sub._non_persistent_buffers_set:
+                    continue
+                claimed.add(id(b))
+                buffers.append((f"{prefix}.{attr}" if prefix else attr, sub, attr))
+                nbytes += b.numel() * b.element_size()
+        if not params and not buffers:
+            return None
+        return LayerSlot(index=len(slots), name=name, params=tuple(params), buffers=tuple(buffers), nbytes=nbytes)
+
+    for m in chosen:
+        slot = claim(m, names[id(m)], recurse=True)
+        if slot is not None:
+            slots.append(slot)
+    # Whatever no chosen layer holds (a root-level embedding table, a container's
+    # own parameter) forms a "rest" slot without a hook, taken at arm time.
+    rest = claim(model, "", recurse=True)
+    if rest is not None:
+        slots.append(LayerSlot(index=rest.index, name="<rest>", params=rest.params, buffers=rest.buffers,
+                               nbytes=rest.nbytes))
+    return slots
+
+
+def _slot_module(model: nn.Module, slot: LayerSlot) -> nn.Module | None:
+    if slot.name == "<rest>":
+        return None
+    return model.get_submodule(slot.name) if slot.name else model
+
+
+def _build_groups(slots: Sequence[LayerSlot], world_size: int, group_bytes: int) -> list[LayerGroup]:
+    """Pack consecutive layers into files of about `group_bytes`, then spread files over ranks by size."""
+    packs: list[list[LayerSlot]] = []
+    size = 0
+    for s in slots:
+        if not packs or size >= group_bytes:
+            packs.append([])
+            size = 0
+        packs[-1].append(s)
+        size += s.nbytes
+    # With fewer files than ranks some ranks would idle; split packs while that helps.
+    while len(packs) < world_size and any(len(p) > 1 for p in packs):
+        big = max(range(len(packs)), key=lambda i: (sum(s.nbytes for s in packs[i]) if len(packs[i]) > 1 else -1))
+        p = packs.pop(big)
+        half = len(p) // 2
+        packs[big:big] = [p[:half], p[half:]]
+    sizes = [sum(s.nbytes for s in p) for p in packs]
+    load = [0] * world_size
+    owners = [0] * len(packs)
+    for i in sorted(range(len(packs)), key=lambda i: (-sizes[i], i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        owners[i] = r
+        load[r] += sizes[i]
+    return [LayerGroup(index=i, slots=tuple(s.index for s in p), owner=owners[i], nbytes=sizes[i])
+            for i, p in enumerate(packs)]
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """Names, shapes and dtypes of every parameter and persistent buffer: two models that
+    could exchange checkpoints have the same fingerprint."""
+    import hashlib
+
+    model = unwrap(model)
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict(keep_vars=True).items()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype};".encode())
+    return h.hexdigest()
+
+
+def _host_copy_now(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+def _encode_scalar(value: bool | int | float) -> torch.Tensor:
+    if isinstance(value, bool):
+        return torch.tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def decode_state(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor],
+                                                                      dict[str, dict[str, Any]]]:
+    """Split a checkpoint's tensors into parameters, buffers and per-parameter optimizer state."""
+    params: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict[str, Any]] = {}
+    for key, t in tensors:
+        kind, _, rest = key.partition("/")
+        if kind == "param":
+            params[rest] = t
+        elif kind == "buffer":
+            buffers[rest] = t
+        elif kind == "optim":
+            fqn, _, skey = rest.rpartition("/")
+            optim.setdefault(fqn, {})[skey] = t
+        elif kind == "optimpy":
+            fqn, _, tagged = rest.rpartition("/")
+            skey, _, tag = tagged.rpartition(":")
+            value = {"b": bool, "i": int, "f": float}.get(tag)
+            if value is None:
+                raise CheckpointError(f"unknown scalar tag in checkpoint key {key!r}")
+            optim.setdefault(fqn, {})[skey] = value(t.item())
+        else:
+            raise CheckpointError(f"unexpected key {key!r} in a checkpoint file (foreign checkpoint?)")
+    return params, buffers, optim
+
+
+def load_into(model: nn.Module, optimizer: torch.optim.Optimizer | None, tensors: Iterable[tuple[str, torch.Tensor]],
+              param_groups: Sequence[Mapping[str, Any]] | None) -> None:
+    """Copy a checkpoint's state into the live model and optimizer, refusing anything that does not fit."""
+    model = unwrap(model)
+    params, buffers, optim = decode_state(tensors)
+    live_params = dict(model.named_parameters())
+    live_buffers = {n: b for n, b in model.named_buffers()}
+    persistent = set(model.state_dict().keys())
+    missing = [n for n in live_params if n not in params] + \
+              [n for n in live_buffers if n in persistent and n not in buffers]
+    extra = [n for n in params if n not in live_params] + [n for n in buffers if n not in live_buffers]
+    if missing or extra:
+        raise CheckpointError(f"checkpoint does not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for n, p in live_params.items():
+            _copy_checked(n, p, params[n])
+        for n, b in live_buffers.items():
+            if n in buffers:
+                _copy_checked(n, b, buffers[n])
+    if optimizer is None:
+        return
+    by_id = {id(p): n for n, p in live_params.items()}
+    if param_groups is not None:
+        if len(param_groups) != len(optimizer.param_groups):
+            raise CheckpointError(f"checkpoint has {len(param_groups)} optimizer parameter groups, "
+                                  f"the optimizer {len(optimizer.param_groups)}")
+        for saved, group in zip(param_groups, optimizer.param_groups):
+            names = [by_id[id(p)] for p in group["params"]]
+            if list(saved.get("params", names)) != names:
+                raise CheckpointError("optimizer parameter groups hold different parameters than the checkpoint's")
+            for k, v in saved.items():
+                if k != "params":
+                    group[k] = tuple(v) if isinstance(group.get(k), tuple) and isinstance(v, list) else v
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            saved_state = optim.get(by_id[id(p)])
+            if saved_state:
+                optimizer.state[p] = {k: (v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
+                                      for k, v in saved_state.items()}
+
+
+def _copy_checked(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise CheckpointError(f"checkpoint tensor {name} is {tuple(src.shape)} {src.dtype}, "
+                              f"the model has {tuple(dst.shape)} {dst.dtype}")
+    dst.copy_(src)
+
+
+def optimizer_groups_json(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Hyper-parameters of every parameter group, as JSON, with parameters named by fqn."""
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
+    out = []
+    for group in optimizer.param_groups:
+        entry: dict[str, Any] = {"params": [names[id(p)] for p in group["params"]]}
+        for k, v in group.items():
+            if k == "params":
+                continue
+            if isinstance(v, torch.Tensor):
+                v = v.item()
+            if isinstance(v, tuple):
+                v = list(v)
+            if v is None or isinstance(v, (bool, int, float, str, list)):
+                entry[k] = v
+            else:
+                log.warning("optimizer hyper-parameter %s (%s) is not JSON; not checkpointed", k, type(v).__name__)
+        out.append(entry)
+    return out

@@ -1,0 +1,152 @@
+"""Where this process sits in the job: rank, world size, master address and port, read once from Slurm or torchrun."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Mapping
+
+from slurm_elastic.errors import ElasticError
+
+log = logging.getLogger(__name__)
+
+# Ports below 20000 are left to services; the range stays under the usual
+# ephemeral range (32768+) so a derived port is rarely taken by a client socket.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnvironment:
+    """One process's coordinates; every Slurm/torchrun variable is read in `from_env` and nowhere else."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    job_name: str
+    restart_count: int
+    launcher: str                      # "slurm", "torchrun" or "single"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobEnvironment:
+        env = os.environ if env is None else env
+        # torchrun sets its own rank variables (and TORCHELASTIC_RUN_ID); they win
+        # because under torchrun SLURM_PROCID describes the launcher, not the worker.
+        if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env and "SLURM_PROCID" not in env):
+            return cls._from_torchrun(env)
+        if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+            return cls._from_slurm(env)
+        return cls(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                   master_addr="127.0.0.1", master_port=_free_port(), job_id=env.get("SLURM_JOB_ID", "local"),
+                   job_name=env.get("SLURM_JOB_NAME", "local"),
+                   restart_count=_int(env, "SLURM_RESTART_COUNT", 0), launcher="single")
+
+    @classmethod
+    def _from_slurm(cls, env: Mapping[str, str]) -> JobEnvironment:
+        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
+        restart = _int(env, "SLURM_RESTART_COUNT", 0)
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+        master = env.get("MASTER_ADDR") or first_hostname(nodelist) or "127.0.0.1"
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else derived_port(job_id, restart)
+        return cls(
+            rank=_int(env, "SLURM_PROCID", 0),
+            world_size=_int(env, "SLURM_NTASKS", 1),
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            local_world_size=_tasks_on_this_node(env),
+            node_rank=_int(env, "SLURM_NODEID", 0),
+            num_nodes=_int(env, "SLURM_STEP_NUM_NODES", _int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1))),
+            master_addr=master,
+            master_port=port,
+            job_id=job_id,
+            job_name=env.get("SLURM_JOB_NAME", ""),
+            restart_count=restart,
+            launcher="slurm",
+        )
+
+    @classmethod
+    def _from_torchrun(cls, env: Mapping[str, str]) -> JobEnvironment:
+        world = _int(env, "WORLD_SIZE", 1)
+        local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+        return cls(
+            rank=_int(env, "RANK", 0),
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=local_world,
+            node_rank=_int(env, "GROUP_RANK", 0),
+            num_nodes=max(1, world // max(1, local_world)),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT", 29500),
+            job_id=env.get("SLURM_JOB_ID", env.get("TORCHELASTIC_RUN_ID", "local")),
+            job_name=env.get("SLURM_JOB_NAME", ""),
+            restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
+            launcher="torchrun",
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+
+def derived_port(job_id: str, restart_count: int) -> int:
+    """A port every rank computes alike; the restart count moves it so a lingering
+    listener of the previous incarnation on the same node cannot collide."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return PORT_BASE + (int(digits) * 7 + restart_count) % PORT_SPAN
+
+
+def first_hostname(nodelist: str) -> str | None:
+    """The first host of a Slurm node list ('n[1-3],m1' -> 'n1'), via `scontrol show hostnames`."""
+    if not nodelist:
+        return None
+    if not any(ch in nodelist for ch in "[,"):
+        return nodelist
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ElasticError(f"cannot expand the node list {nodelist!r} with 'scontrol show hostnames': {exc}; "
+                           f"set MASTER_ADDR to the first node's name") from exc
+    hosts = out.split()
+    return hosts[0] if hosts else None
+
+
+def _tasks_on_this_node(env: Mapping[str, str]) -> int:
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1"; the node's own count is SLURM_STEP_TASKS_PER_NODE
+    # only for uniform steps, so use the node id to index the expanded list.
+    text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    counts: list[int] = []
+    for part in filter(None, text.split(",")):
+        if "(x" in part:
+            n, rep = part.rstrip(")").split("(x")
+            counts.extend([int(n)] * int(rep))
+        elif part.isdigit():
+            counts.append(int(part))
+    node = _int(env, "SLURM_NODEID", 0)
+    return counts[node] if node < len(counts) else 1
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env.get(name, "")
+    try:
+        return int(value) if value != "" else default
+    except ValueError:
+        raise ElasticError(f"environment variable {name}={value!r} is not a whole number") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,1 @@
+"""Small example trainers that the job templates run and the tests use."""

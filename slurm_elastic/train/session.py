@@ -1,0 +1,398 @@
+"""ElasticSession: the training loop's one object - environment, process group, restore, signal, commit, exit."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import signal as signal_module
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slurm_elastic.errors import CheckpointError, ElasticError
+from slurm_elastic.train import protocol
+from slurm_elastic.train.checkpointer import (DEFAULT_GROUP_BYTES, FinishedSnapshot, LayerCheckpointer,
+                                              load_into, model_fingerprint, optimizer_groups_json, unwrap)
+from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.rng import capture_rng, restore_rng
+from slurm_elastic.train.sampler import BatchGeometry, BatchGeometryError, ElasticSampler, valid_world_sizes
+from slurm_elastic.train.store import CheckpointStore, atomic_write, make_private_dirs
+
+log = logging.getLogger(__name__)
+
+
+class PeerLost(ElasticError):
+    """A collective failed or timed out: another rank is gone."""
+
+
+class ElasticSession:
+    """Use as `with ElasticSession(...) as s:`; call `attach`, then per step `micro_batches` and `optimizer_step`.
+
+    Ends the process with REQUEUE_EXIT_CODE after a signalled checkpoint,
+    PEER_LOST_EXIT_CODE when a collective fails, GEOMETRY_EXIT_CODE when the
+    global batch cannot be split over this world size.
+    """
+
+    def __init__(self, *, ckpt_dir: str | None = None, job_key: str | None = None, signal: str | None = None,
+                 every_steps: int | None = None, every_seconds: float | None = None, keep: int = 2,
+                 backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
+                 env: JobEnvironment | None = None) -> None:
+        root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
+        if not root:
+            raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
+                               f"(the ckpt= field of the job's elastic spec)")
+        self.env = env or JobEnvironment.from_env()
+        self.ckpt_root = os.path.abspath(root)
+        self.job_key = protocol.job_key(job_key or os.environ.get(protocol.JOB_KEY_ENV) or self.env.job_id)
+        self.job_dir = protocol.job_dir(self.ckpt_root, self.job_key)
+        self.signal_name = protocol.signal_name(signal)
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.keep = keep
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.metrics_every_s = metrics_every_s
+        self.store = CheckpointStore(self.job_dir, keep=keep)
+        self.step = 0
+        self.restored_step: int | None = None
+        self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest
+        self._signalled = False
+        self._exit_after_snapshot = False
+        self._owns_group = False
+        self._old_handler: Any = None
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scheduler: Any = None
+        self._ckpt: LayerCheckpointer | None = None
+        self.geometry: BatchGeometry | None = None
+        self.sampler: ElasticSampler | None = None
+        self._armed_meta: list[dict[str, Any]] = []    # per armed snapshot, in order
+        self._finished: list[FinishedSnapshot] = []
+        self._committed = 0                             # snapshots settled (committed or dropped)
+        self._last_arm_time = time.monotonic()
+        self._metrics_mark = (time.monotonic(), 0)
+        self.stall_s_total = 0.0
+        self.last_committed_step: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> ElasticSession:
+        sig = getattr(signal_module, "SIG" + self.signal_name)
+        self._old_handler = signal_module.signal(sig, self._on_signal)
+        if self.env.world_size > 1 and not dist.is_initialized():
+            backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if backend == "nccl":
+                torch.cuda.set_device(self.env.local_rank)
+            dist.init_process_group(backend, init_method=self.env.init_method, rank=self.env.rank,
+                                    world_size=self.env.world_size,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._owns_group = True
+        if self.env.is_main:
+            make_private_dirs(self.job_dir)
+        log.info("elastic session: rank %d/%d, job key %s, restart %d, signal %s", self.env.rank,
+                 self.env.world_size, self.job_key, self.env.restart_count, self.signal_name)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None and _is_peer_loss(exc) and self.env.world_size > 1:
+            log.error("rank %d: lost a peer (%s); exiting with %d for requeue from step %s", self.env.rank,
+                      exc, protocol.PEER_LOST_EXIT_CODE, self.last_committed_step)
+            logging.shutdown()
+            # A broken process group can hang in destroy/atexit; leave at once.
+            os._exit(protocol.PEER_LOST_EXIT_CODE)
+        if exc is None and self._ckpt is not None:
+            if self._exit_after_snapshot:
+                # The loop ended between the signal and the checkpoint pass: take it now.
+                self._finish_signalled_stop()
+            self._ckpt.wait_for_copies()
+            self._settle(block=True)
+        if self._ckpt is not None:
+            self._ckpt.close()
+        sig = getattr(signal_module, "SIG" + self.signal_name)
+        signal_module.signal(sig, self._old_handler)
+        if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
+            dist.destroy_process_group()
+        return False
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only a flag: checkpointing inside a signal handler could interrupt a
+        # collective or the optimizer halfway.
+        self._signalled = True
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def samples_consumed(self) -> int:
+        assert self.geometry is not None
+        return self.step * self.geometry.global_batch
+
+    # -- setup -----------------------------------------------------------------------------------
+    def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, global_batch: int, micro_batch: int,
+               dataset_size: int, scheduler: Any = None, seed: int = 0, shuffle: bool = True,
+               layers: Sequence[nn.Module] | None = None, group_bytes: int = DEFAULT_GROUP_BYTES) -> int:
+        """Check the batch geometry, restore the newest complete checkpoint, hook the layers.
+
+        Returns the step training continues from (0 for a fresh start).
+        """
+        self._write_geometry(global_batch, micro_batch)
+        try:
+            self.geometry = BatchGeometry.solve(global_batch, micro_batch, self.world_size)
+        except BatchGeometryError as exc:
+            log.error("%s; exiting with %d", exc, protocol.GEOMETRY_EXIT_CODE)
+            raise SystemExit(protocol.GEOMETRY_EXIT_CODE) from exc
+        self.sampler = ElasticSampler(dataset_size, seed=seed, shuffle=shuffle)
+        self._sampler_meta = {"seed": seed, "dataset_size": dataset_size, "shuffle": shuffle}
+        self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
+        self._restore(model, optimizer, scheduler)
+        self._ckpt = LayerCheckpointer(model, optimizer, self.store, rank=self.rank, world_size=self.world_size,
+                                       layers=layers, group_bytes=group_bytes)
+        self._last_arm_time = time.monotonic()
+        self._metrics_mark = (time.monotonic(), self.step)
+        return self.step
+
+    def _write_geometry(self, global_batch: int, micro_batch: int) -> None:
+        if not self.env.is_main or global_batch % max(micro_batch, 1):
+            return
+        body = {"global_batch": global_batch, "micro_batch": micro_batch, "world_size": self.world_size,
+                "valid_world_sizes": list(valid_world_sizes(global_batch, micro_batch))}
+        make_private_dirs(self.job_dir)
+        atomic_write(protocol.geometry_path(self.ckpt_root, self.job_key), json.dumps(body).encode())
+
+    def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+        fingerprint = model_fingerprint(model)
+        choice: list[Any] = [None]
+        if self.env.is_main:
+            try:
+                found = self.store.newest_complete(model_fingerprint=fingerprint)
+                choice[0] = found.step if found is not None else None
+            except CheckpointError as exc:
+                choice[0] = f"error: {exc}"
+        if self.world_size > 1:
+            dist.broadcast_object_list(choice, src=0)   # in-memory exchange, nothing unpickled from disk
+        if isinstance(choice[0], str):
+            raise CheckpointError(choice[0].removeprefix("error: "))
+        if choice[0] is None:
+            if self.store.committed_steps():
+                log.error("no checkpoint in %s verifies; starting from step 0", self.job_dir)
+            return
+        step = int(choice[0])
+        manifest = self.store.read_manifest(step)   # read_tensors verifies every file
+        assert self.geometry is not None
+        if manifest["global_batch"] != self.geometry.global_batch:
+            raise CheckpointError(f"checkpoint step {step} used global batch {manifest['global_batch']}, this run "
+                                  f"{self.geometry.global_batch}; exact resume needs the same global batch")
+        tensors = (kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items())
+        load_into(model, optimizer, tensors, manifest.get("optimizer", {}).get("param_groups"))
+        if scheduler is not None and manifest.get("scheduler") is not None:
+            scheduler.load_state_dict(manifest["scheduler"])
+        rng = manifest.get("rng") or []
+        if self.rank < len(rng):
+            restore_rng(rng[self.rank])
+        self.user_state = dict(manifest.get("user_state") or {})
+        self.step = step
+        self.restored_step = step
+        self.last_committed_step = step
+        log.info("restored step %d (world size %d -> %d)", step, manifest["world_size"], self.world_size)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def micro_batches(self) -> list[list[int]]:
+        """Data-set indices of this rank's micro-batches for the current step."""
+        assert self.geometry is not None and self.sampler is not None, "call attach() first"
+        return [self.sampler.micro_batch(self.step, self.geometry, self.rank, m)
+                for m in range(self.geometry.accumulation)]
+
+    def done(self, total_steps: int) -> bool:
+        return self.step >= total_steps
+
+    def optimizer_step(self) -> None:
+        """optimizer.step(), scheduler.step(), zero_grad; then the checkpoint/signal bookkeeping."""
+        assert self._optimizer is not None and self._ckpt is not None, "call attach() first"
+        if self._exit_after_snapshot:
+            # This step's forward pass was the checkpoint pass of a signalled stop;
+            # its update is dropped, so the committed step is the last one done.
+            self._finish_signalled_stop()
+        self._optimizer.step()            # the step pre-hook waits for outstanding layer copies
+        if self._scheduler is not None:
+            self._scheduler.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._write_metrics()
+        signal_now, due, min_finished = self._agree()
+        self._settle_upto(min_finished)
+        if signal_now:
+            log.info("rank %d: signal %s seen after step %d; next forward pass is the checkpoint pass",
+                     self.rank, self.signal_name, self.step)
+            self._arm()
+            self._exit_after_snapshot = True
+        elif due and self._committed == len(self._armed_meta):
+            # Back-pressure: a periodic snapshot is skipped while the previous one is
+            # still being written (the decision uses settled counts, equal on all ranks).
+            self._arm()
+
+    def checkpoint_now(self) -> None:
+        """Take and commit a checkpoint of the current step synchronously (e.g. at the end of training)."""
+        assert self._ckpt is not None
+        self._settle(block=True)
+        self._arm()
+        self._ckpt.wait_for_copies()
+        self._settle(block=True)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        assert self._ckpt is not None and self._optimizer is not None and self.geometry is not None
+        self._armed_meta.append({
+            "step": self.step,
+            "samples_consumed": self.samples_consumed,
+            "rng": capture_rng(),
+            "optimizer": {"class": type(self._optimizer).__name__,
+                          "param_groups": optimizer_groups_json(self._model, self._optimizer)},
+            "scheduler": _json_or_none(self._scheduler.state_dict()) if self._scheduler is not None else None,
+            "user_state": _json_or_none(self.user_state) or {},
+        })
+        self._ckpt.arm(self.step)
+        self._last_arm_time = time.monotonic()
+
+    def _agree(self) -> tuple[bool, bool, int]:
+        """One small all-reduce per step: any rank signalled, rank 0's periodic decision, snapshots done everywhere."""
+        assert self._ckpt is not None
+        self._finished.extend(self._ckpt.poll())
+        due = 0
+        if self.env.is_main:
+            due = int((self.every_steps is not None and self.step % self.every_steps == 0) or
+                      (self.every_seconds is not None and time.monotonic() - self._last_arm_time >= self.every_seconds))
+        if self.world_size == 1:
+            return self._signalled, bool(due), len(self._finished)
+        t = torch.tensor([int(self._signalled), due, -len(self._finished)], dtype=torch.int64)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        except Exception as exc:
+            raise PeerLost(f"step {self.step}: all-reduce failed: {exc}") from exc
+        return bool(t[0]), bool(t[1]), int(-t[2])
+
+    def _settle(self, *, block: bool) -> None:
+        assert self._ckpt is not None
+        if block:
+            self._finished.extend(self._ckpt.drain())
+        while self._committed < len(self._armed_meta):
+            n = len(self._finished)
+            if self.world_size > 1:
+                t = torch.tensor([-n], dtype=torch.int64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                n = int(-t[0])
+            if n <= self._committed:
+                if not block:
+                    return
+                continue
+            self._settle_upto(n)
+
+    def _settle_upto(self, min_finished: int) -> None:
+        """Commit (rank 0) every snapshot that all ranks have finished writing."""
+        while self._committed < min_finished:
+            mine = self._finished[self._committed]
+            meta = self._armed_meta[self._committed]
+            report = {"ok": mine.ok, "error": mine.error, "rng": meta["rng"],
+                      "files": [r.to_json() for r in mine.records], "stall_s": mine.stall_s}
+            reports = [report]
+            if self.world_size > 1:
+                reports = [None] * self.world_size
+                dist.all_gather_object(reports, report)
+            self._committed += 1
+            self.stall_s_total += mine.stall_s
+            step = meta["step"]
+            if not all(r["ok"] for r in reports):
+                errors = "; ".join(f"rank {i}: {r['error']}" for i, r in enumerate(reports) if not r["ok"])
+                log.error("checkpoint of step %d not committed (%s); the previous checkpoint (step %s) stays",
+                          step, errors, self.last_committed_step)
+                if self.env.is_main:
+                    self.store.discard_step(step)
+                continue
+            if self.env.is_main:
+                try:
+                    self.store.commit(step, self._manifest(meta, reports))
+                except OSError as exc:
+                    log.error("checkpoint of step %d: committing the manifest failed: %s", step, exc)
+                    self.store.discard_step(step)
+                    continue
+            self.last_committed_step = step
+
+    def _manifest(self, meta: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, Any]:
+        assert self.geometry is not None and self._ckpt is not None and self._model is not None
+        return {
+            "step": meta["step"],
+            "samples_consumed": meta["samples_consumed"],
+            "world_size": self.world_size,
+            "global_batch": self.geometry.global_batch,
+            "micro_batch": self.geometry.micro_batch,
+            "accumulation": self.geometry.accumulation,
+            "model_fingerprint": model_fingerprint(self._model),
+            "files": sorted((f for r in reports for f in r["files"]), key=lambda f: f["name"]),
+            "layer_groups": [{"file": g.file_name, "owner": g.owner, "bytes": g.nbytes,
+                              "layers": [self._ckpt.slots[s].name for s in g.slots]} for g in self._ckpt.groups],
+            "rng": [r["rng"] for r in reports],
+            "optimizer": meta["optimizer"],
+            "scheduler": meta["scheduler"],
+            "sampler": self._sampler_meta,
+            "user_state": meta["user_state"],
+            "job": {"id": self.env.job_id, "restart_count": self.env.restart_count, "key": self.job_key},
+            "created": time.time(),
+        }
+
+    def _finish_signalled_stop(self) -> None:
+        assert self._ckpt is not None
+        self._ckpt.wait_for_copies()
+        self._settle(block=True)
+        if self.env.is_main:
+            ack = {"step": self.last_committed_step, "time": time.time(),
+                   "committed": self.last_committed_step == (self._armed_meta[-1]["step"] if self._armed_meta else None),
+                   "world_size": self.world_size}
+            atomic_write(protocol.ack_path(self.ckpt_root, self.job_key, self.env.job_id, self.env.restart_count),
+                         json.dumps(ack).encode())
+        if self.world_size > 1:
+            dist.barrier()   # nobody leaves before the acknowledgement exists
+        log.info("rank %d: checkpoint of step %s committed; exiting with %d (requeue expected)", self.rank,
+                 self.last_committed_step, protocol.REQUEUE_EXIT_CODE)
+        self._exit_after_snapshot = False
+        raise SystemExit(protocol.REQUEUE_EXIT_CODE)
+
+    def _write_metrics(self) -> None:
+        if not self.env.is_main or self.geometry is None:
+            return
+        t0, s0 = self._metrics_mark
+        now = time.monotonic()
+        if now - t0 < self.metrics_every_s or self.step == s0:
+            return
+        steps_per_s = (self.step - s0) / max(now - t0, 1e-9)
+        row = {"step": self.step, "time": time.time(), "gpus": self.world_size, "nodes": self.env.num_nodes,
+               "steps_per_s": steps_per_s, "samples_per_s": steps_per_s * self.geometry.global_batch}
+        try:
+            self.store.append_metrics(row)
+        except OSError as exc:
+            log.warning("cannot append to %s: %s", protocol.METRICS_FILE, exc)
+        self._metrics_mark = (now, self.step)
+
+
+def _is_peer_loss(exc: BaseException) -> bool:
+    if isinstance(exc, (PeerLost, dist.DistError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(s in text for s in
+                                                 ("Gloo", "gloo", "Connection", "timed out", "Timed out", "NCCL"))
+
+
+def _json_or_none(obj: Any) -> Any:
+    try:
+        return json.loads(json.dumps(obj, allow_nan=False))
+    except (TypeError, ValueError):
+        log.warning("state %r is not JSON-able; it is not checkpointed", type(obj).__name__)
+        return None
