@@ -173,16 +173,18 @@ def cluster_env(state_dir: Path | None) -> None:
 @cluster.command("node-down")
 @state_dir_option
 @click.argument("name")
+@click.option("--mark-down", is_flag=True, help="Also set the node DOWN at once (scontrol), as an admin would.")
 @elastic_errors
 @_bad_input
-def cluster_node_down(state_dir: Path | None, name: str) -> None:
+def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> None:
     """SIGKILL node NAME's slurmd and its jobs' processes: a real node failure.
 
     Slurm marks the node DOWN on its own about 30 s later; `--requeue` jobs
     on it go back to PENDING.
     """
-    pid = _existing(state_dir).node_down(name)
-    click.echo(f"killed slurmd of {name} (pid {pid}); Slurm marks it DOWN in about 30 s")
+    pid = _existing(state_dir).node_down(name, mark_down=mark_down)
+    when = "now" if mark_down else "in about 30 s"
+    click.echo(f"killed slurmd of {name} (pid {pid}); Slurm marks it DOWN {when}")
 
 
 @cluster.command("node-up")

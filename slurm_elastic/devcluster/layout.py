@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -16,6 +17,7 @@ DEFAULT_PORT_BASE = 6817
 _NODE_PORT_OFFSET = 3
 # A unix socket path is limited to 108 bytes (sun_path).
 _MAX_SOCKET_PATH = 107
+_RUNTIME_ROOT = Path("/run/slurm-elastic")
 
 
 def default_state_dir() -> Path:
@@ -147,8 +149,20 @@ class ClusterLayout:
         return self.state_dir / "munge"
 
     @property
+    def runtime_dir(self) -> Path:
+        """Where munged's socket lives: outside the state directory, in /run.
+
+        munged refuses a socket whose every parent directory is not
+        executable by all (a state directory under /root is not), and a unix
+        socket path must stay under 108 bytes; a short per-cluster directory in
+        /run satisfies both.
+        """
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:12]
+        return _RUNTIME_ROOT / digest
+
+    @property
     def munge_socket(self) -> Path:
-        return self.munge_dir / "munge.socket"
+        return self.runtime_dir / "munge.socket"
 
     @property
     def munge_key(self) -> Path:

@@ -119,19 +119,24 @@ def node_state_serving(state: str) -> bool:
     return parts[0] in _SERVING and not _NOT_SERVING_FLAGS.intersection(parts[1:])
 
 
+def parse_scontrol_record(line: str) -> dict[str, str]:
+    """One `scontrol -o show ...` line -> {key: value}; the text format is the same on every version."""
+    fields: dict[str, str] = {}
+    # Values (Reason=...) may contain spaces; a new field starts at " Key=".
+    for token in re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip()):
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
 def parse_scontrol_nodes(text: str) -> dict[str, dict[str, str]]:
-    """`scontrol -o show node` (one line per node) -> {name: {key: value}}; same text format on every version."""
+    """`scontrol -o show node` (one line per node) -> {name: {key: value}}."""
     nodes: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("NodeName="):
-            continue
-        fields: dict[str, str] = {}
-        # Values (Reason=...) may contain spaces; a new field starts at " Key=".
-        for token in re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line):
-            key, _, value = token.partition("=")
-            fields[key] = value
-        nodes[fields["NodeName"]] = fields
+        if line.strip().startswith("NodeName="):
+            fields = parse_scontrol_record(line)
+            nodes[fields["NodeName"]] = fields
     return nodes
 
 
@@ -346,10 +351,12 @@ class LocalCluster:
             *(layout.slurmd_spool(name) for name in layout.node_names),
         ):
             directory.mkdir(parents=True, exist_ok=True)
-        # munged wants its socket directory executable by all but writable only
-        # by its user, and its key readable only by its user.
-        layout.munge_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(layout.munge_dir, 0o755)
+        # munged wants its key readable only by its user and its socket
+        # directory (see ClusterLayout.runtime_dir) executable by all.
+        layout.munge_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for directory in (layout.runtime_dir.parent, layout.runtime_dir):
+            directory.mkdir(mode=0o755, exist_ok=True)
+            os.chmod(directory, 0o755)
         if not layout.munge_key.is_file():
             fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as key:
@@ -455,11 +462,13 @@ class LocalCluster:
         if name not in layout.node_names:
             raise UnknownNode(f"unknown node {name!r}; this cluster has {', '.join(layout.node_names)}")
 
-    def node_down(self, name: str) -> int:
+    def node_down(self, name: str, *, mark_down: bool = False, reason: str = "slurm-elastic cluster node-down") -> int:
         """SIGKILL the node's slurmd and everything it runs (a real node failure); return the slurmd pid.
 
         Slurm notices by itself: the node becomes DOWN+NOT_RESPONDING about
         30 s later (SlurmdTimeout=10) and its `--requeue` jobs go back to PENDING.
+        With mark_down, also set it DOWN at once (`scontrol update State=DOWN`),
+        as an administrator would; Slurm then requeues its jobs immediately.
         """
         layout = self.layout
         self._known(layout, name)
@@ -475,7 +484,19 @@ class LocalCluster:
         if left:
             raise ClusterSetupError(f"node {name}: pids {left} survived SIGKILL")
         log.info("node %s down: killed slurmd %d and %d job processes", name, pid, len(victims))
+        if mark_down:
+            self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}")
         return pid
+
+    def retire_spare(self, name: str) -> None:
+        """Put a started spare back to its initial state: slurmd stopped, DOWN with the spare reason."""
+        layout = self.layout
+        self._known(layout, name)
+        if name not in layout.spare_names:
+            raise ClusterSetupError(f"{name} is not a spare node (spares: {', '.join(layout.spare_names) or 'none'})")
+        if self._slurmd_pid(layout, name) is not None:
+            self.node_down(name)
+        self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={SPARE_REASON}")
 
     def node_up(self, name: str, *, wait: bool = True, timeout: float = 30.0) -> int:
         """Start the node's slurmd again (or a spare's for the first time); return its pid.
@@ -545,6 +566,10 @@ class LocalCluster:
         left = self.leftover_processes()
         if left:
             raise ClusterSetupError(f"processes of the local cluster still running after down: {left}")
+        try:
+            layout.runtime_dir.rmdir()  # munged removed its socket on exit
+        except OSError:
+            pass
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -1,0 +1,291 @@
+"""Shared pytest fixtures: the live Slurm cluster (`slurm_cluster`) and the `--long` option.
+
+Live tests are marked `@pytest.mark.slurm` and take the session fixture::
+
+    @pytest.mark.slurm
+    def test_something(slurm_cluster, tmp_path):
+        job = slurm_cluster.sbatch("#!/bin/bash\\nsrun hostname\\n", "-N2", "--gres=gpu:2", "--mem=1G",
+                                   cwd=tmp_path)
+        slurm_cluster.wait_for(lambda: slurm_cluster.job(job)["JobState"] == "COMPLETED", 30)
+        subprocess.run(["squeue"], env=slurm_cluster.env)   # or rely on os.environ["SLURM_CONF"]
+
+Which cluster:
+
+- `SLURM_ELASTIC_TEST_CLUSTER=/path/slurm.conf` set: that existing cluster
+  (a site's test partition, another Slurm version). It must offer nodes with
+  GPUs. `.local` is None there unless that slurm.conf belongs to a running
+  `slurm-elastic cluster`, and tests that break nodes call
+  `slurm_cluster.require_local()`, which skips them.
+- otherwise the embedded local cluster in the default state directory
+  (`$SLURM_ELASTIC_CLUSTER_DIR` or `$XDG_STATE_HOME/slurm-elastic/cluster`):
+  reused if it is up (then never torn down by the tests), else brought up
+  once for the session and stopped at its end. Several pytest sessions may
+  share it: the last one to finish stops it.
+- Slurm not installed, or not root (the local cluster needs root): every
+  test using the fixture is skipped with that reason.
+
+For the whole session `os.environ["SLURM_CONF"]` points at the cluster, so
+Backend code and subprocesses find it without passing `env`.
+
+Tests that break the cluster restore it: `slurm_cluster.restore()` restarts
+stopped nodes, retires started spares and waits until the usual nodes serve.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from slurm_elastic.devcluster import LocalCluster, node_state_serving
+from slurm_elastic.devcluster.local import parse_scontrol_nodes, parse_scontrol_record
+from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
+from slurm_elastic.errors import ElasticError
+
+T = TypeVar("T")
+
+TEST_CLUSTER_ENV = "SLURM_ELASTIC_TEST_CLUSTER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="also run long reliability variants (tests marked `long`)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip_long = pytest.mark.skip(reason="long variant: run with --long")
+    for item in items:
+        if "long" in item.keywords:
+            item.add_marker(skip_long)
+
+
+@dataclass
+class SlurmTestCluster:
+    """The cluster a live test talks to; see the module docstring.
+
+    slurm_conf: its slurm.conf. env: os.environ plus SLURM_CONF, for subprocesses.
+    local: the LocalCluster (node-down/up, spares) or None for an external cluster.
+    nodes: the GPU nodes serving at session start (e.g. n1..n4); spares: nodes
+    a test may start as "gained" (empty on an external cluster).
+    gpus_per_node: GPUs of the smallest of `nodes`. slurm_version: e.g. "22.05.8".
+    """
+
+    slurm_conf: Path
+    env: dict[str, str]
+    local: LocalCluster | None
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    gpus_per_node: int
+    slurm_version: str
+    partition: str | None
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (`run("squeue", "-h")`) against this cluster; text output."""
+        result = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
+
+    def sbatch(self, script: str, *args: str, cwd: Path) -> int:
+        """Submit `script` (its text) with sbatch args from directory cwd; return the job id."""
+        cwd.mkdir(parents=True, exist_ok=True)
+        path = cwd / f"job-{time.monotonic_ns()}.sh"
+        path.write_text(script)
+        partition = ("-p", self.partition) if self.partition and not any(a.startswith(("-p", "--partition")) for a in args) else ()
+        out = self.run("sbatch", "--parsable", *partition, *args, str(path), timeout=30).stdout.strip()
+        return int(out.split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """`scontrol -o show job` as {key: value} (JobState, NodeList, Restarts, Reason, ...); {} once purged."""
+        result = self.run("scontrol", "-o", "show", "job", str(job_id), check=False)
+        line = result.stdout.strip()
+        if result.returncode != 0 or not line:
+            return {}
+        return parse_scontrol_record(line)
+
+    def cancel(self, *job_ids: int) -> None:
+        if job_ids:
+            self.run("scancel", *map(str, job_ids), check=False)
+
+    def node_states(self) -> dict[str, str]:
+        """{node: Slurm State} for every node, e.g. {"n1": "IDLE", "n2": "DOWN+NOT_RESPONDING"}."""
+        parsed = parse_scontrol_nodes(self.run("scontrol", "-o", "show", "node").stdout)
+        return {name: fields.get("State", "UNKNOWN") for name, fields in parsed.items()}
+
+    def node_state(self, name: str) -> str:
+        return self.node_states().get(name, "UNKNOWN")
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.25, what: str = "") -> T:
+        """Poll predicate until it returns something truthy (returned); fail the test after timeout seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what or predicate}")
+            time.sleep(interval)
+
+    def require_local(self) -> LocalCluster:
+        """The LocalCluster, or skip: breaking nodes is only done on a cluster we started."""
+        if self.local is None:
+            pytest.skip(f"needs a `slurm-elastic cluster` (node-down/up); {TEST_CLUSTER_ENV} points at another cluster")
+        return self.local
+
+    def restore(self, timeout: float = 30.0) -> None:
+        """Bring the local cluster back to its session-start shape (no-op on an external cluster)."""
+        if self.local is None:
+            return
+        status = self.local.status()
+        for node in status.nodes:
+            if node.spare and (node.started or "DOWN" not in node.state):
+                self.local.retire_spare(node.name)
+            elif not node.spare and not node.started:
+                self.local.node_up(node.name, wait=False)
+        self.local.wait_for_nodes(self.nodes, node_state_serving, timeout=timeout, what="back in service")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _live_users(users_dir: Path) -> list[int]:
+    alive = []
+    for entry in users_dir.glob("*"):
+        if entry.name.isdigit() and Path(f"/proc/{entry.name}").exists():
+            alive.append(int(entry.name))
+        else:
+            entry.unlink(missing_ok=True)  # a session that died without teardown
+    return alive
+
+
+def _describe(conf: Path, local: LocalCluster | None) -> SlurmTestCluster:
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    parsed = parse_scontrol_nodes(
+        subprocess.run(["scontrol", "-o", "show", "node"], env=env, capture_output=True, text=True, timeout=30).stdout
+    )
+    partition = None
+    if local is not None:
+        layout = local.layout
+        nodes = tuple(n for n in layout.node_names if n not in layout.spare_names)
+        spares = layout.spare_names
+        gpus = layout.gpus_per_node
+        version = layout.slurm_version
+        partition = layout.partition
+    else:
+        def gpu_count(fields: dict[str, str]) -> int:
+            for item in fields.get("Gres", "").split(","):
+                parts = item.split("(")[0].split(":")
+                if parts[0] == "gpu" and parts[-1].isdigit():
+                    return int(parts[-1])
+            return 0
+
+        serving = {n: f for n, f in parsed.items() if gpu_count(f) > 0 and node_state_serving(f.get("State", ""))}
+        if not serving:
+            pytest.fail(f"{TEST_CLUSTER_ENV}={conf}: the cluster has no serving nodes with GPUs (Gres=gpu:N)")
+        nodes = tuple(sorted(serving))
+        spares = ()
+        gpus = min(gpu_count(f) for f in serving.values())
+        out = subprocess.run(["sinfo", "-V"], env=env, capture_output=True, text=True, timeout=30).stdout
+        version = out.split()[-1] if out.strip() else "unknown"
+    return SlurmTestCluster(
+        slurm_conf=conf,
+        env=env,
+        local=local,
+        nodes=nodes,
+        spares=spares,
+        gpus_per_node=gpus,
+        slurm_version=version,
+        partition=partition,
+    )
+
+
+def _local_owning(conf: Path) -> LocalCluster | None:
+    """The running LocalCluster whose slurm.conf is conf, if any (<state>/etc/slurm.conf)."""
+    local = LocalCluster(conf.resolve().parent.parent)
+    return local if local.exists() and local.slurm_conf == conf.resolve() and local.is_up() else None
+
+
+def _started_by_tests(local: LocalCluster, marker: Path) -> bool:
+    try:
+        recorded = int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    return local.is_up() and local.status().controller_pid == recorded
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmTestCluster]:
+    """The live Slurm cluster for tests marked `slurm` (see the module docstring)."""
+    previous = os.environ.get("SLURM_CONF")
+    external = os.environ.get(TEST_CLUSTER_ENV)
+    local: LocalCluster | None
+    stop_at_end = False
+    if external:
+        conf = Path(external).expanduser()
+        if not conf.is_file():
+            pytest.fail(f"{TEST_CLUSTER_ENV}={external}: no such slurm.conf")
+        if find_program("sinfo") is None:
+            pytest.skip(f"Slurm client commands are not installed; {INSTALL_HINT}")
+        local = _local_owning(conf)
+        cluster = _describe(conf, local)
+    else:
+        if find_program("slurmctld") is None or find_program("slurmd") is None or find_program("sinfo") is None:
+            pytest.skip(f"Slurm is not installed (slurmctld/slurmd/sinfo not found); {INSTALL_HINT}")
+        if os.geteuid() != 0:
+            pytest.skip(f"the local Slurm cluster needs root (or set {TEST_CLUSTER_ENV}=/path/slurm.conf)")
+        local = LocalCluster()
+        users = local.state_dir / "test-sessions"
+        users.mkdir(parents=True, exist_ok=True)
+        marker = local.state_dir / "started-by-tests"
+        with _locked(local.state_dir / "test-sessions.lock"):
+            (users / str(os.getpid())).touch()
+            if not local.is_up():
+                try:
+                    local.up()
+                except ElasticError as exc:
+                    (users / str(os.getpid())).unlink(missing_ok=True)
+                    pytest.fail(f"cannot start the local Slurm cluster: {exc}")
+                # Remember which slurmctld the tests started: a cluster that a
+                # person started (or restarted since) is never stopped by tests.
+                marker.write_text(f"{local.status().controller_pid}\n")
+            stop_at_end = _started_by_tests(local, marker)
+        conf = local.slurm_conf
+        cluster = _describe(conf, local)
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+        if local is not None and not external:
+            users = local.state_dir / "test-sessions"
+            with _locked(local.state_dir / "test-sessions.lock"):
+                (users / str(os.getpid())).unlink(missing_ok=True)
+                if stop_at_end and _started_by_tests(local, marker) and not _live_users(users):
+                    local.down()
+                    marker.unlink(missing_ok=True)

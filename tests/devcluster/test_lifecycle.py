@@ -1,0 +1,93 @@
+"""A second, private cluster: up with options, a job running, then down leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.devcluster import LocalCluster, processes
+from slurm_elastic.devcluster.version import find_program
+from slurm_elastic.errors import ClusterSetupError
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(find_program("slurmctld") is None, reason="Slurm is not installed"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local cluster needs root"),
+]
+
+
+def _free_port_base(count: int) -> int:
+    """A port base with count free ports after it (the fixture's cluster uses the defaults)."""
+    for base in range(17817, 30000, 37):
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture
+def short_dir():
+    # The munge socket path must fit in 108 bytes; pytest's tmp_path can be long.
+    path = Path(f"/tmp/se-dc-{os.getpid()}-{time.monotonic_ns()}")
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def test_up_with_options_runs_a_job_and_down_leaves_nothing(short_dir: Path, tmp_path: Path) -> None:
+    base = _free_port_base(8)
+    local = LocalCluster(short_dir)
+    status = local.up(nodes=2, spares=1, gpus_per_node=2, cpus_per_node=4, memory_mb=4000, port_base=base)
+    try:
+        assert status.running
+        assert [n.name for n in status.nodes] == ["n1", "n2", "n3"]
+        assert [n.serving for n in status.nodes] == [True, True, False]
+        assert {n.gpus for n in status.nodes} == {2}
+        assert status.controller_port == base and status.nodes[0].port == base + 4
+        env = {**os.environ, **local.env()}
+        job = subprocess.run(
+            ["sbatch", "--parsable", "-N1", "--gres=gpu:2", "--mem=1G", "-o", str(tmp_path / "o"),
+             "--wrap", "sleep 600"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        deadline = time.monotonic() + 30
+        while subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True,
+                             text=True).stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline, "job never started"
+            time.sleep(0.2)
+        running = local.leftover_processes()
+        sleeps = [p for p in running if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep")]
+        assert sleeps, "the job's process is counted as the cluster's"
+        # A second `up` on the same directory is refused and changes nothing.
+        with pytest.raises(ClusterSetupError, match="already up"):
+            local.up(port_base=base)
+    finally:
+        stopped = local.down()
+    assert set(running) <= set(stopped)
+    assert local.leftover_processes() == []
+    for pid in running:
+        assert not processes.is_alive(pid), pid  # a zombie awaiting its reaper counts as gone
+    assert not local.is_up()
+    assert local.status().nodes[0].state == "STOPPED"
+
+
+def test_up_refuses_busy_ports(short_dir: Path) -> None:
+    base = _free_port_base(8)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", base + 5))  # n2's port
+        sock.listen()
+        with pytest.raises(ClusterSetupError, match=rf"{base + 5} \(n2's slurmd\)"):
+            LocalCluster(short_dir).up(nodes=2, spares=0, port_base=base)
+    assert not LocalCluster(short_dir).exists(), "a refused `up` writes nothing"
