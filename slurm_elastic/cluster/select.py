@@ -1,0 +1,70 @@
+"""Choosing the Slurm backend: `--backend cli|pyslurm|auto` or SLURM_ELASTIC_BACKEND, logged once with why."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from slurm_elastic.cluster.backend import Backend
+from slurm_elastic.cluster.cli_backend import CliBackend
+from slurm_elastic.cluster.pyslurm_backend import PyslurmBackend, import_pyslurm, pyslurm_version
+from slurm_elastic.cluster.slurm_values import SlurmVersion
+from slurm_elastic.errors import SlurmError, SlurmUnavailable
+
+log = logging.getLogger(__name__)
+
+BACKEND_ENV = "SLURM_ELASTIC_BACKEND"
+CHOICES = ("auto", "cli", "pyslurm")
+
+
+class BackendChoiceError(SlurmError):
+    """The requested backend name is not one of CHOICES."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    backend: Backend
+    reason: str
+
+
+def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None = None,
+                   importer: Callable[[], object] = import_pyslurm,
+                   slurm_version: Callable[[], SlurmVersion] | None = None) -> Selection:
+    """Pick a backend; `auto` takes pyslurm only if it imports and matches the running Slurm's major.minor.
+
+    `importer` and `slurm_version` exist so the decision can be tested where pyslurm cannot
+    be installed; by default they import pyslurm and ask `scontrol --version`.
+    """
+    env = os.environ if env is None else env
+    source = "--backend" if choice else (BACKEND_ENV if env.get(BACKEND_ENV) else "default")
+    name = (choice or env.get(BACKEND_ENV) or "auto").strip().lower()
+    if name not in CHOICES:
+        raise BackendChoiceError(f"unknown Slurm backend {name!r} (from {source}); choose one of {', '.join(CHOICES)}")
+    cli = CliBackend(env=env)
+    if name == "cli":
+        return Selection(cli, f"requested by {source}")
+    try:
+        module = importer()
+    except Exception as exc:  # ImportError, or pyslurm failing to read slurm.conf at import
+        if name == "pyslurm":
+            raise SlurmUnavailable(f"pyslurm backend requested by {source} but `import pyslurm` failed: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        return Selection(cli, f"auto: pyslurm is not importable ({type(exc).__name__}: {exc})")
+    ps_version = pyslurm_version(module)  # type: ignore[arg-type]
+    if name == "pyslurm":
+        return Selection(PyslurmBackend(module, cli=cli), f"requested by {source} (pyslurm {ps_version})")  # type: ignore[arg-type]
+    running = (slurm_version or (lambda: cli.version))()
+    if (ps_version.major, ps_version.minor) != (running.major, running.minor):
+        return Selection(cli, f"auto: pyslurm {ps_version.release} is built for another Slurm than the "
+                              f"running {running.release}")
+    return Selection(PyslurmBackend(module, cli=cli),  # type: ignore[arg-type]
+                     f"auto: pyslurm {ps_version} matches Slurm {running}")
+
+
+def select_backend(choice: str | None = None, *, env: Mapping[str, str] | None = None) -> Backend:
+    """The backend to use, with one log line saying which and why."""
+    sel = choose_backend(choice, env=env)
+    log.info("Slurm backend: %s (%s)", sel.backend.name, sel.reason)
+    return sel.backend
