@@ -38,7 +38,9 @@ TRES_SLASH_SINCE = SlurmVersion(23, 2)
 _UNAVAILABLE = re.compile(
     r"Unable to contact slurm controller|Connection refused|Socket timed out|Zero Bytes were transmitted"
     r"|Could not establish a configuration source|Communication connection failure|standby mode"
-    r"|Connection timed out|Transport endpoint|connect failure|Slurm temporarily unable",
+    r"|Connection timed out|Transport endpoint|connect failure|Slurm temporarily unable"
+    # what 22.05's scontrol says for a controller that is not listening (seen live)
+    r"|Unexpected message received",
     re.IGNORECASE)
 _UNKNOWN_JOB = re.compile(r"Invalid job id|Unknown job|job id \S+ not found|does not exist", re.IGNORECASE)
 _NO_JSON = re.compile(r"unrecognized option '--json'|invalid option|No serializer|serializer.*not found"

@@ -194,7 +194,9 @@ def node_from_record(rec: Mapping[str, Any]) -> Node:
     name = str(_get(rec, "name", "node", "?"))
     raw_state = _get(rec, "state", "node", name)
     state, flags = node_state(raw_state, rec.get("state_flags") or ())
-    cpus = number(rec.get("effective_cpus")) or number(_get(rec, "cpus", "node", name)) or 0
+    # effective_cpus (23.02+) leaves out specialised cores, which jobs cannot use
+    cpus = number(_get(rec, "cpus", "node", name)) or 0
+    cpus = number(rec.get("effective_cpus")) or cpus
     gpus = gres_gpus(str(_get(rec, "gres", "node", name) or "")) or 0
     used = gres_gpus(rec.get("gres_used"))
     if used is None:

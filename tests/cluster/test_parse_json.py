@@ -1,0 +1,188 @@
+"""Every real Slurm JSON capture (22.05, 24.11, 26.05) parses into the same model."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from slurm_elastic.cluster.model import Job, Node
+from slurm_elastic.cluster.parse_json import (MissingField, cluster_state, job_from_record, parse_jobs,
+                                              parse_nodes, version_of)
+from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion
+from slurm_elastic.spec import ElasticSpec
+
+from tests.cluster.captures import EXPECTED_JOBS, EXPECTED_NODES, VERSIONS, capture_dir, load
+
+
+def assert_job(job: Job, expected: dict) -> None:
+    got = {k: (getattr(job, k).value if k == "state" else getattr(job, k)) for k in expected}
+    assert got == expected, f"job {job.job_id}"
+
+
+def assert_node(node: Node, expected: dict) -> None:
+    got = dict(state=node.state.value, flags={f.value for f in node.flags}, cpus=node.cpus,
+               cpus_alloc=node.cpus_alloc, mem_mb=node.mem_mb, mem_alloc_mb=node.mem_alloc_mb, gpus=node.gpus,
+               gpus_alloc=node.gpus_alloc, reason=node.reason, available=node.available)
+    assert got == expected, f"node {node.name}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_squeue_json_gives_every_job_right(version: str) -> None:
+    jobs = {j.job_id: j for j in parse_jobs(load(version, "squeue.json"))}
+    assert set(jobs) == set(EXPECTED_JOBS)
+    for jid, expected in EXPECTED_JOBS.items():
+        assert_job(jobs[jid], expected)
+        assert jobs[jid].spec is None and jobs[jid].spec_error is None
+        assert jobs[jid].user_id == 0 and jobs[jid].submit_time and jobs[jid].submit_time > 1.7e9
+    assert jobs[1].start_time is not None and jobs[2].start_time is None and jobs[3].start_time is None
+
+
+@pytest.mark.parametrize("version", ["24.11", "26.05"])
+@pytest.mark.parametrize("kind,jid", [("running", 1), ("pending-requeued", 2), ("held", 3)])
+def test_scontrol_show_job_json_matches_squeue(version: str, kind: str, jid: int) -> None:
+    (job,) = parse_jobs(load(version, f"scontrol-show-job-{kind}.json"))
+    squeue_job = {j.job_id: j for j in parse_jobs(load(version, "squeue.json"))}[jid]
+    assert_job(job, EXPECTED_JOBS[jid])
+    assert job == squeue_job
+
+
+def test_scontrol_json_is_absent_on_22_05() -> None:
+    assert not list(capture_dir("22.05").glob("scontrol-*.json"))
+
+
+@pytest.mark.parametrize("version,name", [("22.05", "sinfo.json"), ("24.11", "scontrol-show-nodes.json"),
+                                          ("26.05", "scontrol-show-nodes.json"), ("24.11", "sinfo.json"),
+                                          ("26.05", "sinfo.json")])
+def test_node_documents_give_every_node_right(version: str, name: str) -> None:
+    nodes = {n.name: n for n in parse_nodes(load(version, name))}
+    assert set(nodes) == set(EXPECTED_NODES)
+    for node_name, expected in EXPECTED_NODES.items():
+        assert_node(nodes[node_name], expected)
+        assert nodes[node_name].partitions == ("gpu",)
+
+
+@pytest.mark.parametrize("version,expected", [("22.05", SlurmVersion(22, 5, 8)), ("24.11", SlurmVersion(24, 11, 5)),
+                                              ("26.05", SlurmVersion(26, 5, 5))])
+def test_version_from_every_meta(version: str, expected: SlurmVersion) -> None:
+    for name in ("squeue.json", "sinfo.json"):
+        assert version_of(load(version, name)) == expected
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_whole_snapshot(version: str) -> None:
+    nodes_doc = "sinfo.json" if version == "22.05" else "scontrol-show-nodes.json"
+    state = cluster_state(load(version, "squeue.json"), load(version, nodes_doc), taken_at=1.0)
+    assert state.slurm_version.startswith(version.split(".")[0])
+    assert sum(n.free.gpus for n in state.nodes) == 1 + 4 + 4  # n2 is down: it gives nothing
+
+
+# --- a field the model needs that is missing is an error, never a silent default -------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("field", ["job_id", "job_state", "node_count", "cpus", "restart_cnt", "requeue"])
+def test_missing_job_field_is_reported(version: str, field: str) -> None:
+    rec = copy.deepcopy(load(version, "squeue.json")["jobs"][0])
+    del rec[field]
+    with pytest.raises(MissingField, match=field):
+        job_from_record(rec)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_job_without_any_gpu_field_is_reported(version: str) -> None:
+    rec = copy.deepcopy(load(version, "squeue.json")["jobs"][1])
+    for key in ("tres_per_node", "tres_per_job", "tres_per_task", "gres_detail", "tres_alloc_str", "tres_req_str"):
+        rec.pop(key, None)
+    with pytest.raises(MissingField, match="tres_per_node"):
+        job_from_record(rec)
+
+
+@pytest.mark.parametrize("version,name", [("22.05", "sinfo.json"), ("24.11", "scontrol-show-nodes.json")])
+@pytest.mark.parametrize("field", ["state", "cpus", "real_memory", "alloc_memory", "alloc_cpus", "gres"])
+def test_missing_node_field_is_reported(version: str, name: str, field: str) -> None:
+    doc = copy.deepcopy(load(version, name))
+    del doc["nodes"][0][field]
+    with pytest.raises(MissingField, match=field):
+        parse_nodes(doc)
+
+
+def test_held_on_22_05_is_priority_zero_and_reason() -> None:
+    rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][2])
+    assert "hold" not in rec and job_from_record(rec).held
+    rec["priority"] = 4294901757
+    rec["state_reason"] = "Resources"
+    assert not job_from_record(rec).held
+    del rec["priority"]
+    with pytest.raises(MissingField, match="hold/priority"):
+        job_from_record(rec)
+
+
+# --- the elastic spec in the comment ------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_elastic_comment_becomes_spec(version: str) -> None:
+    spec = ElasticSpec(2, 8, gpu_step=2, cpus_per_gpu=4, mem_per_gpu_mb=8000, weight=2.0)
+    rec = copy.deepcopy(load(version, "squeue.json")["jobs"][0])
+    rec["comment"] = spec.to_comment()
+    job = job_from_record(rec)
+    assert job.spec == spec and job.spec_error is None and job.elastic
+
+
+@pytest.mark.parametrize("comment,message", [
+    ("elastic:v1 gpus=8-2 step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1", "min GPUs 8 exceeds max GPUs 2"),
+    ("elastic:v1 gpus=1-4 step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1 x=1", "not a canonical elastic spec"),
+    ("elastic:v1 garbage", "not a canonical elastic spec")])
+def test_broken_elastic_comment_is_not_elastic_and_does_not_crash(comment: str, message: str) -> None:
+    rec = copy.deepcopy(load("24.11", "squeue.json")["jobs"][0])
+    rec["comment"] = comment
+    job = job_from_record(rec)
+    assert job.spec is None and not job.elastic
+    assert job.spec_error and message in job.spec_error
+
+
+def test_plain_comment_is_ignored() -> None:
+    rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][0])
+    rec["comment"] = "my experiment"
+    job = job_from_record(rec)
+    assert job.spec is None and job.spec_error is None and job.comment == "my experiment"
+
+
+# --- shapes the captures do not show, as Slurm writes them ------------------------------------------------
+
+def test_gpus_per_job_and_typed_gpus() -> None:
+    rec = copy.deepcopy(load("24.11", "squeue.json")["jobs"][1])
+    rec.update(tres_per_node="", tres_per_job="gres/gpu:6", node_count={"set": True, "infinite": False, "number": 2})
+    assert job_from_record(rec).gpus_per_node == 3
+    rec.update(tres_per_node="gres/gpu:a100:2", tres_per_job="")
+    assert job_from_record(rec).gpus_per_node == 2
+
+
+def test_per_gpu_cpus_and_memory_as_22_05_writes_them() -> None:
+    # squeue --json of `sbatch -N2 --gres=gpu:2 --cpus-per-gpu=2 --mem-per-gpu=1000` on 22.05.8
+    rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][1])
+    rec.update(cpus_per_tres="gres:gpu:2", memory_per_tres="gres:gpu:1000", memory_per_node=None,
+               memory_per_cpu=None, tres_per_node="gres:gpu:2", node_count=2, cpus=8)
+    job = job_from_record(rec)
+    assert (job.cpus_per_gpu, job.mem_per_gpu_mb, job.mem_per_node_mb, job.cpus_per_node) == (2, 1000, 2000, 4)
+
+
+def test_unknown_states_are_errors() -> None:
+    rec = copy.deepcopy(load("26.05", "squeue.json")["jobs"][0])
+    rec["job_state"] = ["FLOATING"]
+    with pytest.raises(SlurmParseError, match="FLOATING"):
+        job_from_record(rec)
+    doc = copy.deepcopy(load("26.05", "scontrol-show-nodes.json"))
+    doc["nodes"][0]["state"] = ["LEVITATING"]
+    with pytest.raises(SlurmParseError, match="LEVITATING"):
+        parse_nodes(doc)
+
+
+def test_document_without_jobs_or_nodes() -> None:
+    with pytest.raises(SlurmParseError):
+        parse_jobs({"meta": {}})
+    with pytest.raises(SlurmParseError):
+        parse_nodes({"meta": {}})
+    with pytest.raises(SlurmParseError):
+        version_of({"jobs": []})
+    assert json  # the module reads real JSON files above
