@@ -44,7 +44,7 @@ def read_pid(path: Path) -> int | None:
 
 
 def cmdline(pid: int) -> list[str] | None:
-    """argv of a live process, None if it is gone or a zombie."""
+    """argv of a live process; None if it is gone, a zombie, or has not finished exec yet."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -70,7 +70,12 @@ def verified_pid(pid_file: Path, identity: Identity) -> int | None:
 
 
 def is_alive(pid: int) -> bool:
-    return cmdline(pid) is not None
+    """True while pid exists and is not a zombie (an orphan's zombie may wait long for its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
 def send(pid: int, sig: signal.Signals) -> bool:

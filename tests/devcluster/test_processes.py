@@ -1,0 +1,86 @@
+"""Process identity checks: a pid is signalled only when /proc says it is ours."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm_elastic.devcluster import processes
+from slurm_elastic.devcluster.processes import Identity
+
+
+def test_identity_needs_program_name_and_every_marker() -> None:
+    ours = Identity("slurmd", ("/s/etc/slurm.conf", "-N\0n2"))
+    assert ours.matches(["/usr/sbin/slurmd", "-f", "/s/etc/slurm.conf", "-N", "n2"])
+    assert not ours.matches(["/usr/sbin/slurmd", "-f", "/s/etc/slurm.conf", "-N", "n3"])
+    assert not ours.matches(["/usr/sbin/slurmd", "-N", "n2"])  # another cluster's slurmd
+    assert not ours.matches(["/usr/bin/python3", "-f", "/s/etc/slurm.conf", "-N", "n2"])
+    assert not ours.matches([])
+
+
+def test_verified_pid_rejects_reused_or_stale_pids(tmp_path: Path) -> None:
+    pid_file = tmp_path / "x.pid"
+    assert processes.verified_pid(pid_file, Identity("sleep", ())) is None  # no file
+    child = subprocess.Popen(["sleep", "29.123"])
+    try:
+        pid_file.write_text(f"{child.pid}\n")
+        while processes.cmdline(child.pid) is None:  # argv appears a moment after exec
+            time.sleep(0.01)
+        assert processes.verified_pid(pid_file, Identity("sleep", ("29.123",))) == child.pid
+        # Same pid, but not the process we started: a pid reused by something else.
+        assert processes.verified_pid(pid_file, Identity("sleep", ("29.124",))) is None
+        assert processes.verified_pid(pid_file, Identity("slurmd", ())) is None
+    finally:
+        child.kill()
+        child.wait()
+    assert processes.verified_pid(pid_file, Identity("sleep", ("29.123",))) is None  # stale
+    pid_file.write_text("garbage")
+    assert processes.read_pid(pid_file) is None
+
+
+def test_descendants_and_stop() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess,time; subprocess.Popen(['sleep','30']); time.sleep(30)"])
+    try:
+        kids = processes.descendants([parent.pid])
+        for _ in range(50):
+            if kids:
+                break
+            time.sleep(0.05)
+            kids = processes.descendants([parent.pid])
+        assert len(kids) == 1 and processes.cmdline(kids[0])[0] == "sleep"
+        assert processes.stop([*kids, parent.pid], grace=2.0) == []
+        assert not processes.is_alive(kids[0])
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_port_free_sees_a_listener() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.listen()
+        assert not processes.port_free(port)
+    assert processes.port_free(port)
+
+
+def test_stepds_are_found_by_their_open_log_file(tmp_path: Path) -> None:
+    log_file = tmp_path / "slurmd-n1.log"
+    log_file.touch()
+    # A process named slurmstepd that holds the node's log open, like a real step daemon.
+    fake = subprocess.Popen(
+        ["bash", "-c", f"exec -a 'slurmstepd: [1.batch]' sleep 30 3>>{log_file}"],
+    )
+    try:
+        for _ in range(50):
+            if processes.stepds_writing([log_file]):
+                break
+            time.sleep(0.05)
+        assert processes.stepds_writing([log_file]) == [fake.pid]
+        assert processes.stepds_writing([tmp_path / "slurmd-n2.log"]) == []
+    finally:
+        fake.kill()
+        fake.wait()
