@@ -2,29 +2,183 @@
 
 from __future__ import annotations
 
+import getpass
+import logging
+import os
+import shlex
+from typing import Any, Callable
+
 import click
 
-from slurm_elastic.cli._common import not_implemented
+from slurm_elastic.cli._common import echo_json, elastic_errors
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import ControllerConfig
+
+log = logging.getLogger(__name__)
+
+
+DEFAULTS: dict[str, Any] = {"interval": 10.0, "ack_timeout": 60.0, "hysteresis": 300.0, "restart_budget": 6,
+                            "signal_name": "USR2"}
+ENV = {"interval": "SLURM_ELASTIC_INTERVAL", "ack_timeout": "SLURM_ELASTIC_ACK_TIMEOUT",
+       "hysteresis": "SLURM_ELASTIC_HYSTERESIS", "restart_budget": "SLURM_ELASTIC_RESTART_BUDGET",
+       "signal_name": "SLURM_ELASTIC_SIGNAL"}
+
+
+def settings_from_env() -> dict[str, Any]:
+    """`sbatch --watch` has no room for controller flags: it takes them from the same variables."""
+    from slurm_elastic.errors import SpecError
+
+    out = dict(DEFAULTS)
+    for key, var in ENV.items():
+        text = os.environ.get(var)
+        if not text:
+            continue
+        try:
+            out[key] = text if key == "signal_name" else type(DEFAULTS[key])(text)
+        except ValueError:
+            raise SpecError(f"{var} must be a number, got {text!r}") from None
+    return out
+
+
+def controller_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The knobs shared by `watch`, `sbatch --watch` (via #ELASTIC-free defaults) and `admin daemon`."""
+    for option in reversed((
+        click.option("--interval", type=click.FloatRange(min=0.5), default=DEFAULTS["interval"],
+                     envvar=ENV["interval"], show_default=True, show_envvar=True,
+                     help="Seconds between reconcile cycles."),
+        click.option("--ack-timeout", type=click.FloatRange(min=0), default=DEFAULTS["ack_timeout"],
+                     envvar=ENV["ack_timeout"], show_default=True, show_envvar=True,
+                     help="Seconds to wait for a job's checkpoint ACK before requeueing it anyway."),
+        click.option("--hysteresis", type=click.FloatRange(min=0), default=DEFAULTS["hysteresis"],
+                     envvar=ENV["hysteresis"], show_default=True, show_envvar=True,
+                     help="No resize of a job within this many seconds of its last one, unless it lost a node."),
+        click.option("--restart-budget", type=click.IntRange(min=0), default=DEFAULTS["restart_budget"],
+                     envvar=ENV["restart_budget"], show_default=True, show_envvar=True,
+                     help="Controller-caused restarts allowed per job per hour."),
+        click.option("--signal", "signal_name", default=DEFAULTS["signal_name"], envvar=ENV["signal_name"],
+                     show_default=True, show_envvar=True,
+                     help="Checkpoint signal sent to every step of a job before it is requeued."),
+    )):
+        func = option(func)
+    return func
+
+
+def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
+                      user: str | None = None) -> ControllerConfig:
+    from slurm_elastic.errors import SpecError
+    from slurm_elastic.train.protocol import signal_name as normalise
+
+    try:
+        sig = normalise(signal_name)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return ControllerConfig(protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
+                            min_resize_interval_s=hysteresis, restart_budget_per_hour=restart_budget, user=user)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@elastic_errors
 def sbatch(args: tuple[str, ...]) -> None:
     """Submit an elastic job: sbatch with a GPU range.
 
     \b
-    Example:
-      slurm-elastic sbatch --gpus 4-32 --gpu-step 4 train.sbatch
+    Elastic options (on the command line or as `#ELASTIC` lines in the
+    script; the command line wins):
+      --gpus MIN-MAX       GPU range (required), e.g. 4-32
+      --gpu-step K         GPU counts are multiples of K (default 1)
+      --cpus-per-gpu N     CPUs that go with each GPU (default 1)
+      --mem-per-gpu SIZE   memory per GPU, e.g. 8G (default 1024M)
+      --weight W           share when GPUs are scarce (default 1)
+      --ckpt-dir PATH      checkpoint root of the job (exported as SLURM_ELASTIC_CKPT_DIR)
+    Own flags:
+      --watch              stay in the foreground and rebalance your elastic jobs (user mode)
+      --dry-run            print the sbatch command instead of submitting
+      --parsable           print only the job id
+    Every other sbatch option is passed through unchanged. Refused: --array,
+    --nodes/-N, --gres, -G, --gpus-per-*, --no-requeue, --comment, --wrap,
+    --mem, --mem-per-cpu, --cpus-per-task/-c (the controller sets the shape).
+
+    \b
+    Examples:
+      slurm-elastic sbatch --gpus 4-32 --gpu-step 4 -t 12:00:00 train.sbatch
+      slurm-elastic sbatch --parsable --gpus 2-8 --ckpt-dir /scratch/me/ckpt train.sbatch --lr 0.1
+      slurm-elastic sbatch --watch --gpus 1-4 train.sbatch
     """
-    not_implemented("sbatch")
+    from slurm_elastic.cluster.cli_backend import sbatch_args
+    from slurm_elastic.cluster.select import select_backend
+    from slurm_elastic.control.submit import parse_command_line, submit
+
+    request = parse_command_line(args)
+    backend = select_backend()
+    description, job_id = submit(backend, request)
+    if job_id is None:
+        click.echo(shlex.join(sbatch_args(description)))
+        return
+    click.echo(str(job_id) if request.parsable else f"Submitted batch job {job_id}")
+    if request.watch:
+        env = settings_from_env()
+        _watch(backend, interval=env["interval"],
+               config=controller_config(env["ack_timeout"], env["hysteresis"], env["restart_budget"],
+                                        env["signal_name"]), job_ids=None)
 
 
 @click.command()
-def watch() -> None:
+@controller_options
+@click.option("--job", "job_ids", type=int, multiple=True, help="Watch only these of your jobs (repeatable).")
+@elastic_errors
+def watch(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
+          job_ids: tuple[int, ...]) -> None:
     """User mode: rebalance your own elastic jobs in the foreground.
 
+    Solves the allocation over your queued and running elastic jobs with the
+    capacity the rest of the cluster leaves, and resizes them with the same
+    requeue protocol as the admin daemon. Ends when your elastic jobs have
+    ended. One watch per user (a lock beside the per-user journal in
+    $SLURM_ELASTIC_STATE_DIR, default ~/.local/state/slurm-elastic); while
+    the admin daemon runs (a fresh heartbeat in $SLURM_ELASTIC_DAEMON_DIR,
+    default /var/lib/slurm-elastic) it only waits and defers to it.
+
     \b
-    Example:
+    Examples:
       slurm-elastic watch
+      slurm-elastic -v watch --interval 5 --job 1234
     """
-    not_implemented("watch")
+    from slurm_elastic.cluster.select import select_backend
+
+    backend = select_backend()
+    ids = frozenset(job_ids) if job_ids else None
+    if ids:
+        _check_own_elastic(backend, ids)
+    _watch(backend, interval=interval, config=controller_config(ack_timeout, hysteresis, restart_budget,
+                                                                  signal_name), job_ids=ids)
+
+
+def _check_own_elastic(backend: Any, job_ids: frozenset[int]) -> None:
+    from slurm_elastic.cli.admin import check_elastic_ids
+
+    check_elastic_ids(backend.snapshot(), job_ids, user=getpass.getuser())
+
+
+def _watch(backend: Any, *, interval: float, config: ControllerConfig, job_ids: frozenset[int] | None) -> None:
+    from slurm_elastic.control.state_dir import daemon_dir, user_dir
+    from slurm_elastic.control.user_mode import run_watch
+
+    user = getpass.getuser()
+    click.echo(f"watching the elastic jobs of {user} (Ctrl-C to stop; jobs keep running)", err=True)
+
+    def on_cycle(report: Any) -> None:
+        for outcome in report.outcomes:
+            click.echo(f"job {outcome.job_id}: plan {outcome.status} {outcome.note}".rstrip(), err=True)
+
+    try:
+        result = run_watch(backend, user, state_dir=user_dir(), daemon_dir=daemon_dir(), config=config,
+                           interval_s=interval, job_ids=job_ids, on_cycle=on_cycle)
+    except KeyboardInterrupt:
+        click.echo("watch stopped", err=True)
+        return
+    click.echo(f"watch ended: {result.reason} ({result.cycles} cycles, {result.deferred_cycles} deferred "
+               "to the admin daemon)", err=True)
+
+
+__all__ = ["sbatch", "watch", "controller_options", "controller_config", "echo_json"]

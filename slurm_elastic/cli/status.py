@@ -2,17 +2,69 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+
 import click
 
-from slurm_elastic.cli._common import not_implemented
+from slurm_elastic.cli._common import echo_json, elastic_errors
+from slurm_elastic.cluster.model import Job
+from slurm_elastic.train import protocol as shim
+
+
+def newest_checkpoint_step(job: Job) -> int | None:
+    """The step LATEST points to under the job's checkpoint dir (None when unknown)."""
+    if job.spec is None or not job.spec.ckpt_dir:
+        return None
+    try:
+        path = os.path.join(shim.job_dir(job.spec.ckpt_dir, shim.job_key(job.job_id)), shim.LATEST_FILE)
+        with open(path, encoding="utf-8") as f:
+            return shim.parse_step_dir_name(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def job_row(job: Job) -> dict[str, object]:
+    spec = job.spec
+    return {"job_id": job.job_id, "name": job.name, "user": job.user, "state": job.state.value,
+            "reason": job.reason, "held": job.held, "gpus": job.gpus, "nodes": list(job.nodes),
+            "min_gpus": spec.min_gpus if spec else None, "max_gpus": spec.max_gpus if spec else None,
+            "gpu_step": spec.gpu_step if spec else None, "restarts": job.restarts,
+            "checkpoint_step": newest_checkpoint_step(job), "spec_error": job.spec_error}
 
 
 @click.command()
-def status() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per job.")
+@click.option("--user", "-u", default=None, help="Whose jobs (default: you).")
+@elastic_errors
+def status(as_json: bool, user: str | None) -> None:
     """Show your elastic jobs: GPUs now/min/max, state, restarts, newest checkpoint.
 
+    Jobs whose comment claims an elastic spec that does not parse are listed
+    too, with the error: the controller never touches them.
+
     \b
-    Example:
+    Examples:
+      slurm-elastic status
       slurm-elastic status --json
     """
-    not_implemented("status")
+    from slurm_elastic.cluster.select import select_backend
+
+    who = user or getpass.getuser()
+    state = select_backend().snapshot()
+    jobs = [j for j in state.jobs if j.user == who and not j.state.finished and (j.spec or j.spec_error)]
+    rows = [job_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo(f"no elastic jobs of {who}")
+        return
+    click.echo(f"{'JOBID':>8} {'NAME':<16} {'STATE':<10} {'GPUS':>4} {'MIN-MAX':>9} {'RESTARTS':>8} {'CKPT':>8}  NOTE")
+    for r in rows:
+        rng = f"{r['min_gpus']}-{r['max_gpus']}" if r["min_gpus"] is not None else "-"
+        note = f"malformed spec: {r['spec_error']}" if r["spec_error"] else (
+            "held" if r["held"] else (r["reason"] if r["state"] == "PENDING" else ""))
+        ckpt = "-" if r["checkpoint_step"] is None else r["checkpoint_step"]
+        click.echo(f"{r['job_id']:>8} {str(r['name'])[:16]:<16} {r['state']:<10} {r['gpus']:>4} {rng:>9} "
+                   f"{r['restarts']:>8} {ckpt:>8}  {note}")

@@ -90,23 +90,19 @@ def scope_state(state: ClusterState, user: str | None) -> tuple[ClusterState, di
     """
     malformed = {j.job_id: j.spec_error for j in state.jobs
                  if j.spec_error and not j.state.finished and (user is None or j.user == user)}
-    if user is None:
-        return state, malformed  # type: ignore[return-value]
-    jobs = tuple(j if j.user == user or j.spec is None else dataclasses.replace(j, spec=None) for j in state.jobs)
+    # Held jobs (by their user or an admin; ours are finished by recovery before this) and, in
+    # user mode, other users' jobs are not ours to size: they count as plain usage (spec None).
+    jobs = tuple(j if j.spec is None or (not j.held and (user is None or j.user == user))
+                 else dataclasses.replace(j, spec=None) for j in state.jobs)
     return dataclasses.replace(state, jobs=jobs), malformed  # type: ignore[return-value]
 
 
 def build_problem(state: ClusterState, policy: Policy) -> AllocationProblem:
-    """AllocationProblem.from_state (allocate/from_state.py)."""
-    from_state = getattr(AllocationProblem, "from_state", None)
-    if from_state is None:
-        from slurm_elastic.allocate.from_state import problem_from_state as from_state  # type: ignore
-        return from_state(state, policy)
-    return from_state(state, policy)
+    return AllocationProblem.from_state(state, policy)
 
 
 def solve(problem: AllocationProblem) -> Allocation:
-    from slurm_elastic.allocate import solve as _solve  # type: ignore[attr-defined]
+    from slurm_elastic.allocate import solve as _solve
 
     return _solve(problem)
 
@@ -156,7 +152,8 @@ class Reconciler:
         self._available: frozenset[str] | None = None
         self._reported_malformed: set[int] = set()
 
-    def cycle(self, *, dry_run: bool = False) -> CycleReport:
+    def cycle(self, *, dry_run: bool = False, job_ids: frozenset[int] | None = None) -> CycleReport:
+        """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
         t0 = time.monotonic()
         state = self.backend.snapshot()
         recovered: list[Outcome] = []
@@ -187,7 +184,7 @@ class Reconciler:
         allocation = solve(problem)
         node_sizes = {n.gpus for n in scoped.nodes}
         plans = make_plans(scoped, allocation,
-                           lambda job, g, placement: request_shape(job, g, placement, node_sizes))
+                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids)
         for plan in plans:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
         outcomes: list[Outcome] = []
