@@ -1,0 +1,112 @@
+"""CLI backend: the commands it builds per Slurm version, its error mapping, and a slurmctld that is down."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.cluster.backend import SubmitDescription
+from slurm_elastic.cluster.cli_backend import CliBackend, classify, sbatch_args, update_args
+from slurm_elastic.cluster.slurm_values import SlurmVersion
+from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
+from slurm_elastic.spec import ElasticSpec
+
+
+@pytest.mark.parametrize("version,gpu", [(SlurmVersion(22, 5, 8), "gres:gpu"), (SlurmVersion(24, 11, 5), "gres/gpu"),
+                                         (SlurmVersion(26, 5, 5), "gres/gpu")])
+def test_update_spelling_follows_the_version(version: SlurmVersion, gpu: str) -> None:
+    args = update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=4000)
+    assert args == ["scontrol", "update", "JobId=12", "NumNodes=1", f"TresPerNode={gpu}:3",
+                    f"CpusPerTres={gpu}:2", f"MemPerTres={gpu}:4000", "StartTime=now"]
+    assert "StartTime=now" not in update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2,
+                                              mem_per_gpu_mb=4000, start_now=False)
+
+
+def test_update_refuses_empty_shapes() -> None:
+    with pytest.raises(SlurmError, match="gpus_per_node must be >= 1"):
+        update_args(SlurmVersion(22, 5), 1, nodes=1, gpus_per_node=0, cpus_per_gpu=1, mem_per_gpu_mb=1)
+
+
+def test_sbatch_args() -> None:
+    spec = ElasticSpec(2, 8, cpus_per_gpu=2, mem_per_gpu_mb=1000)
+    d = SubmitDescription(script="/x/train.sh", nodes=2, gpus_per_node=2, cpus_per_gpu=2, mem_per_gpu_mb=1000,
+                          comment=spec.to_comment(), job_name="t", extra_args=("--time=10",), script_args=("--lr", "1"),
+                          workdir="/x", env={"A": "1"})
+    assert sbatch_args(d) == [
+        "sbatch", "--parsable", "--nodes=2", "--gres=gpu:2", "--cpus-per-gpu=2", "--mem-per-gpu=1000M",
+        f"--comment={spec.to_comment()}", "--job-name=t", "--requeue", "--chdir=/x", "--export=ALL,A=1",
+        "--time=10", "/x/train.sh", "--lr", "1"]
+    held = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, requeue=False,
+                             hold=True)
+    assert "--no-requeue" in sbatch_args(held) and "--hold" in sbatch_args(held)
+    with pytest.raises(SlurmError, match="--export"):
+        sbatch_args(SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1,
+                                      env={"A": "1,2"}))
+
+
+@pytest.mark.parametrize("message,kind", [
+    # Slurm 22.05.8's own messages, seen live
+    ("Invalid job id specified for job 9999", UnknownJob),
+    ("scancel: error: Kill job error on job id 9999: Invalid job id specified", UnknownJob),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)",
+     SlurmUnavailable),
+    ("slurm_suspend error: Unexpected message received", SlurmUnavailable),
+    ("Job is no longer pending execution for job 5", SlurmError),
+    ("sbatch: error: Batch job submission failed: Requested node configuration is not available", SlurmError),
+])
+def test_classify(message: str, kind: type) -> None:
+    err = classify(message, ("scontrol", "hold", "1"), 1)
+    assert type(err) is kind and message in str(err) and err.command == ("scontrol", "hold", "1")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dead_controller(tmp_path: Path) -> dict[str, str]:
+    """A slurm.conf whose slurmctld is not running: real Slurm commands, real failures."""
+    if shutil.which("squeue") is None:
+        pytest.skip("Slurm client commands are not installed")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=dead\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort={_closed_port()}\n"
+                    f"AuthType=auth/munge\nAuthInfo=socket={tmp_path}/no-munge.socket\nMessageTimeout=2\n"
+                    "SelectType=select/cons_tres\nGresTypes=gpu\n"
+                    "NodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    return {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": str(conf)}
+
+
+def test_controller_down_is_a_clear_error_after_bounded_retries(dead_controller, caplog) -> None:
+    b = CliBackend(env=dead_controller, retries=3, backoff_s=0.05, max_backoff_s=0.1)
+    started = time.monotonic()
+    with pytest.raises(SlurmUnavailable) as info:
+        b.snapshot()
+    assert time.monotonic() - started < 60
+    assert b.calls == 3  # three attempts of squeue, no more
+    assert "squeue" in str(info.value)
+    assert sum("retrying" in r.getMessage() for r in caplog.records) == 2
+    once = CliBackend(env=dead_controller, retries=1)
+    for action in (lambda: once.hold(1), lambda: once.release(1), lambda: once.cancel(1)):
+        with pytest.raises(SlurmUnavailable):
+            action()
+
+
+def test_controller_down_submit_is_not_retried(dead_controller, tmp_path) -> None:
+    script = tmp_path / "s.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    b = CliBackend(env=dead_controller, retries=3, backoff_s=0.05)
+    with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
+        b.submit(SubmitDescription(script=str(script), nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=10))
+    assert b.calls == 1  # a retried sbatch could submit twice
+
+
+def test_missing_slurm_commands(tmp_path) -> None:
+    b = CliBackend(env={"PATH": str(tmp_path)}, retries=1)
+    with pytest.raises(SlurmUnavailable, match="not found"):
+        b.snapshot()
