@@ -122,6 +122,12 @@ class LayerCheckpointer:
         return self._snap is not None
 
     @property
+    def pending_layers(self) -> list[str]:
+        """Names of layers of the armed snapshot that no forward pass has reached yet."""
+        snap = self._snap
+        return [] if snap is None else [self.slots[s].name for s in sorted(snap.pending)]
+
+    @property
     def in_flight(self) -> int:
         """Snapshots handed to the writer and not yet reported by `poll`."""
         return self._in_flight

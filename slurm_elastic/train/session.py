@@ -21,7 +21,8 @@ from slurm_elastic.train.checkpointer import (DEFAULT_GROUP_BYTES, FinishedSnaps
                                               load_into, model_fingerprint, optimizer_groups_json, unwrap)
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.rng import capture_rng, restore_rng
-from slurm_elastic.train.sampler import BatchGeometry, BatchGeometryError, ElasticSampler, valid_world_sizes
+from slurm_elastic.train.sampler import (BatchGeometry, BatchGeometryError, ElasticSampler,
+                                         nearest_valid_world_size, valid_world_sizes)
 from slurm_elastic.train.store import CheckpointStore, atomic_write, make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ElasticSession:
 
     def __init__(self, *, ckpt_dir: str | None = None, job_key: str | None = None, signal: str | None = None,
                  every_steps: int | None = None, every_seconds: float | None = None, keep: int = 2,
+                 wait_for_previous: bool = False,
                  backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
                  env: JobEnvironment | None = None) -> None:
         root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
@@ -55,6 +57,10 @@ class ElasticSession:
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.keep = keep
+        # Periodic snapshots that fall due while the previous one is still being
+        # written are skipped (no stall) unless wait_for_previous, which blocks
+        # until it is committed (deterministic checkpoint steps).
+        self.wait_for_previous = wait_for_previous
         self.backend = backend
         self.timeout_s = timeout_s
         self.metrics_every_s = metrics_every_s
@@ -165,7 +171,9 @@ class ElasticSession:
         if not self.env.is_main or global_batch % max(micro_batch, 1):
             return
         body = {"global_batch": global_batch, "micro_batch": micro_batch, "world_size": self.world_size,
-                "valid_world_sizes": list(valid_world_sizes(global_batch, micro_batch))}
+                "valid_world_sizes": list(valid_world_sizes(global_batch, micro_batch)),
+                # the controller takes this as the job's GPU step when the current size does not divide
+                "nearest_valid_world_size": nearest_valid_world_size(global_batch, micro_batch, self.world_size)}
         make_private_dirs(self.job_dir)
         atomic_write(protocol.geometry_path(self.ckpt_root, self.job_key), json.dumps(body).encode())
 
@@ -235,10 +243,14 @@ class ElasticSession:
                      self.rank, self.signal_name, self.step)
             self._arm()
             self._exit_after_snapshot = True
-        elif due and self._committed == len(self._armed_meta):
-            # Back-pressure: a periodic snapshot is skipped while the previous one is
-            # still being written (the decision uses settled counts, equal on all ranks).
-            self._arm()
+        elif due:
+            if self.wait_for_previous:
+                self._settle(block=True)
+            # The decision uses settled counts, which are equal on all ranks.
+            if self._committed == len(self._armed_meta):
+                self._arm()
+            else:
+                log.debug("step %d: previous checkpoint still being written; skipping this one", self.step)
 
     def checkpoint_now(self) -> None:
         """Take and commit a checkpoint of the current step synchronously (e.g. at the end of training)."""

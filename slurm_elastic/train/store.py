@@ -170,7 +170,11 @@ class CheckpointStore:
         return None
 
     def read_tensors(self, step: int, record: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        return safetensors_load(self._read_verified(step, record))
+        data = self._read_verified(step, record)
+        try:
+            return safetensors_load(data)
+        except Exception as exc:   # safetensors raises its own error types
+            raise CheckpointError(f"{record['name']} of step {step}: not a valid safetensors file ({exc})") from exc
 
     def iter_tensors(self, complete: CompleteStep) -> Iterator[tuple[str, torch.Tensor]]:
         for rec in complete.manifest["files"]:
@@ -189,6 +193,7 @@ class CheckpointStore:
             raise CheckpointError(f"{path}: size {len(data)} != {rec['size']} in the manifest (truncated?)")
         if hashlib.sha256(data).hexdigest() != rec["sha256"]:
             raise CheckpointError(f"{path}: sha256 mismatch (damaged)")
+        _check_safetensors_layout(data, path)
         return data
 
     def _step_dirs(self) -> list[tuple[int, str]]:
@@ -228,6 +233,25 @@ def validate_manifest(manifest: Any, where: str) -> None:
         seen.add(rec["name"])
         if not isinstance(rec["size"], int) or not isinstance(rec["sha256"], str):
             raise CheckpointError(f"{where}: malformed file entry {rec!r}")
+
+
+def _check_safetensors_layout(data: bytes, where: str) -> None:
+    """Header length, JSON header and data extent agree: catches foreign bytes whose checksum was forged."""
+    if len(data) < 8:
+        raise CheckpointError(f"{where}: not a safetensors file (too short)")
+    n = int.from_bytes(data[:8], "little")
+    if n > len(data) - 8 or n > 100 << 20:
+        raise CheckpointError(f"{where}: not a safetensors file (bad header length)")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{where}: not a safetensors file (header is not JSON)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: not a safetensors file (header is not an object)")
+    end = max((v["data_offsets"][1] for k, v in header.items()
+               if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
+    if 8 + n + end != len(data):
+        raise CheckpointError(f"{where}: safetensors data extent does not match the file size")
 
 
 def check_file_name(name: Any) -> None:

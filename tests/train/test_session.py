@@ -1,0 +1,121 @@
+"""ElasticSession in one process: signal path, restore, fallback, full disk, batch geometry."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from slurm_elastic.errors import CheckpointError
+from slurm_elastic.train import protocol
+from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.session import ElasticSession
+
+ENV = JobEnvironment(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
+                     master_addr="127.0.0.1", master_port=1, job_id="55", job_name="t", restart_count=0,
+                     launcher="single")
+X = torch.randn(64, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+Y = X.sum(1, keepdim=True)
+
+
+def _model(width: int = 16) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, width), nn.Tanh(), nn.Linear(width, 1)).double()
+
+
+def _train(root: Path, steps: int, *, signal_at: int | None = None, every: int | None = None, width: int = 16,
+           restart: int = 0, micro: int = 4) -> tuple[ElasticSession, nn.Module, list[float]]:
+    env = JobEnvironment(**{**{f: getattr(ENV, f) for f in ENV.__slots__}, "restart_count": restart})
+    losses: list[float] = []
+    model = _model(width)
+    with ElasticSession(ckpt_dir=str(root), env=env, every_steps=every, metrics_every_s=0.0,
+                        wait_for_previous=True) as s:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        s.attach(model, opt, global_batch=16, micro_batch=micro, dataset_size=len(X), group_bytes=1)
+        while not s.done(steps):
+            total = 0.0
+            for idx in s.micro_batches():
+                loss = (model(X[idx]) - Y[idx]).pow(2).sum()
+                (loss / 16).backward()
+                total += float(loss.detach())
+            s.optimizer_step()
+            losses.append(total / 16)
+            if signal_at is not None and s.step == signal_at:
+                os.kill(os.getpid(), signal.SIGUSR2)
+    return s, model, losses
+
+
+def test_signal_commits_acknowledges_and_exits_85_with_no_step_lost(tmp_path: Path) -> None:
+    _, ref_model, ref = _train(tmp_path / "a", 10)
+    with pytest.raises(SystemExit) as info:
+        _train(tmp_path / "b", 10, signal_at=4)
+    assert info.value.code == protocol.REQUEUE_EXIT_CODE
+    job = tmp_path / "b" / "55"
+    ack = json.loads((job / protocol.ack_file_name("55", 0)).read_text())
+    # the handler ran after step 4's agreement, so step 5 completed; its checkpoint pass is step 6's forward
+    assert ack["step"] == 5 and ack["committed"] is True
+    manifest = json.loads((job / protocol.step_dir_name(5) / protocol.MANIFEST_FILE).read_text())
+    assert manifest["step"] == 5 and manifest["samples_consumed"] == 80
+    s, model, tail = _train(tmp_path / "b", 10, restart=1)
+    assert s.restored_step == 5
+    assert tail == pytest.approx(ref[5:], rel=1e-12)
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_periodic_checkpoints_and_retention(tmp_path: Path) -> None:
+    _train(tmp_path, 12, every=3)
+    job = tmp_path / "55"
+    # periodic snapshots at 3, 6, 9, 12; the one armed at 12 is committed when the session closes
+    assert sorted(p.name for p in job.glob("step-*")) == [protocol.step_dir_name(9), protocol.step_dir_name(12)]
+    assert (job / protocol.LATEST_FILE).read_text().strip() == protocol.step_dir_name(12)
+
+
+def test_damaged_newest_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    _train(tmp_path, 12, every=3)
+    job = tmp_path / "55"
+    victim = sorted((job / protocol.step_dir_name(12)).glob("*.safetensors"))[0]
+    victim.write_bytes(victim.read_bytes()[:-3])
+    s, _, _ = _train(tmp_path, 12)
+    assert s.restored_step == 9
+
+
+def test_checkpoint_of_a_different_model_is_refused(tmp_path: Path) -> None:
+    _train(tmp_path, 3, every=3)
+    with pytest.raises(CheckpointError, match="different model"):
+        _train(tmp_path, 6, width=32)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    # A real full filesystem: a 96 KiB tmpfs (root only; skipped elsewhere).
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_full_disk_keeps_training_and_previous_checkpoint(tiny_fs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # width 160: about 30 KiB of parameters + 30 KiB of momentum per checkpoint, so
+    # one fits in 96 KiB and a second one does not.
+    caplog.set_level(logging.ERROR)
+    _, ref_model, ref = _train(tiny_fs.parent / "ref", 9, width=160)
+    s, model, losses = _train(tiny_fs, 9, every=3, width=160)
+    assert losses == pytest.approx(ref, rel=1e-12)       # training carried on unharmed
+    assert any("No space left" in r.getMessage() or "not committed" in r.getMessage() for r in caplog.records)
+    assert s.last_committed_step == 3
+    job = tiny_fs / "55"
+    assert (job / protocol.LATEST_FILE).read_text().strip() == protocol.step_dir_name(3)
+    assert [p.name for p in job.glob("step-*")] == [protocol.step_dir_name(3)]
+    s2, _, _ = _train(tiny_fs, 9, width=160)
+    assert s2.restored_step == 3

@@ -1,0 +1,124 @@
+"""The checkpoint store: commit protocol, verification, fallback, retention, hostile manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_elastic.errors import CheckpointError
+from slurm_elastic.train import protocol
+from slurm_elastic.train.store import CheckpointStore, check_file_name
+
+
+def _commit(store: CheckpointStore, step: int, fingerprint: str = "fp") -> None:
+    store.begin_step(step)
+    rec = store.write_tensors(step, "group-00000.safetensors", {"w": torch.full((4,), float(step))}, rank=0)
+    store.commit(step, {"samples_consumed": step * 8, "world_size": 1, "global_batch": 8,
+                        "model_fingerprint": fingerprint, "files": [rec.to_json()]})
+
+
+def test_commit_writes_manifest_latest_and_private_dirs(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "root" / "job"), keep=2)
+    store.ensure_job_dir()
+    _commit(store, 3)
+    assert store.latest_pointer() == 3
+    found = store.newest_complete(model_fingerprint="fp")
+    assert found is not None and found.step == 3
+    assert torch.equal(store.read_tensors(3, found.manifest["files"][0])["w"], torch.full((4,), 3.0))
+    for d in (tmp_path / "root", tmp_path / "root" / "job", tmp_path / "root" / "job" / protocol.step_dir_name(3)):
+        assert os.stat(d).st_mode & 0o777 == 0o700, d
+    assert not [p for p in (tmp_path / "root" / "job").rglob("*.tmp-*")]
+
+
+def test_retention_keeps_newest_k_and_removes_stale_partials(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "job"), keep=2)
+    store.ensure_job_dir()
+    store.begin_step(1)          # an interrupted write that never committed
+    for step in (2, 4, 6):
+        _commit(store, step)
+    assert store.committed_steps() == [6, 4]
+    assert sorted(os.listdir(tmp_path / "job")) == [protocol.LATEST_FILE, protocol.step_dir_name(4),
+                                                    protocol.step_dir_name(6)]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest-garbage", "manifest-truncated"])
+def test_damaged_newest_step_falls_back_to_previous(tmp_path: Path, damage: str) -> None:
+    store = CheckpointStore(str(tmp_path / "job"), keep=3)
+    store.ensure_job_dir()
+    _commit(store, 1)
+    _commit(store, 2)
+    step_dir = tmp_path / "job" / protocol.step_dir_name(2)
+    data = step_dir / "group-00000.safetensors"
+    manifest = step_dir / protocol.MANIFEST_FILE
+    if damage == "flip":
+        raw = bytearray(data.read_bytes())
+        raw[-1] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        data.write_bytes(data.read_bytes()[:20])
+    elif damage == "delete":
+        data.unlink()
+    elif damage == "manifest-garbage":
+        manifest.write_bytes(b"\x00\xffnot json")
+    else:
+        manifest.write_text(manifest.read_text()[:40])
+    found = store.newest_complete(model_fingerprint="fp")
+    assert found is not None and found.step == 1
+
+
+def test_foreign_directories_are_ignored_and_empty_store_is_fresh(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    (job / "step-0000000009").mkdir(parents=True)
+    (job / "step-0000000009" / protocol.MANIFEST_FILE).write_text(json.dumps({"hello": "world"}))
+    (job / "not-a-step").mkdir()
+    (job / "step-xyz").mkdir()
+    store = CheckpointStore(str(job))
+    assert store.newest_complete(model_fingerprint="fp") is None
+
+
+def test_manifest_of_a_different_model_is_an_error(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "job"))
+    store.ensure_job_dir()
+    _commit(store, 5, fingerprint="someone-else")
+    with pytest.raises(CheckpointError, match="different model"):
+        store.newest_complete(model_fingerprint="fp")
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "a/b.safetensors", "..safetensors",
+                                  ".hidden.safetensors", "x.pt", "", 7])
+def test_path_traversal_and_odd_names_in_manifest_are_refused(tmp_path: Path, name: object) -> None:
+    with pytest.raises(CheckpointError):
+        check_file_name(name)
+    store = CheckpointStore(str(tmp_path / "job"))
+    store.ensure_job_dir()
+    _commit(store, 1)
+    mpath = tmp_path / "job" / protocol.step_dir_name(1) / protocol.MANIFEST_FILE
+    manifest = json.loads(mpath.read_text())
+    manifest["files"][0]["name"] = name
+    mpath.write_text(json.dumps(manifest))
+    assert store.newest_complete(model_fingerprint="fp") is None
+
+
+def test_pickle_payload_is_never_loaded(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "job"))
+    store.ensure_job_dir()
+    _commit(store, 1)
+    step_dir = tmp_path / "job" / protocol.step_dir_name(1)
+    evil = step_dir / "group-00000.safetensors"
+    import hashlib
+    import pickle
+
+    payload = pickle.dumps({"w": torch.zeros(4)})
+    evil.write_bytes(payload)
+    mpath = step_dir / protocol.MANIFEST_FILE
+    manifest = json.loads(mpath.read_text())
+    manifest["files"][0].update(size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    mpath.write_text(json.dumps(manifest))
+    # The checksums match, but the bytes are not safetensors: the step is not complete.
+    assert store.newest_complete(model_fingerprint="fp") is None
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        store.read_tensors(1, manifest["files"][0])
