@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from slurm_elastic.allocate import throughput as tp
-from slurm_elastic.allocate.highs import INF, Model
+from slurm_elastic.allocate.highs import Model
 from slurm_elastic.allocate.instance import Instance
 
 Row = dict[int, int]
@@ -49,7 +49,8 @@ class JobCols:
     b: list[int] = field(default_factory=list)
     m: list[int] = field(default_factory=list)
     runs: list[tuple[int, int, int]] = field(default_factory=list)
-    d: int = -1                                   # counts model: |g - g0|
+    d: int = -1                                   # counts model: |g - g0_alive|
+    g0_alive: int = 0
     n: int = -1                                   # counts model: nodes spanned (lower bound)
     x: dict[int, int] = field(default_factory=dict)   # exact model: node -> column
     u: dict[int, int] = field(default_factory=dict)
@@ -80,30 +81,30 @@ class Formulation:
                 continue
             c = self.cols[i]
             top = t.candidates[-1]
-            c.g = int(mdl.add_cols(1, cost=t.demand_cost, lo=0, hi=top)[0])
+            c.g = mdl.add_col(cost=t.demand_cost, lo=0, hi=top)
             c.runs = runs(t.candidates)
-            c.b = list(mdl.add_cols(len(c.runs), lo=0, hi=1, integer=True))
-            link = mdl.add_rows(1, 0, 0)[0]              # g - sum_k (s_k b_k + d_k m_k) = 0
-            mdl.coef(link, c.g, 1.0)
-            for (s, d, length), bk in zip(c.runs, c.b):
-                mdl.coef(link, bk, -s)
+            c.b = mdl.add_cols(len(c.runs), lo=0, hi=1, integer=True)
+            link_cols, link_vals = [c.g], [1.0]                # g - sum_k (s_k b_k + d_k m_k) = 0
+            for (start, d, length), bk in zip(c.runs, c.b):
+                link_cols.append(bk)
+                link_vals.append(-start)
                 if length > 1:
-                    mk = int(mdl.add_cols(1, lo=0, hi=length - 1, integer=True)[0])
+                    mk = mdl.add_col(lo=0, hi=length - 1, integer=True)
                     c.m.append(mk)
-                    mdl.coef(link, mk, -d)
-                    r = mdl.add_rows(1, -INF, 0)[0]      # m_k <= (L_k - 1) b_k
-                    mdl.coef(r, [mk, bk], [1.0, -(length - 1)])
+                    link_cols.append(mk)
+                    link_vals.append(-d)
+                    mdl.add_row([mk, bk], [1.0, -(length - 1)], hi=0)   # m_k <= (L_k - 1) b_k
                 else:
                     c.m.append(-1)
-            one = mdl.add_rows(1, -INF, 1)[0]            # at most one run: the job runs at one count or not
-            mdl.coef(one, np.array(c.b), 1.0)
+            mdl.add_row(link_cols, link_vals, 0, 0)
+            if len(c.b) > 1:
+                mdl.add_row(c.b, [1.0] * len(c.b), hi=1)       # one run at most: one count, or not running
             # throughput epigraph: t <= a_k g + c_k for every hull segment (exact at integer g: hull is concave)
             smax = tp.evaluate_curve(t.hull, top)
-            c.t = int(mdl.add_cols(1, cost=t.weight / t.norm, lo=0, hi=smax)[0])
-            segs = [(a, b0) for (a, b0), (g0, _) in zip(tp.segments(t.hull), t.hull) if g0 < top]
-            rows = mdl.add_rows(len(segs), -INF, np.array([b0 for _, b0 in segs]))
-            mdl.coef(rows, c.t, 1.0)
-            mdl.coef(rows, c.g, -np.array([a for a, _ in segs]))
+            c.t = mdl.add_col(cost=t.weight / t.norm, lo=0, hi=smax)
+            for (a, b0), (g0, _) in zip(tp.segments(t.hull), t.hull):
+                if g0 < top:
+                    mdl.add_row([c.t, c.g], [1.0, -a], hi=b0)
             if self.exact:
                 self._exact_job(i)
             else:
@@ -115,104 +116,89 @@ class Formulation:
 
     def _counts_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
-        g0 = sum(inst.current[i].values())
         if t.kappa > 0:
-            # |g - g0| <= the per-node L1 of the exact model, so this model's optimum bounds the exact one
-            c.d = int(mdl.add_cols(1, cost=-inst.policy.beta * t.kappa, lo=0)[0])
-            r = mdl.add_rows(2, np.array([-g0, g0]), INF)
-            mdl.coef(r, c.d, 1.0)
-            mdl.coef(r, c.g, np.array([-1.0, 1.0]))
+            # GPUs on nodes that cannot host the job any more are lost whatever happens; the rest is
+            # |g - g0_alive| at the least, so this model's optimum bounds the exact (per-node L1) one
+            lost = sum(g for n, g in inst.current[i].items() if not inst.hosts(i, n))
+            g0 = sum(inst.current[i].values()) - lost
+            c.g0_alive = g0
+            mdl.offset -= inst.policy.beta * t.kappa * lost
+            c.d = mdl.add_col(cost=-inst.policy.beta * t.kappa, lo=0)
+            mdl.add_row([c.d, c.g], [1.0, -1.0], lo=-g0)      # d >= g - g0
+            mdl.add_row([c.d, c.g], [1.0, 1.0], lo=g0)        # d >= g0 - g
         # nodes spanned >= 1 when running and >= g / (largest node): a lower bound of the true count
-        c.n = int(mdl.add_cols(1, cost=-inst.policy.gamma, lo=0)[0])
-        r = mdl.add_rows(1, 0, INF)[0]
-        mdl.coef(r, [c.n] + c.b, [1.0] + [-1.0] * len(c.b))
-        r = mdl.add_rows(1, 0, INF)[0]
-        mdl.coef(r, [c.n, c.g], [1.0, -1.0 / max(inst.max_node_gpus, 1)])
+        c.n = mdl.add_col(cost=-inst.policy.gamma, lo=0)
+        mdl.add_row([c.n] + c.b, [1.0] + [-1.0] * len(c.b), lo=0)
+        mdl.add_row([c.n, c.g], [1.0, -1.0 / max(inst.max_node_gpus, 1)], lo=0)
 
     def _counts_capacity(self) -> None:
         inst, mdl = self.inst, self.model
         live = [i for i, c in enumerate(self.cols) if c.g >= 0]
         if not live:
             return
-        gcols = np.array([self.cols[i].g for i in live])
-        rows = mdl.add_rows(3, -INF, inst.total)
+        gcols = [self.cols[i].g for i in live]
         for r in range(3):
-            mdl.coef(rows[r], gcols, inst.rho[live, r])
+            if inst.total[r] <= 0:
+                continue  # no job needing resource r has a candidate count then
+            # sum_j rho[j,r] g_j <= Cap_r, scaled to 1 (memory in MB would make the row 1e8-sized)
+            mdl.add_row(gcols, (inst.rho[live, r] / inst.total[r]).tolist(), hi=1.0)
 
     def _exact_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
         beta, gamma = inst.policy.beta, inst.policy.gamma
-        rho, cap = inst.rho[i], inst.cap
-        with np.errstate(divide="ignore", invalid="ignore"):
-            per = np.where(rho > 0, np.floor(cap / np.where(rho > 0, rho, 1) + 1e-9), np.inf)
-        ub = np.minimum(per.min(axis=1), t.candidates[-1])
-        nodes = [int(n) for n in np.nonzero(ub >= 1)[0]]
+        ub_all = np.minimum(inst.max_per_node(i), t.candidates[-1])
+        nodes = [int(n) for n in np.nonzero(ub_all >= 1)[0]]
         cur = inst.current[i]
         for n, g0 in cur.items():
             if n not in nodes:
-                mdl.offset -= beta * t.kappa * g0           # GPUs on a node that gives nothing now are lost
+                mdl.offset -= beta * t.kappa * g0           # GPUs on a node that cannot host the job are lost
         k = len(nodes)
-        ubs = ub[nodes]
+        ubs = [float(ub_all[n]) for n in nodes]
         # restart cost on the allocation matrix: |x - x0| is x itself on nodes the job does not hold now
-        xcost = np.array([-beta * t.kappa if cur.get(n, 0) == 0 else 0.0 for n in nodes]) if t.kappa > 0 \
-            else np.zeros(k)
+        xcost = [(-beta * t.kappa if cur.get(n, 0) == 0 else 0.0) if t.kappa > 0 else 0.0 for n in nodes]
         xs = mdl.add_cols(k, cost=xcost, lo=0, hi=ubs, integer=True)
         us = mdl.add_cols(k, cost=-gamma, lo=0, hi=1, integer=True)
-        c.x = dict(zip(nodes, (int(v) for v in xs)))
-        c.u = dict(zip(nodes, (int(v) for v in us)))
-        link = mdl.add_rows(1, 0, 0)[0]
-        mdl.coef(link, np.append(xs, c.g), np.append(np.ones(k), -1.0))
-        r = mdl.add_rows(k, -INF, 0)                          # x <= ub u
-        mdl.coef(r, xs, 1.0)
-        mdl.coef(r, us, -ubs)
+        c.x = dict(zip(nodes, xs))
+        c.u = dict(zip(nodes, us))
+        mdl.add_row(xs + [c.g], [1.0] * k + [-1.0], 0, 0)       # sum_n x = g
+        for x, u, ub in zip(xs, us, ubs):
+            mdl.add_row([x, u], [1.0, -ub], hi=0)              # x <= ub u
         if t.kappa > 0:
-            for pos, n in enumerate(nodes):
+            for x, n in zip(xs, nodes):
                 g0 = cur.get(n, 0)
                 if g0 > 0:
-                    e = int(mdl.add_cols(1, cost=-beta * t.kappa, lo=0)[0])
+                    e = mdl.add_col(cost=-beta * t.kappa, lo=0)
                     c.e[n] = e
-                    rr = mdl.add_rows(2, np.array([-g0, g0]), INF)   # e >= x - x0, e >= x0 - x
-                    mdl.coef(rr, e, 1.0)
-                    mdl.coef(rr, int(xs[pos]), np.array([-1.0, 1.0]))
+                    mdl.add_row([e, x], [1.0, -1.0], lo=-g0)   # e >= x - x0
+                    mdl.add_row([e, x], [1.0, 1.0], lo=g0)     # e >= x0 - x
         if not t.spans or k <= 1:
-            r = mdl.add_rows(1, -INF, 1)[0]                   # one node
-            mdl.coef(r, us, 1.0)
+            mdl.add_row(us, [1.0] * k, hi=1)                   # one node
             return
         pmax = float(max(inst.max_node_gpus, 1))
-        c.G = int(mdl.add_cols(1, lo=0, hi=pmax, integer=True)[0])
-        r = mdl.add_rows(k, -INF, 0)                          # x <= G
-        mdl.coef(r, xs, 1.0)
-        mdl.coef(r, c.G, -1.0)
-        r = mdl.add_rows(k, -pmax, INF)                       # x >= G - pmax (1 - u): equal GPUs on used nodes
-        mdl.coef(r, xs, 1.0)
-        mdl.coef(r, c.G, -1.0)
-        mdl.coef(r, us, -pmax)
+        c.G = mdl.add_col(lo=0, hi=pmax, integer=True)
+        for x, u in zip(xs, us):
+            mdl.add_row([x, c.G], [1.0, -1.0], hi=0)           # x <= G
+            mdl.add_row([x, c.G, u], [1.0, -1.0, -pmax], lo=-pmax)  # x >= G - pmax (1 - u): equal on used nodes
         if inst.whole:
-            c.span = int(mdl.add_cols(1, lo=0, hi=1, integer=True)[0])
-            r = mdl.add_rows(1, -INF, 1)[0]                   # sum u <= 1 + (k-1) span
-            mdl.coef(r, np.append(us, c.span), np.append(np.ones(k), -(k - 1)))
-            capg = cap[nodes, 0]
-            r = mdl.add_rows(k, -capg, INF)                   # x >= C_n,gpu (u + span - 1): whole nodes
-            mdl.coef(r, xs, 1.0)
-            mdl.coef(r, us, -capg)
-            mdl.coef(r, c.span, -capg)
+            c.span = mdl.add_col(lo=0, hi=1, integer=True)
+            mdl.add_row(us + [c.span], [1.0] * k + [-(k - 1.0)], hi=1)   # sum u <= 1 + (k-1) span
+            for x, u, n in zip(xs, us, nodes):
+                cg = float(inst.cap[n, 0])
+                mdl.add_row([x, u, c.span], [1.0, -cg, -cg], lo=-cg)  # x >= C_n (u + span - 1): whole nodes
 
     def _exact_capacity(self) -> None:
         inst, mdl = self.inst, self.model
-        ii, nn, cc = [], [], []
+        per_node: dict[int, list[tuple[int, int]]] = {}
         for i, c in enumerate(self.cols):
             for n, col in c.x.items():
-                ii.append(i)
-                nn.append(n)
-                cc.append(col)
-        if not cc:
-            return
-        ii, nn, cc = np.array(ii), np.array(nn), np.array(cc)
-        base = mdl.add_rows(3 * len(inst.nodes), -INF, inst.cap.reshape(-1))
-        for r in range(3):
-            vals = inst.rho[ii, r]
-            keep = vals != 0
-            mdl.coef(base[nn[keep] * 3 + r], cc[keep], vals[keep])
+                per_node.setdefault(n, []).append((i, col))
+        scale = 1.0 / np.maximum(inst.cap, 1.0)                 # rows in units of the node's capacity
+        for n, pairs in sorted(per_node.items()):
+            for r in range(3):
+                cols = [col for i, col in pairs if inst.rho[i, r] > 0]
+                vals = [float(inst.rho[i, r] * scale[n, r]) for i, col in pairs if inst.rho[i, r] > 0]
+                if cols:
+                    mdl.add_row(cols, vals, hi=float(inst.cap[n, r] * scale[n, r]))
 
     # -- reading back -------------------------------------------------------------------------
     def counts(self, x: np.ndarray) -> list[int]:
@@ -223,6 +209,29 @@ class Formulation:
         for c in self.cols:
             out.append({n: int(round(x[col])) for n, col in c.x.items() if round(x[col]) > 0})
         return out
+
+    def round_down(self, x: np.ndarray) -> list[int]:
+        """Counts from an LP point: each job at the largest allowed count not above its LP value.
+
+        Capacity rows have non-negative coefficients, so rounding down stays
+        feasible; the LP of this model is nearly integral (a knapsack with
+        three rows), so this is a strong incumbent to warm-start the MIP with.
+        """
+        out = []
+        for i, c in enumerate(self.cols):
+            if c.g < 0:
+                out.append(0)
+                continue
+            v = x[c.g] + 1e-6
+            below = [k for k in self.inst.terms[i].candidates if k <= v]
+            out.append(below[-1] if below else 0)
+        return out
+
+    def point_from_counts(self, counts: Sequence[int]) -> np.ndarray:
+        return self.point([{0: g} if g else {} for g in counts])
+
+    def value(self, x: np.ndarray) -> float:
+        return self.model.objective_of(x)
 
     # -- warm starts ------------------------------------------------------------------------
     def point(self, rows: Sequence[Row]) -> np.ndarray:
@@ -243,9 +252,8 @@ class Formulation:
                             x[mk] = (g - s) // d
                         break
             x[c.t] = tp.evaluate_curve(inst.terms[i].hull, g)
-            g0 = sum(inst.current[i].values())
             if c.d >= 0:
-                x[c.d] = abs(g - g0)
+                x[c.d] = abs(g - c.g0_alive)
             if c.n >= 0:
                 x[c.n] = max(1.0 if g > 0 else 0.0, g / max(inst.max_node_gpus, 1))
             for n, col in c.x.items():

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import highspy
 import numpy as np
@@ -17,53 +18,85 @@ INF = math.inf
 
 
 class Model:
-    """Columns and rows collected as arrays (maximisation); `matrix()` is CSC."""
+    """Columns and rows collected as flat lists (maximisation); `matrix()` is CSC.
+
+    Lists, not many small numpy arrays: a model is built from a few entries
+    per job, and list appends are what is cheap at that size.
+    """
 
     def __init__(self) -> None:
-        self.cost: list[np.ndarray] = []
-        self.lower: list[np.ndarray] = []
-        self.upper: list[np.ndarray] = []
-        self.integer: list[np.ndarray] = []
-        self.ncol = 0
-        self.rows: list[np.ndarray] = []
-        self.cols: list[np.ndarray] = []
-        self.vals: list[np.ndarray] = []
-        self.row_lo: list[np.ndarray] = []
-        self.row_hi: list[np.ndarray] = []
-        self.nrow = 0
+        self.cost: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[bool] = []
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.row_lo: list[float] = []
+        self.row_hi: list[float] = []
         self.offset = 0.0
 
-    def add_cols(self, n: int, cost: float | np.ndarray = 0.0, lo: float | np.ndarray = 0.0,
-                 hi: float | np.ndarray = INF, integer: bool = False) -> np.ndarray:
+    @property
+    def ncol(self) -> int:
+        return len(self.cost)
+
+    @property
+    def nrow(self) -> int:
+        return len(self.row_lo)
+
+    def add_col(self, cost: float = 0.0, lo: float = 0.0, hi: float = INF, integer: bool = False) -> int:
+        self.cost.append(float(cost))
+        self.lower.append(float(lo))
+        self.upper.append(float(hi))
+        self.integer.append(integer)
+        return len(self.cost) - 1
+
+    def add_cols(self, n: int, cost: float | Sequence[float] = 0.0, lo: float | Sequence[float] = 0.0,
+                 hi: float | Sequence[float] = INF, integer: bool = False) -> list[int]:
         """n new columns; returns their indices."""
-        idx = np.arange(self.ncol, self.ncol + n)
-        self.cost.append(np.broadcast_to(np.asarray(cost, float), (n,)).copy())
-        self.lower.append(np.broadcast_to(np.asarray(lo, float), (n,)).copy())
-        self.upper.append(np.broadcast_to(np.asarray(hi, float), (n,)).copy())
-        self.integer.append(np.full(n, integer))
-        self.ncol += n
-        return idx
+        start = len(self.cost)
+        self.cost.extend(_spread(cost, n))
+        self.lower.extend(_spread(lo, n))
+        self.upper.extend(_spread(hi, n))
+        self.integer.extend([integer] * n)
+        return list(range(start, start + n))
 
-    def add_rows(self, n: int, lo: float | np.ndarray, hi: float | np.ndarray) -> np.ndarray:
-        idx = np.arange(self.nrow, self.nrow + n)
-        self.row_lo.append(np.broadcast_to(np.asarray(lo, float), (n,)).copy())
-        self.row_hi.append(np.broadcast_to(np.asarray(hi, float), (n,)).copy())
-        self.nrow += n
-        return idx
+    def add_row(self, cols: Sequence[int], vals: Sequence[float], lo: float = -INF, hi: float = INF) -> int:
+        r = len(self.row_lo)
+        self.row_lo.append(float(lo))
+        self.row_hi.append(float(hi))
+        self.rows.extend([r] * len(cols))
+        self.cols.extend(cols)
+        self.vals.extend(vals)
+        return r
 
-    def coef(self, rows: np.ndarray | int, cols: np.ndarray | int, vals: np.ndarray | float) -> None:
-        rows, cols = np.atleast_1d(rows), np.atleast_1d(cols)
-        vals = np.broadcast_to(np.asarray(vals, float), np.broadcast_shapes(rows.shape, cols.shape))
-        rows, cols = np.broadcast_arrays(rows, cols)
-        self.rows.append(rows.ravel())
-        self.cols.append(cols.ravel())
-        self.vals.append(np.asarray(vals).ravel())
+    def add_entries(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray) -> None:
+        """Bulk entries (vectorised builders)."""
+        self.rows.extend(np.asarray(rows, dtype=np.int64).tolist())
+        self.cols.extend(np.asarray(cols, dtype=np.int64).tolist())
+        self.vals.extend(np.asarray(vals, dtype=float).tolist())
+
+    def add_rows(self, n: int, lo: float | Sequence[float], hi: float | Sequence[float]) -> list[int]:
+        start = len(self.row_lo)
+        self.row_lo.extend(_spread(lo, n))
+        self.row_hi.extend(_spread(hi, n))
+        return list(range(start, start + n))
 
     def matrix(self) -> sp.csc_matrix:
-        if not self.rows:
-            return sp.csc_matrix((self.nrow, self.ncol))
-        r, c, v = (np.concatenate(a) for a in (self.rows, self.cols, self.vals))
-        return sp.csc_matrix((v, (r, c)), shape=(self.nrow, self.ncol))
+        return sp.csc_matrix((np.asarray(self.vals, float), (np.asarray(self.rows), np.asarray(self.cols))),
+                             shape=(self.nrow, self.ncol))
+
+    def objective_of(self, x: np.ndarray) -> float:
+        return float(np.asarray(self.cost) @ x + self.offset)
+
+
+def _spread(v: float | Sequence[float], n: int) -> list[float]:
+    if isinstance(v, (int, float)):
+        return [float(v)] * n
+    out = [float(a) for a in v]
+    if len(out) != n:
+        raise ValueError(f"{len(out)} values for {n} entries")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +112,8 @@ class MilpResult:
 
 
 def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int | None = None,
-          warm: np.ndarray | None = None) -> MilpResult:
-    """Pass the model in one call, warm-start it if a point is given, and solve."""
+          warm: np.ndarray | None = None, relax: bool = False) -> MilpResult:
+    """Pass the model in one call, warm-start it if a point is given, and solve (`relax`: its LP relaxation)."""
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
@@ -90,12 +123,11 @@ def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int
     lp = highspy.HighsLp()
     lp.num_col_ = model.ncol
     lp.num_row_ = model.nrow
-    cat = (lambda parts: np.concatenate(parts) if parts else np.zeros(0))
-    lp.col_cost_ = cat(model.cost)
-    lp.col_lower_ = cat(model.lower)
-    lp.col_upper_ = cat(model.upper)
-    lp.row_lower_ = cat(model.row_lo)
-    lp.row_upper_ = cat(model.row_hi)
+    lp.col_cost_ = np.asarray(model.cost, float)
+    lp.col_lower_ = np.asarray(model.lower, float)
+    lp.col_upper_ = np.asarray(model.upper, float)
+    lp.row_lower_ = np.asarray(model.row_lo, float)
+    lp.row_upper_ = np.asarray(model.row_hi, float)
     lp.offset_ = model.offset
     lp.sense_ = highspy.ObjSense.kMaximize
     a = model.matrix()
@@ -105,7 +137,9 @@ def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int
     lp.a_matrix_.start_ = a.indptr.astype(np.int32)
     lp.a_matrix_.index_ = a.indices.astype(np.int32)
     lp.a_matrix_.value_ = a.data.astype(float)
-    integ = cat(model.integer).astype(bool)
+    integ = np.asarray(model.integer, bool)
+    if relax:
+        integ = np.zeros_like(integ)
     lp.integrality_ = [highspy.HighsVarType.kInteger if f else highspy.HighsVarType.kContinuous for f in integ]
     t0 = time.perf_counter()
     h.passModel(lp)

@@ -58,6 +58,7 @@ class Instance:
         for j in self.jobs:
             row = {self.node_index[n]: int(g) for n, g in j.current.items() if g > 0 and n in self.node_index}
             self.current.append(row)
+        self._per_node: dict[int, np.ndarray] = {}
         self.terms: list[JobTerms] = []
         unplaceable = {u.key: u for u in problem.unplaceable}
         for i, j in enumerate(self.jobs):
@@ -102,13 +103,26 @@ class Instance:
             return 1
         return max(1, math.ceil(gpus / self.max_node_gpus))
 
+    def hosts(self, i: int, n: int) -> bool:
+        """Node n can hold at least one GPU of job i."""
+        return bool(self.max_per_node(i)[n] >= 1)
+
+    def max_per_node(self, i: int) -> np.ndarray:
+        """GPUs of job i each node could hold alone, over all three resources."""
+        cached = self._per_node.get(i)
+        if cached is None:
+            rho = self.rho[i]
+            cols = [np.floor(self.cap[:, r] / rho[r] + 1e-9) for r in range(3) if rho[r] > 0]
+            cached = np.minimum.reduce(cols) if cols else self.cap[:, 0].copy()
+            self._per_node[i] = cached
+        return cached
+
     def _fits_empty(self, i: int, g: int) -> bool:
-        need = g * self.rho[i]
-        if np.any(np.all(self.cap >= need - _EPS, axis=1)):
+        per = self.max_per_node(i)
+        if len(per) and per.max() >= g:
             return True
         for w in spanning_widths(g, self.node_sizes, self.whole):
-            per = w * self.rho[i]
-            ok = np.all(self.cap >= per - _EPS, axis=1)
+            ok = per >= w
             if self.whole:
                 ok &= self.cap[:, 0] == w
             if int(ok.sum()) >= g // w:

@@ -52,35 +52,35 @@ class Layout:
         if g <= 0:
             return {}
         inst = self.inst
-        free = self.free.copy()
-        for n, v in self.rows[i].items():
-            free[n] += v * inst.rho[i]
         rho = inst.rho[i]
+        own = self.rows[i]
+        free = self.free
+        if own:
+            free = free.copy()
+            for n, v in own.items():
+                free[n] += v * rho
         prefer = prefer or {}
-        need = g * rho
-        ok = np.all(free >= need - _EPS, axis=1)
+        fg, fc, fm = free[:, 0], free[:, 1], free[:, 2]
+        ok = (fg >= g - _EPS) & (fc >= g * rho[1] - _EPS) & (fm >= g * rho[2] - _EPS)
         if ok.any():
             for n in sorted(prefer, key=lambda n: -prefer[n]):
                 if ok[n]:
                     return {n: g}
-            left = np.where(ok, free[:, 0] - g, np.inf)
-            return {int(np.argmin(left)): g}
+            return {int(np.argmin(np.where(ok, fg, np.inf))): g}   # best fit on GPUs
         for w in spanning_widths(g, inst.node_sizes, inst.whole):
             k = g // w
-            ok = np.all(free >= w * rho - _EPS, axis=1)
+            ok = (fg >= w - _EPS) & (fc >= w * rho[1] - _EPS) & (fm >= w * rho[2] - _EPS)
             if inst.whole:
-                ok &= (inst.cap[:, 0] == w) & (free[:, 0] >= w - _EPS)
+                ok &= inst.cap[:, 0] == w
             if int(ok.sum()) < k:
                 continue
             chosen = [n for n in prefer if ok[n]][:k]
             if len(chosen) < k:
                 taken = set(chosen)
-                # least-free first: keeps the emptiest nodes for later spanning jobs
-                order = np.argsort(free[:, 0] - np.where(ok, 0, np.inf), kind="stable")
-                for n in order:
+                for n in np.nonzero(ok)[0]:
                     if len(chosen) == k:
                         break
-                    if ok[n] and int(n) not in taken:
+                    if int(n) not in taken:
                         chosen.append(int(n))
             return {int(n): w for n in chosen}
         return None
@@ -89,30 +89,75 @@ class Layout:
 def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
     """Place the counts a counts-only solve chose; returns the layout and the jobs placed lower than asked.
 
-    Jobs that keep their count keep their nodes when those still fit; the
-    rest go biggest first (spanning jobs before single-node ones), each at the
-    highest allowed count at or below what was asked that still fits.
+    Order: jobs that keep their count keep their nodes when those still fit;
+    jobs that shrink shrink in place (freeing room); then the rest biggest
+    first (spanning before single-node). A running job that cannot reach its
+    new count where it is gets the best of: moving at the new count, growing
+    in place as far as its nodes allow, or staying as it is -- whichever the
+    objective (restart cost included) prefers. Others take the highest count
+    at or below the asked one that fits.
     """
     lay = Layout(inst)
-    todo = []
+    shrink, rest = [], []
     for i, g in enumerate(counts):
         cur = inst.current[i]
-        if g > 0 and g == sum(cur.values()) and lay.fits(i, cur) and _keeps_shape(inst, cur):
+        g0 = sum(cur.values())
+        if g > 0 and g == g0 and lay.fits(i, cur) and _keeps_shape(inst, cur):
             lay.put(i, cur)
+        elif 0 < g < g0 and all(inst.cap[n, 0] > 0 for n in cur):
+            shrink.append(i)
         elif g > 0:
-            todo.append(i)
-    todo.sort(key=lambda i: (-counts[i], i))
+            rest.append(i)
+    rest.sort(key=_ORDER(inst, counts))
     lowered = []
-    for i in todo:
-        cands = [c for c in inst.terms[i].candidates if c <= counts[i]]
-        for c in reversed(cands):
-            row = lay.find(i, c, inst.current[i])
-            if row is not None:
-                lay.put(i, row)
-                break
+    for i in shrink + rest:
+        row = _best_row(inst, lay, i, counts[i])
+        if row:
+            lay.put(i, row)
         if sum(lay.rows[i].values()) < counts[i]:
             lowered.append(i)
     return lay, lowered
+
+
+def _by_size(inst: Instance, counts: Sequence[int]):
+    return lambda i: (-counts[i], i)
+
+
+def _by_density(inst: Instance, counts: Sequence[int]):
+    # objective per GPU at the asked count: when fragmentation forces a loss it falls on the GPUs worth least
+    def key(i: int) -> tuple[float, int]:
+        g = counts[i]
+        return (-(inst.throughput_value(i, g) + inst.terms[i].demand_cost * g) / g, i)
+    return key
+
+
+def _spanning_then_density(inst: Instance, counts: Sequence[int]):
+    dens = _by_density(inst, counts)
+    return lambda i: (counts[i] <= inst.max_node_gpus, dens(i))
+
+
+_ORDER = _spanning_then_density
+
+
+def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
+    cur = inst.current[i]
+    cands = [c for c in inst.terms[i].candidates if c <= target]
+    best: tuple[float, Row] | None = None
+    for c in reversed(cands):
+        row = lay.find(i, c, cur)
+        if row is None:
+            continue
+        score = inst.job_objective(i, row)
+        if best is None or score > best[0]:
+            best = (score, row)
+        if not cur or set(row) <= set(cur):
+            break  # in place (or a job that holds nothing): smaller counts only score lower
+    g0 = sum(cur.values())
+    if cur and g0 in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+        score = inst.job_objective(i, cur)
+        if best is None or score > best[0]:
+            best = (score, dict(cur))
+    return best[1] if best else None
 
 
 def _keeps_shape(inst: Instance, row: Row) -> bool:
@@ -175,14 +220,17 @@ def improve(inst: Instance, lay: Layout, *, lookahead: int = 4) -> Layout:
     return lay
 
 
+def kept(inst: Instance) -> Layout:
+    """The current allocation, job by job (heaviest first), wherever it still fits and is allowed."""
+    lay = Layout(inst)
+    for i in sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].weight):
+        cur = inst.current[i]
+        g = sum(cur.values())
+        if g in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+            lay.put(i, cur)
+    return lay
+
+
 def greedy(inst: Instance, *, from_current: bool) -> Layout:
     """Greedy allocation from nothing (the baseline) or from the current allocation (the fallback)."""
-    lay = Layout(inst)
-    if from_current:
-        order = sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].weight)
-        for i in order:
-            cur = inst.current[i]
-            g = sum(cur.values())
-            if g in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
-                lay.put(i, cur)
-    return improve(inst, lay)
+    return improve(inst, kept(inst) if from_current else Layout(inst))

@@ -103,6 +103,9 @@ class Policy:
     allowed_shapes: tuple[int, ...] | None = None  # e.g. (1, 2, 4, 8) GPUs per job, or None for any
     whole_nodes_when_spanning: bool = True
     threads: int | None = None
+    # two-stage only: accept the LP relaxation's rounded counts when HiGHS's LP bound already proves them
+    # within mip_rel_gap (branch-and-bound could only confirm that); False always runs the MIP
+    lp_certificate: bool = True
 
     def validate(self) -> None:
         for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):

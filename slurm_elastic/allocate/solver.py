@@ -10,7 +10,7 @@ from typing import Sequence
 from slurm_elastic.allocate import explain, highs
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
-from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, pack
+from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, pack
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem
 from slurm_elastic.errors import AllocationError
 
@@ -46,17 +46,43 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if mode == "auto":
         pairs = sum(int((inst.cap[:, 0] > 0).sum()) for _ in live)
         mode = "exact" if pairs <= EXACT_MAX_PAIRS else "two-stage"
-    fallback = greedy(inst, from_current=True)
     if mode == "greedy":
-        obj = inst.objective(fallback.rows)
-        return _answer(inst, fallback.rows, "greedy", "greedy", obj, math.nan, math.nan, t0, notes)
+        rows = greedy(inst, from_current=True).rows
+        obj = inst.objective(rows)
+        return _answer(inst, rows, "greedy", "greedy", obj, math.nan, math.nan, t0, notes)
     policy = inst.policy
     form = Formulation(inst, exact=(mode == "exact"))
-    budget = max(policy.time_limit_s - (time.perf_counter() - t0), 0.05)
-    res = highs.solve(form.model, time_limit_s=budget, mip_rel_gap=policy.mip_rel_gap,
-                      threads=policy.threads, warm=form.point(fallback.rows))
+    if mode == "exact":
+        # small: the greedy is cheap and a good first incumbent
+        fallback = greedy(inst, from_current=True)
+        warm = form.point(fallback.rows)
+        res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                          threads=policy.threads, warm=warm)
+    else:
+        fallback = kept(inst)                                # the current allocation where it still fits
+        warm = form.point_from_counts([sum(r.values()) for r in fallback.rows])
+        # LP relaxation rounded down: near-optimal for the counts model (a knapsack over three rows)
+        lp = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                         threads=policy.threads, relax=True)
+        res = lp
+        if lp.x is not None:
+            rounded = form.round_down(lp.x)
+            point = form.point_from_counts(rounded)
+            value = form.value(point)
+            if value > form.value(warm):
+                warm = point
+            if policy.lp_certificate and _gap(value, lp.objective) <= policy.mip_rel_gap:
+                # the LP bound already certifies the rounded counts within the MIP gap: branch-and-bound
+                # could only confirm it, so it is skipped (status says so)
+                res = highs.MilpResult(point, "lp-rounded-within-gap", value, lp.objective,
+                                       _gap(value, lp.objective), lp.solve_s, False, False)
+        if res is lp:
+            res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                              threads=policy.threads, warm=warm)
     method = "milp-time-limit" if res.time_limited else "milp"
     if res.x is None:
+        if mode != "exact":
+            fallback = greedy(inst, from_current=True)
         notes.append(f"HiGHS found no solution ({res.status}); greedy allocation used")
         obj = inst.objective(fallback.rows)
         return _answer(inst, fallback.rows, _status(res.status), "greedy", obj, math.nan, math.nan, t0, notes)
@@ -83,6 +109,10 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         rows, obj, method = fallback.rows, greedy_obj, "greedy"
     bound = res.bound
     return _answer(inst, rows, _status(res.status), method, obj, bound, _gap(obj, bound), t0, notes)
+
+
+def _left(policy, t0: float) -> float:
+    return max(policy.time_limit_s - (time.perf_counter() - t0), 0.05)
 
 
 def greedy_baseline(problem: AllocationProblem) -> tuple[Sequence[Row], float]:

@@ -1,0 +1,140 @@
+"""Allocator benchmark: solve time, MIP gap and objective vs an Optimus-style greedy on synthetic clusters.
+
+    python3 benchmarks/solver.py                 # table
+    python3 benchmarks/solver.py --json          # one JSON object per case
+    python3 benchmarks/solver.py --cases small --runs 1
+
+Each case is a cluster after a node event: the previous allocation (a greedy
+solve of the cluster before it) is the current one, then 2 % of the nodes go
+down and some new jobs arrive, so the solver has warm starts and restart
+costs to weigh, as in a real reconcile cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+from slurm_elastic.allocate import (AllocationProblem, JobRequest, LinearThroughput, NodeCapacity, Policy,
+                                    greedy_baseline, solve, table_throughput)
+from slurm_elastic.allocate.instance import Instance
+
+CASES = {
+    "small": dict(jobs=100, nodes=64, gpn=8, mixed=False),
+    "medium": dict(jobs=1_000, nodes=512, gpn=8, mixed=False),
+    "large": dict(jobs=5_000, nodes=2_048, gpn=8, mixed=False),
+    "mixed": dict(jobs=1_000, nodes=512, gpn=8, mixed=True),
+}
+
+
+def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
+                 policy: Policy | None = None) -> AllocationProblem:
+    rng = random.Random(seed)
+    caps = []
+    for n in range(nodes):
+        if mixed and n % 3 == 0:
+            g, c, m = 4, 32, 256_000          # older 4-GPU nodes
+        elif mixed and n % 3 == 1:
+            g, c, m = 8, 128, 1_024_000
+        else:
+            g, c, m = gpn, 64, 512_000
+        if rng.random() < 0.25:               # non-elastic work on a quarter of the nodes
+            used = rng.randint(1, g)
+            g, c, m = g - used, max(c - used * rng.choice((4, 8)), 0), max(m - used * 48_000, 0)
+        caps.append(NodeCapacity(f"node{n:05d}", g, c, m))
+    reqs = []
+    for j in range(jobs):
+        lo = rng.choice((1, 1, 2, 4, 8))
+        hi = min(lo * rng.choice((1, 2, 4, 8)), 64)
+        step = 1 if lo < 4 or rng.random() < 0.5 else lo
+        hi -= hi % step
+        model = (LinearThroughput(per_gpu=rng.uniform(50, 200), node_penalty=rng.uniform(0.0, 0.15))
+                 if rng.random() < 0.7 else
+                 table_throughput({g: 100 * g ** rng.uniform(0.6, 0.95) for g in (1, 2, 4, 8, 16, 32, 64)}))
+        reqs.append(JobRequest(
+            key=f"job{j:05d}", min_gpus=lo, max_gpus=hi, gpu_step=step,
+            cpus_per_gpu=rng.choice((2, 4, 6, 8)), mem_per_gpu_mb=rng.choice((16_000, 32_000, 48_000)),
+            weight=round(rng.uniform(0.5, 2.0), 2), restart_cost_s=rng.uniform(10, 120), throughput=model,
+            allowed_gpus=(1, 2, 4, 8, 16, 24, 32, 48, 64) if rng.random() < 0.3 else None))
+    base = AllocationProblem(tuple(reqs), tuple(caps), policy or Policy())
+    # the previous cycle: 90 % of the jobs existed and got a greedy allocation
+    old = AllocationProblem(tuple(reqs[: int(jobs * 0.9)]), tuple(caps), base.policy)
+    rows, _ = greedy_baseline(old)
+    names = [c.name for c in caps]
+    current = {r.key: {names[n]: g for n, g in rows[i].items()} for i, r in enumerate(old.jobs)}
+    down = set(rng.sample(range(nodes), max(1, nodes // 50)))
+    caps = [NodeCapacity(c.name, 0, 0, 0) if n in down else c for n, c in enumerate(caps)]
+    reqs = [replace(r, current=current.get(r.key, {})) for r in reqs]
+    return AllocationProblem(tuple(reqs), tuple(caps), base.policy)
+
+
+def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
+    spec = CASES[name]
+    problem = make_problem(**spec, seed=1, policy=policy)
+    t0 = time.perf_counter()
+    _, greedy_obj = greedy_baseline(problem)
+    greedy_s = time.perf_counter() - t0
+    times, last = [], None
+    for _ in range(runs):
+        last = solve(problem)
+        times.append(last.solve_s)
+    assert last is not None
+    inst = Instance(problem)
+    bad = inst.violations([{inst.node_index[n]: g for n, g in last.placement[j.key].items()} for j in problem.jobs])
+    return {
+        "case": name,
+        "jobs": spec["jobs"],
+        "nodes": spec["nodes"],
+        "gpus_per_node": spec["gpn"] if not spec["mixed"] else "4/8 mixed",
+        "gpus_free": int(sum(n.gpus for n in problem.nodes)),
+        "gpus_demanded": int(sum(j.max_gpus for j in problem.jobs)),
+        "method": last.method,
+        "status": last.status,
+        "solve_s": round(statistics.median(times), 3),
+        "solve_s_runs": [round(t, 3) for t in times],
+        "mip_gap": round(last.mip_gap, 5),
+        "objective": round(last.objective, 4),
+        "bound": round(last.bound, 4),
+        "greedy_objective": round(greedy_obj, 4),
+        "greedy_s": round(greedy_s, 3),
+        "objective_ge_greedy": last.objective >= greedy_obj - 1e-9,
+        "placement_violations": len(bad),
+        "jobs_changed": sum(1 for d in last.decisions if d.gpus_before != d.gpus_after),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--runs", type=int, default=3, help="solves per case (median reported)")
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--gap", type=float, default=0.01)
+    ap.add_argument("--no-lp-certificate", action="store_true",
+                    help="always run branch-and-bound on the counts MILP (Policy.lp_certificate=False)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    policy = Policy(time_limit_s=args.time_limit, mip_rel_gap=args.gap, lp_certificate=not args.no_lp_certificate)
+    rows = []
+    for name in args.cases.split(","):
+        if name not in CASES:
+            print(f"unknown case {name!r}; known: {', '.join(CASES)}", file=sys.stderr)
+            return 2
+        rows.append(run_case(name, args.runs, policy))
+        if not args.json:
+            r = rows[-1]
+            print(f"{r['case']:<7} {r['jobs']:>5} x {r['nodes']:>5} x {str(r['gpus_per_node']):<9} "
+                  f"free {r['gpus_free']:>6}  {r['method']:<15} {r['status']:<22} {r['solve_s']:>7.3f}s  gap {r['mip_gap']:>8.4%}  "
+                  f"obj {r['objective']:>10.4f}  greedy {r['greedy_objective']:>10.4f} ({r['greedy_s']:.2f}s)  "
+                  f"changed {r['jobs_changed']:>4}  violations {r['placement_violations']}", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
