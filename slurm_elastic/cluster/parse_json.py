@@ -88,6 +88,12 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
     nodes = expand_hostlist(str(rec.get("nodes") or ""))
     if nodes and state.active:
         num_nodes = len(nodes)
+    elif not state.active:
+        # `scontrol update NumNodes=` on a pending job leaves node_count stale on 22.05 (seen
+        # live: 2 after NumNodes=1, and the job then ran on 1 node); the requested TRES follow.
+        requested = tres_map(rec.get("tres_req_str")).get("node", "")
+        if requested.isdigit() and int(requested) > 0:
+            num_nodes = int(requested)
 
     gpn = job_gpus_per_node(rec, jid, num_nodes, running=state.active)
 

@@ -93,6 +93,10 @@ def job_from_text(rec: dict[str, str]) -> Job:
 
     nodes = expand_hostlist(rec.get("NodeList", ""))
     num_nodes = len(nodes) if (nodes and state.active) else _int(rec, "NumNodes", jid)
+    if not state.active:  # NumNodes= stays stale after an update on 22.05; the requested TRES follow
+        requested = tres_map(rec.get("ReqTRES") or rec.get("TRES")).get("node", "")
+        if requested.isdigit() and int(requested) > 0:
+            num_nodes = int(requested)
     gpn = _text_gpus_per_node(rec, num_nodes, running=state.active)
     cpus = _int(rec, "NumCPUs", jid)
     cpus_per_node = math.ceil(cpus / max(num_nodes, 1))

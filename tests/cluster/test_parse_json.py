@@ -107,6 +107,16 @@ def test_missing_node_field_is_reported(version: str, name: str, field: str) -> 
         parse_nodes(doc)
 
 
+def test_pending_node_count_follows_requested_tres() -> None:
+    # 22.05.8 after `scontrol update JobId=J NumNodes=1` on a held 2-node job (seen live):
+    # node_count stays 2, tres_req_str says node=1, and the job then runs on one node.
+    rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][2])
+    rec.update(node_count=2, tres_req_str="cpu=2,mem=2000M,node=1,billing=2", cpus=2)
+    assert job_from_record(rec).num_nodes == 1
+    rec.update(tres_req_str="")
+    assert job_from_record(rec).num_nodes == 2
+
+
 def test_held_on_22_05_is_priority_zero_and_reason() -> None:
     rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][2])
     assert "hold" not in rec and job_from_record(rec).held
@@ -152,7 +162,8 @@ def test_plain_comment_is_ignored() -> None:
 
 def test_gpus_per_job_and_typed_gpus() -> None:
     rec = copy.deepcopy(load("24.11", "squeue.json")["jobs"][1])
-    rec.update(tres_per_node="", tres_per_job="gres/gpu:6", node_count={"set": True, "infinite": False, "number": 2})
+    rec.update(tres_per_node="", tres_per_job="gres/gpu:6", node_count={"set": True, "infinite": False, "number": 2},
+               tres_req_str="cpu=2,mem=2G,node=2,billing=2")
     assert job_from_record(rec).gpus_per_node == 3
     rec.update(tres_per_node="gres/gpu:a100:2", tres_per_job="")
     assert job_from_record(rec).gpus_per_node == 2
@@ -162,7 +173,8 @@ def test_per_gpu_cpus_and_memory_as_22_05_writes_them() -> None:
     # squeue --json of `sbatch -N2 --gres=gpu:2 --cpus-per-gpu=2 --mem-per-gpu=1000` on 22.05.8
     rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][1])
     rec.update(cpus_per_tres="gres:gpu:2", memory_per_tres="gres:gpu:1000", memory_per_node=None,
-               memory_per_cpu=None, tres_per_node="gres:gpu:2", node_count=2, cpus=8)
+               memory_per_cpu=None, tres_per_node="gres:gpu:2", node_count=2, cpus=8,
+               tres_req_str="cpu=8,mem=4000M,node=2,billing=8")
     job = job_from_record(rec)
     assert (job.cpus_per_gpu, job.mem_per_gpu_mb, job.mem_per_node_mb, job.cpus_per_node) == (2, 1000, 2000, 4)
 
