@@ -39,11 +39,10 @@ def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[
     lost_note = f" (node {', '.join(lost)} gives nothing now)" if lost else ""
     if unplaceable is not None:
         return "min-not-placeable", unplaceable + lost_note
-    if g >= job.max_gpus or (inst.terms[i].candidates and g >= inst.terms[i].candidates[-1]):
-        top = job.max_gpus if g >= job.max_gpus else inst.terms[i].candidates[-1]
-        note = "" if top == job.max_gpus else f" (largest count a Slurm shape allows here; max is {job.max_gpus})"
-        return "max", f"max reached ({top} GPUs){note}{lost_note}"
-    ups = [c for c in inst.terms[i].candidates if c > g]
+    ups = [c for c in inst.terms[i].allowed if c > g]
+    if not ups:
+        note = "" if g == job.max_gpus else f" (largest allowed count; max is {job.max_gpus})"
+        return "max", f"max reached ({g} GPUs){note}{lost_note}"
     nxt = ups[0]
     new = lay.find(i, nxt, row or inst.current[i])
     if new is None:

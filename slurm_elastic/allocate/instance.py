@@ -33,6 +33,7 @@ class JobTerms:
     kappa: float                       # restart cost (0 for a job that is not running)
     demand_cost: float                 # alpha * sum_r rho[j,r] / Cap_r: cost per GPU missing from gmax
     spans: bool                        # some candidate needs >= 2 nodes
+    allowed: tuple[int, ...] = ()      # every count the job and policy allow, placeable or not
 
 
 class Instance:
@@ -93,7 +94,7 @@ class Instance:
         demand_cost *= self.policy.alpha
         kappa = float(job.restart_cost_s) if job.current_gpus > 0 else 0.0
         spans = any(spanning_widths(g, self.node_sizes, self.whole) for g in feasible) and len(self.nodes) > 1
-        return JobTerms(feasible, hull, norm, float(job.weight), kappa, demand_cost, spans), why
+        return JobTerms(feasible, hull, norm, float(job.weight), kappa, demand_cost, spans, allowed), why
 
     def nodes_for(self, gpus: int) -> int:
         """Nodes a count needs at the least (throughput models see this node count)."""

@@ -160,6 +160,98 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
     return best[1] if best else None
 
 
+def make_room(inst: Instance, lay: Layout, jobs: Sequence[int], targets: Sequence[int], *,
+              tries: int = 6) -> int:
+    """Give lowered jobs their asked count by moving single-node jobs out of their way, when that pays.
+
+    For job i and a node that could hold it if emptied, the jobs there are
+    moved elsewhere (each at its count); the move is kept only when job i's
+    gain beats the others' restart costs (all scored by the objective). Jobs
+    spanning nodes clear whole nodes one by one the same way. Returns how
+    many jobs got more.
+    """
+    improved = 0
+    for i in jobs:
+        base_g = sum(lay.rows[i].values())
+        for c in reversed([c for c in inst.terms[i].candidates if base_g < c <= targets[i]]):
+            trial = _room_for(inst, lay, i, c, tries)
+            if trial is not None:
+                lay.free, lay.rows = trial.free, trial.rows
+                improved += 1
+                break
+    return improved
+
+
+def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int) -> Layout | None:
+    per = inst.max_per_node(i)
+    widths = [c] if per.max() >= c else spanning_widths(c, inst.node_sizes, inst.whole)
+    for w in widths[:1]:
+        k_nodes = c // w
+        ok = per >= w
+        if inst.whole and k_nodes > 1:
+            ok &= inst.cap[:, 0] == w
+        if int(ok.sum()) < k_nodes:
+            continue
+        # cheapest nodes to clear first: fewest GPUs held by others there
+        order = [int(n) for n in np.argsort(np.where(ok, -lay.free[:, 0], np.inf), kind="stable") if ok[n]]
+        trial = _copy(lay)
+        trial.remove(i)
+        chosen: list[int] = []
+        for n in order[: tries + k_nodes]:
+            if len(chosen) == k_nodes:
+                break
+            if _clear(inst, trial, i, n, w):
+                chosen.append(n)
+        if len(chosen) < k_nodes:
+            continue
+        for n in chosen:
+            trial.free[n] += w * inst.rho[i]          # drop the reservations; put() takes the room for real
+        trial.put(i, {n: w for n in chosen})
+        touched = {k for k in range(len(inst.jobs)) if trial.rows[k] != lay.rows[k]}
+        gain = sum(inst.job_objective(k, trial.rows[k]) - inst.job_objective(k, lay.rows[k]) for k in touched)
+        if gain > 1e-9:
+            return trial
+    return None
+
+
+def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int) -> bool:
+    """Make node n hold w GPUs of job i by moving single-node jobs off it; False (layout untouched) if it cannot."""
+    need = w * inst.rho[i]
+    if np.all(lay.free[n] >= need - _EPS):
+        lay.free[n] -= need            # reserve it while others move
+        return True
+    victims = sorted((k for k in range(len(inst.jobs)) if n in lay.rows[k] and len(lay.rows[k]) == 1
+                      and k != i), key=lambda k: lay.rows[k][n])
+    saved = lay.free.copy(), [dict(r) for r in lay.rows]
+    moved = []
+    for k in victims:
+        if np.all(lay.free[n] >= need - _EPS):
+            break
+        g = lay.rows[k][n]
+        lay.remove(k)
+        lay.free[n] -= inst.cap[n] + 1.0      # hide node n from the search
+        row = lay.find(k, g)
+        lay.free[n] += inst.cap[n] + 1.0
+        if row is None or n in row:
+            lay.free, lay.rows = saved
+            return False
+        lay.put(k, row)
+        moved.append(k)
+    if not np.all(lay.free[n] >= need - _EPS):
+        lay.free, lay.rows = saved
+        return False
+    lay.free[n] -= need
+    return True
+
+
+def _copy(lay: Layout) -> Layout:
+    out = Layout.__new__(Layout)
+    out.inst = lay.inst
+    out.free = lay.free.copy()
+    out.rows = [dict(r) for r in lay.rows]
+    return out
+
+
 def _keeps_shape(inst: Instance, row: Row) -> bool:
     used = [(n, g) for n, g in row.items() if g > 0]
     if len(used) <= 1:

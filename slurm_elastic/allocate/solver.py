@@ -10,7 +10,7 @@ from typing import Sequence
 from slurm_elastic.allocate import explain, highs
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
-from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, pack
+from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, make_room, pack
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem
 from slurm_elastic.errors import AllocationError
 
@@ -89,10 +89,12 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if mode == "exact":
         rows = form.rows_of(res.x)
     else:
-        lay, lowered = pack(inst, form.counts(res.x))
+        counts = form.counts(res.x)
+        lay, lowered = pack(inst, counts)
         if lowered:
+            moved = make_room(inst, lay, lowered, counts)
             notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
-                         "the fill pass then reused freed capacity")
+                         f"{moved} got room by moving others where that paid; a fill pass reused the rest")
         rows = improve(inst, lay).rows
         notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
     bad = inst.violations(rows)

@@ -1,0 +1,135 @@
+"""Property tests on random small clusters: every rule holds, and the exact MILP matches brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve, table_throughput
+from slurm_elastic.allocate.instance import Instance
+from slurm_elastic.allocate.shapes import placement_is_valid_shape
+
+
+@st.composite
+def clusters(draw, max_jobs: int = 4, max_nodes: int = 3, max_node_gpus: int = 4, max_gpus: int = 6):
+    n_nodes = draw(st.integers(1, max_nodes))
+    nodes = []
+    for n in range(n_nodes):
+        down = draw(st.booleans()) and draw(st.booleans())  # ~1 in 4 nodes gives nothing
+        g = 0 if down else draw(st.integers(0, max_node_gpus))
+        c = 0 if down else draw(st.integers(0, 16))
+        m = 0 if down else draw(st.sampled_from([0, 4000, 8000, 16000]))
+        nodes.append(NodeCapacity(f"n{n}", g, c, m))
+    names = [x.name for x in nodes]
+    jobs = []
+    for j in range(draw(st.integers(1, max_jobs))):
+        step = draw(st.sampled_from([1, 1, 2]))
+        lo = step * draw(st.integers(1, 2))
+        hi = lo + step * draw(st.integers(0, max(0, (max_gpus - lo) // step)))
+        current = {}
+        if draw(st.booleans()):
+            node = draw(st.sampled_from(names))
+            current = {node: draw(st.integers(1, max_node_gpus))}
+        model = None
+        if draw(st.booleans()):
+            model = table_throughput({g: draw(st.floats(0.1, 10.0)) for g in range(1, hi + 1)})
+        jobs.append(JobRequest(
+            key=f"j{j}", min_gpus=lo, max_gpus=hi, gpu_step=step,
+            cpus_per_gpu=draw(st.integers(0, 4)), mem_per_gpu_mb=draw(st.sampled_from([0, 1000, 2000, 4000])),
+            weight=draw(st.floats(0.1, 3.0)), current=current, restart_cost_s=draw(st.floats(0, 60)),
+            throughput=model))
+    policy = Policy(alpha=draw(st.sampled_from([0.0, 0.5, 2.0])), beta=draw(st.sampled_from([0.0, 0.002, 0.05])),
+                    gamma=draw(st.sampled_from([0.0, 0.01, 0.3])),
+                    whole_nodes_when_spanning=draw(st.booleans()), mip_rel_gap=0.0, time_limit_s=20)
+    return AllocationProblem(tuple(jobs), tuple(nodes), policy)
+
+
+def check_rules(problem: AllocationProblem, alloc) -> None:
+    cap = {n.name: np.array([n.gpus, n.cpus, n.mem_mb], float) for n in problem.nodes}
+    used = {n: np.zeros(3) for n in cap}
+    node_gpus = {n.name: n.gpus for n in problem.nodes}
+    for job in problem.jobs:
+        where = alloc.placement[job.key]
+        g = alloc.gpus[job.key]
+        assert g == sum(where.values())
+        if g:
+            assert job.min_gpus <= g <= job.max_gpus, (job, g)
+            assert g % job.gpu_step == 0
+            assert placement_is_valid_shape(where, node_gpus, problem.policy.whole_nodes_when_spanning), where
+        for n, v in where.items():
+            assert v > 0 and node_gpus[n] > 0, f"{job.key} got GPUs on {n}, which gives none"
+            used[n] += v * np.array([1, job.cpus_per_gpu, job.mem_per_gpu_mb], float)
+    for n in cap:
+        assert np.all(used[n] <= cap[n] + 1e-9), (n, used[n], cap[n])
+
+
+def brute_force(problem: AllocationProblem) -> float:
+    """Best objective over every placement the rules allow (independent of the candidate filtering)."""
+    inst = Instance(problem)
+    nn = len(problem.nodes)
+    node_gpus = {n.name: n.gpus for n in problem.nodes}
+    options = []
+    for i, job in enumerate(problem.jobs):
+        rows = [({}, np.zeros((nn, 3)))]
+        for g in job.candidate_gpus():
+            for split in itertools.product(range(g + 1), repeat=nn):
+                if sum(split) != g:
+                    continue
+                row = {n: v for n, v in enumerate(split) if v > 0}
+                named = {problem.nodes[n].name: v for n, v in row.items()}
+                if not placement_is_valid_shape(named, node_gpus, problem.policy.whole_nodes_when_spanning):
+                    continue
+                use = np.zeros((nn, 3))
+                for n, v in row.items():
+                    use[n] = v * inst.rho[i]
+                if np.all(use <= inst.cap + 1e-9):
+                    rows.append((row, use))
+        options.append([(inst.job_objective(i, r), use) for r, use in rows])
+    best = -np.inf
+
+    def dfs(j: int, free: np.ndarray, acc: float) -> None:
+        nonlocal best
+        if j == len(options):
+            best = max(best, acc)
+            return
+        for value, use in options[j]:
+            left = free - use
+            if np.all(left >= -1e-9):
+                dfs(j + 1, left, acc + value)
+
+    dfs(0, inst.cap.copy(), 0.0)
+    return best
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_exact_milp_equals_brute_force(problem):
+    alloc = solve(problem, mode="exact")
+    check_rules(problem, alloc)
+    if alloc.method == "greedy":
+        # only when nothing at all can be placed (a MILP answer that broke a rule would also land here)
+        assert alloc.status == "nothing-placeable", alloc.notes
+    assert abs(alloc.objective - brute_force(problem)) <= 1e-6 * max(1.0, abs(alloc.objective))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(max_jobs=8, max_nodes=6, max_node_gpus=8, max_gpus=16))
+def test_every_mode_respects_capacity_shapes_and_ranges(problem):
+    for mode in ("auto", "exact", "two-stage", "greedy"):
+        alloc = solve(problem, mode=mode)
+        check_rules(problem, alloc)
+        assert set(alloc.gpus) == {j.key for j in problem.jobs}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(max_jobs=6, max_nodes=4, max_node_gpus=8, max_gpus=16))
+def test_two_stage_objective_never_above_exact_bound(problem):
+    exact = solve(problem, mode="exact")
+    two = solve(problem, mode="two-stage")
+    # the counts model relaxes the exact one, so its bound is >= the exact optimum
+    if two.method != "greedy" and np.isfinite(two.bound):
+        assert two.bound >= exact.objective - 1e-6
+    assert two.objective <= exact.objective + 1e-6

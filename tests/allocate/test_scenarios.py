@@ -1,0 +1,93 @@
+"""Scenarios: node loss, multi-resource limits, stability under a high restart weight."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve
+
+MODES = ["exact", "two-stage"]
+
+
+def node(name: str, gpus: int = 8, cpus: int = 64, mem: int = 512_000) -> NodeCapacity:
+    return NodeCapacity(name, gpus, cpus, mem)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_losing_a_node_moves_only_its_jobs(mode):
+    jobs = (
+        JobRequest("a", 4, 8, current={"n0": 8}),
+        JobRequest("b", 4, 8, current={"n1": 8}),
+        JobRequest("c", 2, 4, current={"n2": 4}),
+        JobRequest("d", 2, 4, current={"n2": 4}),
+        JobRequest("e", 1, 4, current={"n3": 4}),
+    )
+    nodes = (node("n0", 0, 0, 0), node("n1"), node("n2"), node("n3"))   # n0 went down
+    alloc = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
+    for key in "bcd":
+        assert alloc.placement[key] == dict(next(j for j in jobs if j.key == key).current), key
+    assert "n0" not in alloc.placement["a"]
+    assert alloc.gpus["a"] >= 4                 # it restarts on what n3 has left
+    assert alloc.placement["a"].keys() == {"n3"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_another_job_moves_only_when_the_gain_beats_its_restart_cost(mode):
+    # a needs a whole 8-GPU node; n1 and n2 each hold a 4-GPU job. Running a means moving c next to b.
+    def problem(kappa: float) -> AllocationProblem:
+        jobs = (
+            JobRequest("a", 8, 8, current={"n0": 8}, restart_cost_s=kappa),
+            JobRequest("b", 4, 4, current={"n1": 4}, restart_cost_s=kappa),
+            JobRequest("c", 4, 4, current={"n2": 4}, restart_cost_s=kappa),
+        )
+        return AllocationProblem(jobs, (node("n0", 0, 0, 0), node("n1"), node("n2")), Policy(beta=0.01))
+
+    cheap = solve(problem(kappa=5.0), mode=mode)      # moving c costs 0.01*5*8 = 0.4 < running a (1.0 + alpha)
+    assert cheap.gpus["a"] == 8
+    moved = [k for k, home in (("b", "n1"), ("c", "n2")) if cheap.placement[k] != {home: 4}]
+    assert len(moved) == 1                           # one of the two (equal cost) moves, the other stays
+    assert cheap.placement["b"] == cheap.placement["c"]
+    dear = solve(problem(kappa=50.0), mode=mode)      # moving c costs 4.0: a waits, c stays
+    assert dear.gpus["a"] == 0
+    assert dear.placement["b"] == {"n1": 4} and dear.placement["c"] == {"n2": 4}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("resource", ["cpus", "mem"])
+def test_cpu_or_memory_bound_node_limits_gpu_jobs(mode, resource):
+    # 8 free GPUs, but only room for 3 GPUs' worth of CPUs (or memory) of this job
+    tight = node("n0", 8, 12, 512_000) if resource == "cpus" else node("n0", 8, 64, 96_000)
+    job = JobRequest("j", 1, 8, cpus_per_gpu=4, mem_per_gpu_mb=32_000)
+    alloc = solve(AllocationProblem((job,), (tight,), Policy()), mode=mode)
+    assert alloc.gpus["j"] == 3
+    (decision,) = alloc.decisions
+    assert decision.cause == "capacity"
+    want = "cpu" if resource == "cpus" else "mem"
+    assert f"capacity of {want} on node n0" in decision.reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_high_beta_resolve_of_unchanged_cluster_changes_nothing(mode):
+    nodes = tuple(node(f"n{i}", 8, 48, 256_000) for i in range(6))
+    jobs = tuple(JobRequest(f"j{i}", 1 + i % 2, 8 + 4 * (i % 3), cpus_per_gpu=2 + i % 4,
+                            mem_per_gpu_mb=16_000 * (1 + i % 3), weight=1 + 0.3 * i) for i in range(9))
+    first = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
+    placed = tuple(replace(j, current=dict(first.placement[j.key])) for j in jobs)
+    again = solve(AllocationProblem(placed, nodes, Policy(beta=1.0)), mode=mode)
+    assert again.placement == first.placement
+    assert all(d.gpus_before == d.gpus_after for d in again.decisions)
+
+
+def test_high_beta_resolve_at_benchmark_scale_changes_nothing():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from solver import make_problem  # noqa: PLC0415  (the benchmark's generator, not a copy of it)
+
+    problem = make_problem(jobs=150, nodes=80, gpn=8, mixed=True, seed=3)
+    first = solve(problem)
+    placed = tuple(replace(j, current=dict(first.placement[j.key])) for j in problem.jobs)
+    again = solve(AllocationProblem(placed, problem.nodes, Policy(beta=1.0)))
+    assert again.placement == first.placement
