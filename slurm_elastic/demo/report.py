@@ -1,0 +1,214 @@
+"""The demo's report: the summary table's rows, the timeline plot (PNG) and an HTML page embedding both."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.demo.summary import DemoSummary, JobSummary, NodeEvent
+from slurm_elastic.demo.timeline import NODE_LOST, NodeSeen, Timeline
+
+log = logging.getLogger(__name__)
+
+PNG_NAME = "timeline.png"
+HTML_NAME = "index.html"
+SUMMARY_NAME = "summary.json"
+TIMELINE_NAME = "timeline.jsonl"
+
+COLUMNS = ("job", "GPU range", "GPUs over time", "restarts", "steps lost per restart",
+           "node loss -> training again", "node gain -> training again", "final step")
+
+# One colour per job, and the node-event colours, shared by the plot and the HTML.
+_JOB_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+_LOST_COLOUR = "#d62728"
+_GAINED_COLOUR = "#17becf"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFiles:
+    directory: Path
+    png: Path
+    html: Path
+    summary: Path
+    timeline: Path
+
+
+def table_rows(summary: DemoSummary) -> list[dict[str, str]]:
+    """One row per job, keyed by COLUMNS, as text (the CLI table and the HTML page show the same)."""
+    rows = []
+    for job in summary.jobs:
+        lost = []
+        for r in job.restarts:
+            how = "signalled" if r.signalled else "not signalled"
+            lost.append(f"{'?' if r.steps_lost is None else r.steps_lost} ({how}, {r.cause})")
+        rows.append({
+            "job": f"{job.name} ({job.job})",
+            "GPU range": f"{job.min_gpus}-{job.max_gpus}",
+            "GPUs over time": " -> ".join(str(g) for g in job.gpu_sequence) or "-",
+            "restarts": str(len(job.restarts)),
+            "steps lost per restart": "; ".join(lost) or "-",
+            "node loss -> training again": _recovery(job, summary.events, NODE_LOST),
+            "node gain -> training again": _recovery(job, summary.events, "node_gained"),
+            "final step": str(job.final_step),
+        })
+    return rows
+
+
+def _recovery(job: JobSummary, events: tuple[NodeEvent, ...], action: str) -> str:
+    parts = []
+    for event, after in zip(events, job.after_events):
+        if event.action != action:
+            continue
+        if not after.restarted:
+            parts.append("kept training" if after.trained_after else "stopped")
+        elif after.recovery_s is None:
+            parts.append("did not resume")
+        else:
+            parts.append(f"{after.recovery_s:.1f} s")
+    return "; ".join(parts) or "-"
+
+
+def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
+    """GPUs per job over time (stacked, with the GPUs of available nodes) and training steps, node events marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    end = max(summary.wall_s, 1.0)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    times, stacks = _stacked_gpus(summary, end)
+    colours = [_JOB_COLOURS[i % len(_JOB_COLOURS)] for i in range(len(summary.jobs))]
+    labels = [f"{j.name} ({j.min_gpus}-{j.max_gpus} GPUs)" for j in summary.jobs]
+    if times:
+        top.stackplot(times, stacks, labels=labels, colors=colours, step="post", alpha=0.85)
+    cap_t, cap = _capacity(timeline, end)
+    if cap_t:
+        top.step(cap_t, cap, where="post", color="black", linewidth=1.5, linestyle="--",
+                 label="GPUs on available nodes")
+    top.set_ylabel("GPUs held (stacked)")
+    top.set_ylim(0, max([*cap, *(sum(col) for col in zip(*stacks))], default=1) + 3)
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    top.set_title("slurm-elastic demo: GPUs per job over time, node events marked")
+    top.grid(axis="y", alpha=0.3)
+    for i, job in enumerate(summary.jobs):
+        for run in job.runs:
+            if run.rows:
+                bottom.plot([r.t for r in run.rows], [r.step for r in run.rows], color=colours[i], linewidth=1.5,
+                            label=labels[i] if run is next(r for r in job.runs if r.rows) else None)
+        for r in job.restarts:
+            if r.resumed_at is not None and r.resumed_from is not None:
+                marker = "o" if r.signalled else "x"
+                bottom.plot([r.resumed_at], [r.resumed_from], marker=marker, color=colours[i], markersize=7,
+                            markerfacecolor="none" if r.signalled else colours[i])
+    bottom.set_ylabel("training step")
+    bottom.set_xlabel("seconds since the demo started")
+    bottom.grid(alpha=0.3)
+    bottom.plot([], [], marker="o", linestyle="none", color="grey", markerfacecolor="none",
+                label="resumed (signalled checkpoint)")
+    bottom.plot([], [], marker="x", linestyle="none", color="grey", label="resumed (not signalled: periodic checkpoint)")
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    for event in summary.events:
+        colour = _LOST_COLOUR if event.action == NODE_LOST else _GAINED_COLOUR
+        for ax in (top, bottom):
+            ax.axvline(event.t, color=colour, linewidth=2)
+            if event.slurm_t is not None and event.slurm_t - event.t > 0.5:
+                ax.axvline(event.slurm_t, color=colour, linewidth=1, linestyle=":")
+        seen = "" if event.slurm_t is None else f" (Slurm: +{event.slurm_t - event.t:.0f} s)"
+        top.annotate(f"{event.label}{seen}", xy=(event.t, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(3, -12), textcoords="offset points", color=colour, fontsize=9, fontweight="bold")
+    bottom.set_xlim(0, end)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _stacked_gpus(summary: DemoSummary, end: float) -> tuple[list[float], list[list[int]]]:
+    """A common time grid of every job's GPU changes, and each job's GPUs on it (for a step stackplot)."""
+    changes = sorted({t for job in summary.jobs for t, _ in job.gpus_over_time} | {0.0, end})
+    stacks = []
+    for job in summary.jobs:
+        values = []
+        for t in changes:
+            held = [g for when, g in job.gpus_over_time if when <= t]
+            values.append(held[-1] if held else 0)
+        stacks.append(values)
+    return changes, stacks
+
+
+def _capacity(timeline: Timeline, end: float) -> tuple[list[float], list[int]]:
+    """GPUs of the nodes Slurm shows available, over time (the dashed line)."""
+    nodes: dict[str, int] = {}
+    times: list[float] = []
+    totals: list[int] = []
+    for seen in timeline.of(NodeSeen):
+        nodes[seen.node] = seen.gpus if seen.available else 0
+        total = sum(nodes.values())
+        if times and times[-1] == seen.t:
+            totals[-1] = total
+        elif not totals or totals[-1] != total:
+            times.append(seen.t)
+            totals.append(total)
+    if times:
+        times.append(end)
+        totals.append(totals[-1])
+    return times, totals
+
+
+def render_html(summary: DemoSummary, png: Path | None) -> str:
+    rows = table_rows(summary)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in COLUMNS) + "</tr>" for r in rows)
+    events = "".join(
+        f"<li>{e.t:.1f} s: {html.escape(e.label)}"
+        + ("" if e.slurm_t is None else f" (Slurm showed it at {e.slurm_t:.1f} s)") + "</li>"
+        for e in summary.events)
+    phases = "".join(f"<li>{html.escape(k)}: {v:.1f} s</li>" for k, v in summary.phases.items())
+    problems = summary.problems()
+    verdict = ("<p class='ok'>All checks passed: each job restarted at most twice, no step lost on signalled "
+               "restarts, every job trained after each node event.</p>" if not problems else
+               "<p class='bad'>Checks failed:</p><ul>" + "".join(f"<li>{html.escape(p)}</li>" for p in problems)
+               + "</ul>")
+    image = ""
+    if png is not None and png.is_file():
+        data = base64.b64encode(png.read_bytes()).decode()
+        image = f"<img alt='GPUs per job over time' src='data:image/png;base64,{data}'>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>slurm-elastic demo report</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
+table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #bbb; padding: 4px 8px; text-align: left; }}
+th {{ background: #eee; }} img {{ max-width: 100%; }} .ok {{ color: #2a7a2a; }} .bad {{ color: #b00; }}
+</style></head><body>
+<h1>slurm-elastic demo</h1>
+<p>Three elastic training jobs on a local Slurm cluster; one node is lost, then a spare node is gained.
+The controller re-solves the L1 allocation after each event and requeues the jobs whose size changes;
+the training shim resumes each from its last forward-layer checkpoint. Wall time {summary.wall_s:.1f} s.</p>
+{image}
+<h2>Summary</h2>
+<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
+{verdict}
+<h2>Node events</h2><ul>{events}</ul>
+<h2>Phases</h2><ul>{phases}</ul>
+<p>Steps lost per restart = the last step the job had reached before the restart minus the checkpoint step
+it resumed from (from the shim's metrics rows and acknowledgements). The machine-readable numbers are in
+<code>{SUMMARY_NAME}</code>, every observation in <code>{TIMELINE_NAME}</code>.</p>
+</body></html>
+"""
+
+
+def write_report(directory: Path, timeline: Timeline, summary: DemoSummary) -> ReportFiles:
+    """Write timeline.jsonl, summary.json, timeline.png and index.html into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(directory=directory, png=directory / PNG_NAME, html=directory / HTML_NAME,
+                        summary=directory / SUMMARY_NAME, timeline=directory / TIMELINE_NAME)
+    timeline.write(files.timeline)
+    files.summary.write_text(json.dumps(summary.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    plot_timeline(timeline, summary, files.png)
+    files.html.write_text(render_html(summary, files.png), encoding="utf-8")
+    log.info("report written to %s", directory)
+    return files
