@@ -15,7 +15,7 @@ from slurm_elastic.allocate.instance import RESOURCES, Instance
 from slurm_elastic.allocate.packing import Layout, Row
 from slurm_elastic.allocate.problem import Allocation, JobDecision
 
-_UNIT = {"gpu": "", "cpu": "", "mem": " MB"}
+_UNIT = {"gpu": " GPUs", "cpu": " CPUs", "mem": " MB"}
 
 
 def decide(inst: Instance, rows: Sequence[Row]) -> tuple[JobDecision, ...]:
@@ -88,8 +88,8 @@ def _capacity_reason(inst: Instance, lay: Layout, i: int, gpus: int) -> str:
         return (f"no shape fits {gpus} GPUs: spanning needs equal whole nodes and none are free enough")
     r = short[0]
     name = RESOURCES[r]
-    return (f"capacity of {name} on node {inst.node_names[n]}: {gpus} GPUs need {need[r]:.0f}{_UNIT[name]} "
-            f"{name}, {free[n, r]:.0f}{_UNIT[name]} free there (and no other node fits)")
+    return (f"capacity of {name} on node {inst.node_names[n]}: {gpus} GPUs need {need[r]:.0f}{_UNIT[name]}, "
+            f"{free[n, r]:.0f}{_UNIT[name]} free there (and no other node fits)")
 
 
 def render(allocation: Allocation, *, only_changes: bool = False) -> str:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # Above this many (job, node) pairs the exact per-node model is too slow to be
 # worth it on a small controller host; see docs/allocator.md for the measurement.
-EXACT_MAX_PAIRS = 2_500
+EXACT_MAX_PAIRS = 1_000
 
 
 def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
@@ -51,66 +51,79 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         obj = inst.objective(rows)
         return _answer(inst, rows, "greedy", "greedy", obj, math.nan, math.nan, t0, notes)
     policy = inst.policy
-    form = Formulation(inst, exact=(mode == "exact"))
+    two_rows, two_res, fallback = _two_stage(inst, t0, notes)
     if mode == "exact":
-        # small: the greedy is cheap and a good first incumbent
-        fallback = greedy(inst, from_current=True)
-        warm = form.point(fallback.rows)
+        # the two-stage answer (or the greedy, whichever scores higher) is the first incumbent
+        greedy_rows = greedy(inst, from_current=True).rows
+        if two_rows is None or inst.objective(greedy_rows) > inst.objective(two_rows):
+            start, fallback_rows = greedy_rows, greedy_rows
+        else:
+            start, fallback_rows = two_rows, two_rows
+        notes.clear()
+        form = Formulation(inst, exact=True)
         res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                          threads=policy.threads, warm=warm)
+                          threads=policy.threads, warm=form.point(start))
+        rows = form.rows_of(res.x) if res.x is not None else None
     else:
-        fallback = kept(inst)                                # the current allocation where it still fits
-        warm = form.point_from_counts([sum(r.values()) for r in fallback.rows])
-        # LP relaxation rounded down: near-optimal for the counts model (a knapsack over three rows)
-        lp = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                         threads=policy.threads, relax=True)
-        res = lp
-        if lp.x is not None:
-            rounded = form.round_down(lp.x)
-            point = form.point_from_counts(rounded)
-            value = form.value(point)
-            if value > form.value(warm):
-                warm = point
-            if policy.lp_certificate and _gap(value, lp.objective) <= policy.mip_rel_gap:
-                # the LP bound already certifies the rounded counts within the MIP gap: branch-and-bound
-                # could only confirm it, so it is skipped (status says so)
-                res = highs.MilpResult(point, "lp-rounded-within-gap", value, lp.objective,
-                                       _gap(value, lp.objective), lp.solve_s, False, False)
-        if res is lp:
-            res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                              threads=policy.threads, warm=warm)
-    method = "milp-time-limit" if res.time_limited else "milp"
-    if res.x is None:
-        if mode != "exact":
-            fallback = greedy(inst, from_current=True)
+        res, rows, fallback_rows = two_res, two_rows, None
+    if rows is None:
+        rows = fallback_rows if fallback_rows is not None else greedy(inst, from_current=True).rows
         notes.append(f"HiGHS found no solution ({res.status}); greedy allocation used")
-        obj = inst.objective(fallback.rows)
-        return _answer(inst, fallback.rows, _status(res.status), "greedy", obj, math.nan, math.nan, t0, notes)
-    if mode == "exact":
-        rows = form.rows_of(res.x)
-    else:
-        counts = form.counts(res.x)
-        lay, lowered = pack(inst, counts)
-        if lowered:
-            moved = make_room(inst, lay, lowered, counts)
-            notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
-                         f"{moved} got room by moving others where that paid; a fill pass reused the rest")
-        rows = improve(inst, lay).rows
-        notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
+        return _answer(inst, rows, _status(res.status), "greedy", inst.objective(rows), math.nan, math.nan, t0,
+                       notes)
+    method = "milp-time-limit" if res.time_limited else "milp"
     bad = inst.violations(rows)
     if bad:
         # should not happen; never hand Slurm an impossible placement
         log.error("MILP placement broke %d rule(s), using greedy: %s", len(bad), "; ".join(bad[:3]))
         notes.append(f"MILP placement invalid ({bad[0]}); greedy allocation used")
-        rows, method = fallback.rows, "greedy"
+        rows, method = greedy(inst, from_current=True).rows, "greedy"
     obj = inst.objective(rows)
-    greedy_obj = inst.objective(fallback.rows)
-    if greedy_obj > obj + 1e-9:
-        notes.append(f"greedy warm start scored higher ({greedy_obj:.6g} > {obj:.6g}) than the packed MILP answer; "
-                     "greedy allocation used")
-        rows, obj, method = fallback.rows, greedy_obj, "greedy"
+    if fallback_rows is None:
+        fallback_rows = fallback.rows
+    fallback_obj = inst.objective(fallback_rows)
+    if fallback_obj > obj + 1e-9:
+        notes.append(f"the warm start scored higher ({fallback_obj:.6g} > {obj:.6g}) than the MILP answer "
+                     "after placement; it is used")
+        rows, obj, method = fallback_rows, fallback_obj, "greedy"
     bound = res.bound
     return _answer(inst, rows, _status(res.status), method, obj, bound, _gap(obj, bound), t0, notes)
+
+
+def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] | None, highs.MilpResult, Layout]:
+    """Counts MILP against aggregate capacity, then per-node packing, repair and fill."""
+    policy = inst.policy
+    form = Formulation(inst, exact=False)
+    fallback = kept(inst)                                # the current allocation where it still fits
+    warm = form.point_from_counts([sum(r.values()) for r in fallback.rows])
+    # LP relaxation rounded down: near-optimal for the counts model (a knapsack over three rows)
+    lp = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                     threads=policy.threads, relax=True)
+    res = lp
+    if lp.x is not None:
+        point = form.point_from_counts(form.round_down(lp.x))
+        value = form.value(point)
+        if value > form.value(warm):
+            warm = point
+        if policy.lp_certificate and _gap(value, lp.objective) <= policy.mip_rel_gap:
+            # HiGHS's LP bound already proves the rounded counts within the MIP gap: branch-and-bound
+            # could only confirm it, so it is skipped (the status says so)
+            res = highs.MilpResult(point, "lp-rounded-within-gap", value, lp.objective,
+                                   _gap(value, lp.objective), lp.solve_s, False, False)
+    if res is lp:
+        res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                          threads=policy.threads, warm=warm)
+    if res.x is None:
+        return None, res, fallback
+    counts = form.counts(res.x)
+    lay, lowered = pack(inst, counts)
+    if lowered:
+        moved = make_room(inst, lay, lowered, counts)
+        notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
+                     f"{moved} got room by moving others where that paid; a fill pass reused the rest")
+    rows = improve(inst, lay).rows
+    notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
+    return rows, res, fallback
 
 
 def _left(policy, t0: float) -> float:
