@@ -11,7 +11,6 @@ lacks a field the model needs. Where `--json` is not available at all, text is u
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,7 +20,8 @@ from typing import Mapping, Sequence
 
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.model import ClusterState, Job
-from slurm_elastic.cluster.parse_json import MissingField, job_from_record, parse_nodes, version_of
+from slurm_elastic.cluster.parse_json import (JSON_ERRORS, MissingField, job_from_record, loads, parse_nodes,
+                                              version_of)
 from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text
 from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
@@ -140,8 +140,8 @@ class CliBackend:
                 log.warning("%s (attempt %d/%d), retrying in %.1f s", exc, attempt, self.retries, delay)
             else:
                 try:
-                    doc = json.loads(out)
-                except json.JSONDecodeError as exc:
+                    doc = loads(out)
+                except JSON_ERRORS as exc:
                     raise SlurmParseError(f"{' '.join(args)} printed no JSON ({exc}): {out[:120]!r}") from None
                 errors = doc.get("errors") or []
                 if not errors:
