@@ -60,6 +60,8 @@ class Instance:
             row = {self.node_index[n]: int(g) for n, g in j.current.items() if g > 0 and n in self.node_index}
             self.current.append(row)
         self._per_node: dict[int, np.ndarray] = {}
+        self._single_max: dict[int, float] = {}
+        self._span_nodes: dict[int, dict[int, int]] = {}
         self.terms: list[JobTerms] = []
         unplaceable = {u.key: u for u in problem.unplaceable}
         for i, j in enumerate(self.jobs):
@@ -120,13 +122,18 @@ class Instance:
 
     def _fits_empty(self, i: int, g: int) -> bool:
         per = self.max_per_node(i)
-        if len(per) and per.max() >= g:
+        if not len(per):
+            return False
+        if g <= self._single_max.setdefault(i, float(per.max())):
             return True
+        counts = self._span_nodes.setdefault(i, {})
         for w in spanning_widths(g, self.node_sizes, self.whole):
-            ok = per >= w
-            if self.whole:
-                ok &= self.cap[:, 0] == w
-            if int(ok.sum()) >= g // w:
+            if w not in counts:
+                ok = per >= w
+                if self.whole:
+                    ok &= self.cap[:, 0] == w
+                counts[w] = int(ok.sum())
+            if counts[w] >= g // w:
                 return True
         return False
 

@@ -161,7 +161,7 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
 
 
 def make_room(inst: Instance, lay: Layout, jobs: Sequence[int], targets: Sequence[int], *,
-              tries: int = 6) -> int:
+              tries: int = 4) -> int:
     """Give lowered jobs their asked count by moving single-node jobs out of their way, when that pays.
 
     For job i and a node that could hold it if emptied, the jobs there are
@@ -171,18 +171,31 @@ def make_room(inst: Instance, lay: Layout, jobs: Sequence[int], targets: Sequenc
     many jobs got more.
     """
     improved = 0
+    occupants = _occupants(lay)
     for i in jobs:
         base_g = sum(lay.rows[i].values())
         for c in reversed([c for c in inst.terms[i].candidates if base_g < c <= targets[i]]):
-            trial = _room_for(inst, lay, i, c, tries)
+            trial = _room_for(inst, lay, i, c, tries, occupants)
             if trial is not None:
                 lay.free, lay.rows = trial.free, trial.rows
+                occupants = _occupants(lay)
                 improved += 1
                 break
     return improved
 
 
-def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int) -> Layout | None:
+def _occupants(lay: Layout) -> dict[int, list[int]]:
+    """Node -> the single-node jobs on it (the ones that can be moved whole)."""
+    out: dict[int, list[int]] = {}
+    for k, row in enumerate(lay.rows):
+        if len(row) == 1:
+            (n,) = row
+            out.setdefault(n, []).append(k)
+    return out
+
+
+def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int,
+              occupants: dict[int, list[int]]) -> Layout | None:
     per = inst.max_per_node(i)
     widths = [c] if per.max() >= c else spanning_widths(c, inst.node_sizes, inst.whole)
     for w in widths[:1]:
@@ -200,7 +213,7 @@ def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int) -> Layout
         for n in order[: tries + k_nodes]:
             if len(chosen) == k_nodes:
                 break
-            if _clear(inst, trial, i, n, w):
+            if _clear(inst, trial, i, n, w, occupants.get(n, [])):
                 chosen.append(n)
         if len(chosen) < k_nodes:
             continue
@@ -214,15 +227,15 @@ def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int) -> Layout
     return None
 
 
-def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int) -> bool:
+def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int, on_node: list[int]) -> bool:
     """Make node n hold w GPUs of job i by moving single-node jobs off it; False (layout untouched) if it cannot."""
     need = w * inst.rho[i]
     if np.all(lay.free[n] >= need - _EPS):
         lay.free[n] -= need            # reserve it while others move
         return True
-    victims = sorted((k for k in range(len(inst.jobs)) if n in lay.rows[k] and len(lay.rows[k]) == 1
-                      and k != i), key=lambda k: lay.rows[k][n])
-    saved = lay.free.copy(), [dict(r) for r in lay.rows]
+    victims = sorted((k for k in on_node if k != i and lay.rows[k].keys() == {n}), key=lambda k: lay.rows[k][n])
+    saved_free = lay.free.copy()
+    saved_rows = {k: dict(lay.rows[k]) for k in victims}
     moved = []
     for k in victims:
         if np.all(lay.free[n] >= need - _EPS):
@@ -233,15 +246,21 @@ def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int) -> bool:
         row = lay.find(k, g)
         lay.free[n] += inst.cap[n] + 1.0
         if row is None or n in row:
-            lay.free, lay.rows = saved
+            _restore(lay, saved_free, saved_rows)
             return False
         lay.put(k, row)
         moved.append(k)
     if not np.all(lay.free[n] >= need - _EPS):
-        lay.free, lay.rows = saved
+        _restore(lay, saved_free, saved_rows)
         return False
     lay.free[n] -= need
     return True
+
+
+def _restore(lay: Layout, free: np.ndarray, rows: dict[int, Row]) -> None:
+    lay.free = free
+    for k, row in rows.items():
+        lay.rows[k] = row
 
 
 def _copy(lay: Layout) -> Layout:
@@ -281,6 +300,8 @@ def improve(inst: Instance, lay: Layout, *, lookahead: int = 4) -> Layout:
         for c in ups:
             new = lay.find(i, c, row or inst.current[i])
             if new is None:
+                if not spanning_widths(c, inst.node_sizes, inst.whole):
+                    break  # no node has room for c, so none has for more either (and c cannot span)
                 continue
             gain = inst.job_objective(i, new) - base
             if gain > 1e-12:
