@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable, Mapping
 
 from slurm_elastic.cluster.backend import Backend
@@ -30,7 +31,7 @@ class Selection:
 
 
 def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None = None,
-                   importer: Callable[[], object] = import_pyslurm,
+                   importer: Callable[[], ModuleType] = import_pyslurm,
                    slurm_version: Callable[[], SlurmVersion] | None = None) -> Selection:
     """Pick a backend; `auto` takes pyslurm only if it imports and matches the running Slurm's major.minor.
 
@@ -52,14 +53,14 @@ def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None =
             raise SlurmUnavailable(f"pyslurm backend requested by {source} but `import pyslurm` failed: "
                                    f"{type(exc).__name__}: {exc}") from None
         return Selection(cli, f"auto: pyslurm is not importable ({type(exc).__name__}: {exc})")
-    ps_version = pyslurm_version(module)  # type: ignore[arg-type]
+    ps_version = pyslurm_version(module)
     if name == "pyslurm":
-        return Selection(PyslurmBackend(module, cli=cli), f"requested by {source} (pyslurm {ps_version})")  # type: ignore[arg-type]
+        return Selection(PyslurmBackend(module, cli=cli), f"requested by {source} (pyslurm {ps_version})")
     running = (slurm_version or (lambda: cli.version))()
     if (ps_version.major, ps_version.minor) != (running.major, running.minor):
         return Selection(cli, f"auto: pyslurm {ps_version.release} is built for another Slurm than the "
                               f"running {running.release}")
-    return Selection(PyslurmBackend(module, cli=cli),  # type: ignore[arg-type]
+    return Selection(PyslurmBackend(module, cli=cli),
                      f"auto: pyslurm {ps_version} matches Slurm {running}")
 
 
