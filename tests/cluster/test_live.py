@@ -271,3 +271,26 @@ def test_node_down_up_and_spare(slurm_cluster, tmp_path: Path, record_property) 
             clear_triggers(trigger_ids)
         slurm_cluster.cancel(jid)
         slurm_cluster.restore()
+
+
+def test_spare_start_drain_and_resume(slurm_cluster) -> None:
+    """A started spare is gained; draining it is a loss; resuming it a gain again (no node failure needed)."""
+    local = slurm_cluster.require_local()
+    if not slurm_cluster.spares:
+        pytest.skip("the local cluster has no spare node")
+    spare = slurm_cluster.spares[-1]
+    backend = CliBackend()
+    w = Watcher(grace_s=5.0)
+    w.observe(backend.snapshot())
+    try:
+        local.node_up(spare)
+        started = [(e.node, e.reason) for e in w.observe(backend.snapshot()) if isinstance(e, NodeGained)]
+        assert started == [(spare, "resumed")]  # it was in the snapshot before, DOWN as a spare
+        slurm_cluster.run("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=slurm-elastic test")
+        lost = [e for e in w.observe(backend.snapshot()) if isinstance(e, NodeLost)]
+        assert [(e.node, e.reason, e.detail) for e in lost] == [(spare, "drained", "slurm-elastic test")]
+        slurm_cluster.run("scontrol", "update", f"NodeName={spare}", "State=RESUME")
+        gained = [e for e in w.observe(backend.snapshot()) if isinstance(e, NodeGained)]
+        assert [(e.node, e.reason) for e in gained] == [(spare, "resumed")]
+    finally:
+        slurm_cluster.restore()

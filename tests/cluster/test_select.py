@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.select import BackendChoiceError, choose_backend, select_backend
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmUnavailable
@@ -24,6 +25,7 @@ def pyslurm_2511():
 def test_explicit_cli() -> None:
     sel = choose_backend("cli", env={}, importer=no_pyslurm)
     assert sel.backend.name == "cli" and "--backend" in sel.reason
+    assert isinstance(sel.backend, Backend)
 
 
 def test_env_variable_and_bad_names() -> None:
@@ -46,6 +48,7 @@ def test_auto_with_mismatched_pyslurm() -> None:
 def test_auto_with_matching_pyslurm() -> None:
     sel = choose_backend(None, env={}, importer=pyslurm_2511, slurm_version=lambda: SlurmVersion(25, 11, 4))
     assert sel.backend.name == "pyslurm" and "matches" in sel.reason
+    assert isinstance(sel.backend, Backend)
 
 
 def test_requested_pyslurm_that_cannot_import_is_an_error() -> None:
