@@ -62,9 +62,10 @@ class JobCols:
 class Formulation:
     """A built model plus the map from its columns back to jobs."""
 
-    def __init__(self, inst: Instance, exact: bool) -> None:
+    def __init__(self, inst: Instance, exact: bool, must_run: bool = True) -> None:
         self.inst = inst
         self.exact = exact
+        self.must_run = must_run
         self.model = Model()
         self.cols: list[JobCols] = [JobCols() for _ in inst.jobs]
         self._build()
@@ -97,8 +98,9 @@ class Formulation:
                 else:
                     c.m.append(-1)
             mdl.add_row(link_cols, link_vals, 0, 0)
-            if len(c.b) > 1:
-                mdl.add_row(c.b, [1.0] * len(c.b), hi=1)       # one run at most: one count, or not running
+            if len(c.b) > 1 or (self.must_run and job.must_run):
+                lo = 1 if self.must_run and job.must_run else -np.inf
+                mdl.add_row(c.b, [1.0] * len(c.b), lo=lo, hi=1)   # one run at most: one count, or not running
             # throughput epigraph: t <= a_k g + c_k for every hull segment (exact at integer g: hull is concave)
             smax = tp.evaluate_curve(t.hull, top)
             c.t = mdl.add_col(cost=t.weight / t.norm, lo=0, hi=smax)

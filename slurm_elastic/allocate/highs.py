@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -99,6 +102,35 @@ def _spread(v: float | Sequence[float], n: int) -> list[float]:
     return out
 
 
+_banner_lock = threading.Lock()
+_banner_done = False
+
+
+def _new_highs() -> highspy.Highs:
+    """A Highs instance, without the banner HiGHS writes to fd 1 from C++ on the first one in a process.
+
+    No option can stop that banner, and stdout belongs to the CLI (`--json`,
+    `sbatch --parsable`), so fd 1 points at /dev/null while the first
+    instance is made.
+    """
+    global _banner_done
+    with _banner_lock:
+        if _banner_done:
+            return highspy.Highs()
+        sys.stdout.flush()
+        saved = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(devnull)
+        _banner_done = True
+        return h
+
+
 @dataclass(frozen=True, slots=True)
 class MilpResult:
     x: np.ndarray | None           # None when HiGHS has no feasible point
@@ -114,7 +146,7 @@ class MilpResult:
 def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int | None = None,
           warm: np.ndarray | None = None, relax: bool = False) -> MilpResult:
     """Pass the model in one call, warm-start it if a point is given, and solve (`relax`: its LP relaxation)."""
-    h = highspy.Highs()
+    h = _new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))

@@ -84,6 +84,8 @@ class Instance:
         elif not feasible:
             why = self._why_not_placeable(i, allowed[0])
         model = job.throughput if job.throughput is not None else tp.LinearThroughput()
+        if isinstance(model, Mapping):
+            model = tp.table_throughput(model)      # a profile table given as is
         points = sorted(set(allowed) | {job.max_gpus})
         hull = tp.curve(model, points, self.nodes_for, job.key)
         norm = tp.evaluate_curve(hull, job.max_gpus)

@@ -133,7 +133,7 @@ def _by_density(inst: Instance, counts: Sequence[int]):
 
 def _spanning_then_density(inst: Instance, counts: Sequence[int]):
     dens = _by_density(inst, counts)
-    return lambda i: (counts[i] <= inst.max_node_gpus, dens(i))
+    return lambda i: (not inst.jobs[i].must_run, counts[i] <= inst.max_node_gpus, dens(i))
 
 
 _ORDER = _spanning_then_density

@@ -63,6 +63,11 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         form = Formulation(inst, exact=True)
         res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
                           threads=policy.threads, warm=form.point(start))
+        if res.x is None and res.status == "Infeasible" and any(j.must_run for j in inst.jobs):
+            notes.append("the must-run jobs cannot all run at once; solved without that requirement")
+            form = Formulation(inst, exact=True, must_run=False)
+            res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                              threads=policy.threads, warm=form.point(start))
         rows = form.rows_of(res.x) if res.x is not None else None
     else:
         res, rows, fallback_rows = two_res, two_rows, None
@@ -82,7 +87,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if fallback_rows is None:
         fallback_rows = fallback.rows
     fallback_obj = inst.objective(fallback_rows)
-    if fallback_obj > obj + 1e-9:
+    if fallback_obj > obj + 1e-9 and _must_runs(inst, fallback_rows) >= _must_runs(inst, rows):
         notes.append(f"the warm start scored higher ({fallback_obj:.6g} > {obj:.6g}) than the MILP answer "
                      "after placement; it is used")
         rows, obj, method = fallback_rows, fallback_obj, "greedy"
@@ -94,6 +99,11 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
     """Counts MILP against aggregate capacity, then per-node packing, repair and fill."""
     policy = inst.policy
     form = Formulation(inst, exact=False)
+    if any(j.must_run for j in inst.jobs):
+        probe = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=1.0, relax=True)
+        if probe.x is None and probe.status == "Infeasible":
+            notes.append("the must-run jobs cannot all run at once; solved without that requirement")
+            form = Formulation(inst, exact=False, must_run=False)
     fallback = kept(inst)                                # the current allocation where it still fits
     warm = form.point_from_counts([sum(r.values()) for r in fallback.rows])
     # LP relaxation rounded down: near-optimal for the counts model (a knapsack over three rows)
@@ -124,6 +134,11 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
     rows = improve(inst, lay).rows
     notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
     return rows, res, fallback
+
+
+def _must_runs(inst: Instance, rows: Sequence[Row]) -> int:
+    """How many must-run jobs a placement runs (a fallback may not beat the MILP by dropping them)."""
+    return sum(1 for i, j in enumerate(inst.jobs) if j.must_run and rows[i])
 
 
 def _left(policy, t0: float) -> float:
