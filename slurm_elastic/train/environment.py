@@ -97,6 +97,10 @@ class JobEnvironment:
 
     @property
     def init_method(self) -> str:
+        # Under torchrun the agent already hosts the rendezvous store at MASTER_PORT;
+        # env:// reuses it (TORCHELASTIC_USE_AGENT_STORE) instead of binding the port again.
+        if self.launcher == "torchrun":
+            return "env://"
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 

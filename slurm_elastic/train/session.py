@@ -122,6 +122,7 @@ class ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
         if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
+            _quiesce_gloo()
             dist.destroy_process_group()
         return False
 
@@ -392,6 +393,22 @@ class ElasticSession:
         except OSError as exc:
             log.warning("cannot append to %s: %s", protocol.METRICS_FILE, exc)
         self._metrics_mark = (now, self.step)
+
+
+def _quiesce_gloo() -> None:
+    """Let gloo's worker threads finish releasing the last collectives before teardown.
+
+    Seen with torch 2.13 on gloo: a worker thread frees a finished work's tensors
+    and needs the GIL for that, while the main thread, holding the GIL, destroys
+    the process group (the last reference often sits in DDP's Reducer) and waits
+    for that worker's mutex: a deadlock at exit. A barrier followed by a short
+    sleep (which releases the GIL) lets the workers get through first.
+    """
+    try:
+        dist.barrier()
+    except Exception as exc:   # a peer already gone: nothing left to quiesce
+        log.debug("barrier before teardown failed: %s", exc)
+    time.sleep(0.2)
 
 
 def _is_peer_loss(exc: BaseException) -> bool:

@@ -18,6 +18,13 @@ def free_port() -> int:
 def run_ranks(module: str, args: Sequence[str], *, world_size: int, job_id: str = "4242", restart_count: int = 0,
               timeout: float = 300, extra_env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
     """Run `python -m module args` as `world_size` ranks; returns each rank's result (rank order)."""
+    procs = start_ranks(module, args, world_size=world_size, job_id=job_id, restart_count=restart_count,
+                        extra_env=extra_env)
+    return wait_ranks(procs, timeout=timeout)
+
+
+def start_ranks(module: str, args: Sequence[str], *, world_size: int, job_id: str = "4242", restart_count: int = 0,
+                extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     port = free_port()
     procs = []
     for rank in range(world_size):
@@ -34,6 +41,10 @@ def run_ranks(module: str, args: Sequence[str], *, world_size: int, job_id: str 
         env.update(extra_env or {})
         procs.append(subprocess.Popen([sys.executable, "-m", module, *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], *, timeout: float = 300) -> list[subprocess.CompletedProcess]:
     results = []
     for rank, p in enumerate(procs):
         try:

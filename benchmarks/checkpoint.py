@@ -1,0 +1,304 @@
+"""Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save.
+
+Every mode checkpoints after every optimizer step. Reported per mode: mean
+step time, overhead against no checkpointing, training stall per checkpoint
+(time the training thread spends on it), bytes written per second against
+`dd` writing the same size to the same directory, and restore time.
+
+    python3 benchmarks/checkpoint.py                 # table
+    python3 benchmarks/checkpoint.py --json          # one JSON object per mode
+    python3 benchmarks/checkpoint.py --steps 3 --layers 4 --dir /lustre/scratch/me
+
+Keep runs short on shared machines: every mode writes a full checkpoint
+(parameters + AdamW state, ~1.2 GB at 100M parameters) per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slurm_elastic.train.checkpointer import LayerCheckpointer, load_into
+from slurm_elastic.train.store import CheckpointStore
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.ff(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.zeros(seq, d))
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens) + self.pos[: tokens.shape[1]]
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = Transformer(args.vocab, args.d_model, args.layers, args.heads, args.seq)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, args: argparse.Namespace, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    logits = model(tokens[:, :-1])
+    loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[str, Any] | None]:
+    """Yields None after each step (so modes can be interleaved), then the result row."""
+    model, opt = build(args)
+    work = os.path.join(root, mode)
+    os.makedirs(work)
+    stalls: list[float] = []
+    writes: list[tuple[int, float]] = []      # (bytes, seconds of writing)
+    step_times: list[float] = []
+    before_step: Callable[[int], None] = lambda step: None
+    after_step: Callable[[int], None] = lambda step: None
+    finish: Callable[[], None] = lambda: None
+    restore: Callable[[], float] = lambda: float("nan")
+
+    if mode == "layer":
+        store = CheckpointStore(os.path.join(work, "job"), keep=1)
+        ck = LayerCheckpointer(model, opt, store, group_bytes=args.group_mb << 20)
+        committed: list[int] = []
+
+        def settle(block: bool) -> None:
+            got = ck.drain() if block else ck.poll()
+            for f in got:
+                stalls.append(f.stall_s)
+                writes.append((sum(r.size for r in f.records), f.write_s))
+                store.commit(f.step, {"samples_consumed": 0, "world_size": 1, "global_batch": 1,
+                                      "model_fingerprint": "bench", "files": [r.to_json() for r in f.records]})
+                committed.append(f.step)
+
+        def after_layer(step: int) -> None:
+            settle(block=False)
+            if ck.in_flight:
+                # every step means every step: wait for the previous write, and count it as stall
+                t0 = time.monotonic()
+                settle(block=True)
+                stalls[-1] += time.monotonic() - t0
+            ck.arm(step)
+
+        def finish_layer() -> None:
+            ck.wait_for_copies()
+            settle(block=True)
+            ck.close()
+
+        def restore_layer() -> float:
+            m2, o2 = build(args)
+            t0 = time.monotonic()
+            found = store.newest_complete()
+            assert found is not None
+            load_into(m2, o2, store.iter_tensors(found), None)
+            return time.monotonic() - t0
+
+        after_step, finish, restore = after_layer, finish_layer, restore_layer
+
+    elif mode == "torch.save":
+        path = os.path.join(work, "ckpt.pt")
+
+        def after_save(step: int) -> None:
+            t0 = time.monotonic()
+            with open(path + ".tmp", "wb") as f:
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+            dt = time.monotonic() - t0
+            stalls.append(dt)
+            writes.append((os.path.getsize(path), dt))
+
+        def restore_save() -> float:
+            m2, o2 = build(args)
+            t0 = time.monotonic()
+            state = torch.load(path, weights_only=True)
+            m2.load_state_dict(state["model"])
+            o2.load_state_dict(state["optim"])
+            return time.monotonic() - t0
+
+        after_step, restore = after_save, restore_save
+
+    elif mode == "dcp.async_save":
+        import torch.distributed.checkpoint as dcp
+
+        pending: list[Any] = []
+
+        def wait_prev() -> float:
+            t0 = time.monotonic()
+            while pending:
+                fut, started, d = pending.pop(0)
+                fut.result()
+                writes.append((dir_bytes(d), time.monotonic() - started))
+            return time.monotonic() - t0
+
+        def after_dcp(step: int) -> None:
+            waited = wait_prev()
+            t0 = time.monotonic()
+            d = os.path.join(work, f"step-{step}")
+            fut = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=d)
+            stalls.append(waited + time.monotonic() - t0)
+            pending.append((fut, t0, d))
+
+        def restore_dcp() -> float:
+            m2, o2 = build(args)
+            last = sorted(os.listdir(work), key=lambda n: int(n.split("-")[1]))[-1]
+            t0 = time.monotonic()
+            # DCP loads in place into a state dict of the right shapes.
+            train_step(m2, o2, args, 0)   # materialise AdamW state so shapes exist
+            t0 = time.monotonic()
+            state = {"model": m2.state_dict(), "optim": o2.state_dict()}
+            dcp.load(state, checkpoint_id=os.path.join(work, last))
+            m2.load_state_dict(state["model"])
+            o2.load_state_dict(state["optim"])
+            return time.monotonic() - t0
+
+        after_step, finish, restore = after_dcp, lambda: (wait_prev(), None)[1], restore_dcp
+
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            stalls.clear()
+            writes.clear()
+        t0 = time.monotonic()
+        before_step(step)
+        train_step(model, opt, args, step)
+        after_step(step + 1)
+        if step >= args.warmup:
+            step_times.append(time.monotonic() - t0)
+        yield None
+    finish()
+    written = sum(b for b, _ in writes)
+    write_s = sum(s for _, s in writes)
+    row = {
+        "mode": mode,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "steps": len(step_times),
+        "step_ms": 1000 * sum(step_times) / len(step_times),
+        "stall_ms": 1000 * sum(stalls) / len(stalls) if stalls else 0.0,
+        "checkpoints": len(writes),
+        "checkpoint_mb": written / len(writes) / 1e6 if writes else 0.0,
+        "write_mb_per_s": written / write_s / 1e6 if write_s else None,
+        "restore_s": restore() if mode != "none" else None,
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    yield row
+
+
+def dd_mb_per_s(directory: str, nbytes: int) -> float:
+    path = os.path.join(directory, "dd.bin")
+    count = max(1, nbytes // (8 << 20))
+    t0 = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=8M", f"count={count}", "conv=fsync"],
+                   check=True, capture_output=True)
+    dt = time.monotonic() - t0
+    os.unlink(path)
+    return count * (8 << 20) / dt / 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--d-model", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--vocab", type=int, default=16384)
+    p.add_argument("--seq", type=int, default=65)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--group-mb", type=int, default=64)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--modes", default="none,layer,torch.save,dcp.async_save")
+    p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not dist.is_initialized():
+        # DCP wants a process group; a world of one over gloo.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    root = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+    try:
+        # Modes advance one step each in turn: on a shared machine the load drifts,
+        # and interleaving spreads that drift evenly over the modes.
+        runs = [run_mode(m, args, root) for m in args.modes.split(",")]
+        rows: list[dict[str, Any]] = []
+        while runs:
+            for run in list(runs):
+                out = next(run)
+                if out is not None:
+                    rows.append(out)
+                    runs.remove(run)
+        ckpt_bytes = int(max(r["checkpoint_mb"] for r in rows) * 1e6) or (1 << 30)
+        dd = dd_mb_per_s(root, ckpt_bytes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    base = next((r["step_ms"] for r in rows if r["mode"] == "none"), None)
+    save_stall = next((r["stall_ms"] for r in rows if r["mode"] == "torch.save"), None)
+    for r in rows:
+        r["overhead_pct"] = 100 * (r["step_ms"] / base - 1) if base else None
+        r["stall_vs_torch_save_pct"] = 100 * r["stall_ms"] / save_stall if save_stall and r["mode"] != "none" else None
+        r["dd_mb_per_s"] = dd
+        r["cpus"] = os.cpu_count()
+        r["torch_threads"] = torch.get_num_threads()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    cols = ["mode", "step_ms", "overhead_pct", "stall_ms", "stall_vs_torch_save_pct", "checkpoint_mb",
+            "write_mb_per_s", "dd_mb_per_s", "restore_s"]
+    print(f"{rows[0]['params_m']:.1f}M parameters, {args.steps} measured steps per mode, "
+          f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
+    print("  ".join(f"{c:>14}" for c in cols))
+    for r in rows:
+        print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
+    return str(v)
+
+
+if __name__ == "__main__":
+    main()
