@@ -89,6 +89,11 @@ def wait_job(slurm_cluster, backend: Backend, job_id: int, pred: Callable[[Job],
                                   what=f"job {job_id} {what}")
 
 
+def wait_for_job(slurm_cluster, read: Callable[[], Job], pred: Callable[[Job], bool], what: str,
+                 timeout: float = 60) -> Job:
+    return slurm_cluster.wait_for(lambda: (lambda j: j if pred(j) else None)(read()), timeout, what=what)
+
+
 def output(tmp_path: Path, job_id: int) -> str:
     path = tmp_path / f"out-{job_id}.txt"
     return path.read_text() if path.exists() else ""
@@ -136,9 +141,16 @@ def test_contract_hold_release_cancel_pending_job(slurm_cluster, backend_name: s
 def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
     """submit 2x2 -> signal -> requeue_hold -> set_resources 1x3 -> release -> runs with 3 GPUs on 1 node."""
     backend = CliBackend()
+    watcher = Watcher()  # sees every step: the controller's own requeue must not look like Slurm's
     jid = backend.submit(elastic_job(tmp_path, nodes=2, gpus=2, partition=slurm_cluster.partition))
+
+    def job_now() -> Job:
+        state = backend.snapshot()
+        assert not [e for e in watcher.observe(state) if isinstance(e, JobRequeuedBySlurm) and e.job_id == jid]
+        return state.job(jid)
+
     try:
-        job = wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.RUNNING, "running")
+        job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.RUNNING, "running")
         assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
         assert job.spec is not None and job.requeue and job.restarts == 0 and len(job.nodes) == 2
         slurm_cluster.wait_for(lambda: output(tmp_path, jid).count("gpus=2") == 2, 30, what="both steps started")
@@ -148,16 +160,16 @@ def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
                                what="USR2 in the batch shell and both srun tasks")
         out = output(tmp_path, jid)
         assert "batch got USR2" in out and "step 0 on" in out and "step 1 on" in out
-        assert job_in(backend, jid).state is JobState.RUNNING  # the signal alone does not end the job
+        assert job_now().state is JobState.RUNNING  # the signal alone does not end the job
 
         backend.requeue_hold(jid)
-        job = wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.PENDING and j.held, "held")
+        job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.PENDING and j.held, "held")
         assert job.restarts == 1
         backend.set_resources(jid, nodes=1, gpus_per_node=3, cpus_per_gpu=1, mem_per_gpu_mb=500)
-        job = job_in(backend, jid)
+        job = job_now()
         assert (job.num_nodes, job.gpus_per_node, job.held) == (1, 3, True)
         backend.release(jid)
-        job = wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.RUNNING, "running again", 30)
+        job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.RUNNING, "running again", 30)
         assert (len(job.nodes), job.num_nodes, job.gpus_per_node, job.restarts) == (1, 1, 3, 1)
         slurm_cluster.wait_for(lambda: "start restart=1 nodes=1 gpus_on_node=3" in output(tmp_path, jid), 30,
                                what="the batch script restarted with 3 GPUs on 1 node")
