@@ -102,6 +102,9 @@ class CheckpointStore:
     def apply_retention(self) -> None:
         committed = self.committed_steps()
         for step in committed[self.keep:]:
+            # Un-commit first: rmtree removes files in directory order, and a crash halfway must
+            # leave an uncommitted leftover (ignored, collected later), never a manifest whose files are gone.
+            _unlink_quietly(os.path.join(self.step_path(step), protocol.MANIFEST_FILE))
             shutil.rmtree(self.step_path(step), ignore_errors=True)
         newest = committed[0] if committed else None
         for step, name in self._step_dirs():
