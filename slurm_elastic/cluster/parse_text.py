@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
-from slurm_elastic.cluster.model import Job, JobState, Node
+from slurm_elastic.cluster.model import Job, JobState, Node, NodeFlag, NodeState
 from slurm_elastic.cluster.slurm_values import (SlurmParseError, expand_hostlist, gres_gpus, job_state,
                                                 node_state, per_gpu_value, size_mb, spec_from_comment,
                                                 tres_gpus, tres_map)
@@ -186,3 +187,69 @@ def nodes_from_text(text: str, jobs: Iterable[Job] = ()) -> tuple[Node, ...]:
             reason="" if reason in _NULL else reason,
         ))
     return tuple(out)
+
+
+# --- the default `squeue` / `sinfo` tables -------------------------------------------------------------
+# They lack GPUs, CPUs and memory, so the backend never builds its model from them; they are
+# parsed for what they do say (states, users, node lists, reasons) to cross-check the model,
+# e.g. against what an operator pastes from a terminal.
+
+_SQUEUE_CODES = {"PD": JobState.PENDING, "R": JobState.RUNNING, "S": JobState.SUSPENDED,
+                 "CG": JobState.COMPLETING, "CD": JobState.COMPLETED, "CA": JobState.CANCELLED,
+                 "F": JobState.FAILED, "TO": JobState.TIMEOUT, "NF": JobState.NODE_FAIL,
+                 "PR": JobState.PREEMPTED, "BF": JobState.BOOT_FAIL, "DL": JobState.DEADLINE,
+                 "OOM": JobState.OUT_OF_MEMORY, "RQ": JobState.REQUEUED, "RH": JobState.REQUEUE_HOLD,
+                 "RF": JobState.PENDING, "RS": JobState.RESIZING, "CF": JobState.RUNNING,
+                 "SE": JobState.FAILED, "SO": JobState.COMPLETING, "ST": JobState.SUSPENDED,
+                 "RD": JobState.PENDING, "RV": JobState.CANCELLED, "SI": JobState.RUNNING}
+
+
+@dataclass(frozen=True, slots=True)
+class SqueueRow:
+    """One line of plain `squeue` (JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON))."""
+
+    job_id: int
+    partition: str
+    name: str
+    user: str
+    state: JobState
+    num_nodes: int
+    nodes: tuple[str, ...]
+    reason: str
+
+
+def squeue_table(text: str) -> tuple[SqueueRow, ...]:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0].split()[:2] != ["JOBID", "PARTITION"]:
+        raise SlurmParseError("not the default squeue table (expected a JOBID PARTITION ... header)")
+    rows = []
+    for ln in lines[1:]:
+        cols = ln.split(None, 7)
+        if len(cols) < 8 or cols[4] not in _SQUEUE_CODES:
+            raise SlurmParseError(f"unexpected squeue line: {ln!r}")
+        last = cols[7].strip()
+        reason = last[1:-1] if last.startswith("(") and last.endswith(")") else ""
+        rows.append(SqueueRow(job_id=int(cols[0]), partition=cols[1], name=cols[2], user=cols[3],
+                              state=_SQUEUE_CODES[cols[4]], num_nodes=int(cols[6]),
+                              nodes=() if reason or not last else expand_hostlist(last),
+                              reason="" if reason == "None" else reason))
+    return tuple(rows)
+
+
+def sinfo_table(text: str) -> dict[str, tuple[NodeState, frozenset[NodeFlag]]]:
+    """Plain `sinfo` (PARTITION AVAIL TIMELIMIT NODES STATE NODELIST) -> {node: (state, flags)}."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines or lines[0].split()[:2] != ["PARTITION", "AVAIL"]:
+        raise SlurmParseError("not the default sinfo table (expected a PARTITION AVAIL ... header)")
+    out: dict[str, tuple[NodeState, frozenset[NodeFlag]]] = {}
+    for ln in lines[1:]:
+        cols = ln.split()
+        if len(cols) != 6:
+            raise SlurmParseError(f"unexpected sinfo line: {ln!r}")
+        state = node_state(cols[4])
+        names = expand_hostlist(cols[5])
+        if len(names) != int(cols[3]):
+            raise SlurmParseError(f"sinfo line lists {len(names)} nodes but says {cols[3]}: {ln!r}")
+        for name in names:
+            out[name] = state
+    return out

@@ -1,0 +1,72 @@
+"""Every file in ../shared/slurm-json is read by some parser, and what each says agrees with the model.
+
+A capture added later fails `test_every_capture_file_is_covered` until a parser (and a test)
+handles it, so nothing in the shared captures is skipped silently.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slurm_elastic.cluster.parse_json import parse_jobs, parse_nodes
+from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text, sinfo_table, squeue_table
+
+from tests.cluster.captures import CAPTURES, VERSIONS, capture_dir, load, text
+
+# file name pattern -> how it is read (the tests in this package check the results)
+READERS = {
+    r"squeue\.json": "parse_jobs",
+    r"scontrol-show-job-[a-z-]+\.json": "parse_jobs",
+    r"sinfo\.json": "parse_nodes",
+    r"scontrol-show-nodes\.json": "parse_nodes",
+    r"scontrol-show-job-[a-z-]+\.txt": "jobs_from_text",
+    r"scontrol-show-node\.txt": "nodes_from_text",
+    r"squeue\.txt": "squeue_table",
+    r"sinfo\.txt": "sinfo_table",
+    r"verify\.txt": "capture log: no FAIL line",
+}
+
+
+def test_every_capture_file_is_covered() -> None:
+    capture_dir("22.05")
+    files = sorted(p for p in CAPTURES.rglob("*") if p.is_file() and p.name != "README.md")
+    assert files, f"no captures under {CAPTURES}"
+    uncovered = [str(p.relative_to(CAPTURES)) for p in files
+                 if not any(re.fullmatch(rx, p.name) for rx in READERS)]
+    assert not uncovered, f"capture files no parser reads: {uncovered}"
+    assert {p.parent.name for p in files} == set(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_file_parses(version: str) -> None:
+    d = capture_dir(version)
+    for path in sorted(d.iterdir()):
+        name = path.name
+        if name.endswith(".json") and ("squeue" in name or "show-job" in name):
+            assert parse_jobs(load(version, name))
+        elif name.endswith(".json"):
+            assert len(parse_nodes(load(version, name))) == 4
+        elif name.startswith("scontrol-show-job"):
+            assert len(jobs_from_text(text(version, name))) == 1
+        elif name == "scontrol-show-node.txt":
+            assert len(nodes_from_text(text(version, name))) == 4
+        elif name == "squeue.txt":
+            assert len(squeue_table(text(version, name))) == 3
+        elif name == "sinfo.txt":
+            assert len(sinfo_table(text(version, name))) == 4
+        elif name == "verify.txt":
+            log = text(version, name)
+            assert "PASS" in log and not re.search(r"^FAIL", log, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_tables_agree_with_the_model(version: str) -> None:
+    jobs = {j.job_id: j for j in parse_jobs(load(version, "squeue.json"))}
+    for row in squeue_table(text(version, "squeue.txt")):
+        job = jobs[row.job_id]
+        assert (row.state, row.user, row.name, row.partition, row.num_nodes, row.nodes, row.reason) == \
+            (job.state, job.user, job.name, job.partition, job.num_nodes, job.nodes, job.reason)
+    nodes = parse_nodes(load(version, "sinfo.json" if version == "22.05" else "scontrol-show-nodes.json"))
+    assert sinfo_table(text(version, "sinfo.txt")) == {n.name: (n.state, n.flags) for n in nodes}
