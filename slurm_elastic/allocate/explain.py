@@ -13,6 +13,7 @@ import numpy as np
 
 from slurm_elastic.allocate.instance import RESOURCES, Instance
 from slurm_elastic.allocate.packing import Layout, Row
+from slurm_elastic.allocate.shapes import spanning_widths
 from slurm_elastic.allocate.problem import Allocation, JobDecision
 
 _UNIT = {"gpu": " GPUs", "cpu": " CPUs", "mem": " MB"}
@@ -84,6 +85,17 @@ def _capacity_reason(inst: Instance, lay: Layout, i: int, gpus: int) -> str:
     else:
         n = int(np.argmax(np.where(up, free[:, 0] + free[:, 1] / max(need[1], 1), -np.inf)))
     short = [r for r in range(3) if free[n, r] < need[r] - 1e-9]
+    if not lay.rows[i] and need[0] > inst.cap[:, 0].max():
+        # only a spanning shape could hold it
+        widths = spanning_widths(gpus, inst.node_sizes, inst.whole)
+        if not widths:
+            return f"no Slurm shape holds {gpus} GPUs on these nodes (spanning needs equal whole nodes)"
+        w = widths[0]
+        per = w * inst.rho[i]
+        ready = np.all(free >= per - 1e-9, axis=1) & (inst.cap[:, 0] == w if inst.whole else True)
+        return (f"capacity: {gpus} GPUs need {gpus // w} nodes with {w} free GPUs each"
+                f"{' (whole nodes)' if inst.whole else ''} and their CPUs and memory; {int(ready.sum())} "
+                f"such node(s) free now")
     if not short:
         return (f"no shape fits {gpus} GPUs: spanning needs equal whole nodes and none are free enough")
     r = short[0]

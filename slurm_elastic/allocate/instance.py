@@ -96,9 +96,20 @@ class Instance:
             if self.total[r] > 0:
                 demand_cost += self.rho[i, r] / self.total[r]
         demand_cost *= self.policy.alpha
-        kappa = float(job.restart_cost_s) if job.current_gpus > 0 else 0.0
+        # A job that must restart anyway (a node it is on is gone or too small now) pays no restart cost
+        # for where it goes next: the restart is not the solver's choice.
+        kappa = float(job.restart_cost_s) if job.current_gpus > 0 and not self.displaced(i) else 0.0
         spans = any(spanning_widths(g, self.node_sizes, self.whole) for g in feasible) and len(self.nodes) > 1
         return JobTerms(feasible, hull, norm, float(job.weight), kappa, demand_cost, spans, allowed), why
+
+    def displaced(self, i: int) -> bool:
+        """Job i cannot stay where it is whatever the others do (its node is down, unknown or too small now)."""
+        job = self.jobs[i]
+        held = {n: g for n, g in job.current.items() if g > 0}
+        if any(n not in self.node_index for n in held):
+            return True
+        per = self.max_per_node(i)
+        return any(per[self.node_index[n]] < g for n, g in held.items())
 
     def nodes_for(self, gpus: int) -> int:
         """Nodes a count needs at the least (throughput models see this node count)."""

@@ -91,3 +91,12 @@ def test_high_beta_resolve_at_benchmark_scale_changes_nothing():
     placed = tuple(replace(j, current=dict(first.placement[j.key])) for j in problem.jobs)
     again = solve(AllocationProblem(placed, problem.nodes, Policy(beta=1.0)))
     assert again.placement == first.placement
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_whose_node_died_restarts_elsewhere_whatever_its_restart_cost(mode):
+    # its restart is forced, so kappa must not keep it stopped
+    jobs = (JobRequest("a", 2, 8, current={"n0": 8}, restart_cost_s=10_000.0),)
+    alloc = solve(AllocationProblem(jobs, (node("n0", 0, 0, 0), node("n1", 4)), Policy()), mode=mode)
+    assert alloc.placement["a"] == {"n1": 4}
+    assert "n0 gives nothing now" in alloc.decisions[0].reason
