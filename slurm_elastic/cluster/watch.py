@@ -158,12 +158,13 @@ class Watcher:
                 continue
             seen_jobs.add(job.job_id)
             events.extend(self._job_events(job, now))
-        for jid in list(self._ran_on) + list(self._restarts):
-            if jid not in seen_jobs and jid not in self._finished:
-                self._finished.add(jid)  # purged from slurmctld (MinJobAge) before we saw it end
+        for jid in sorted(set(self._ran_on) | set(self._restarts)):
+            if jid not in seen_jobs:  # purged from slurmctld (MinJobAge) before we saw it end
                 events.append(JobFinished(jid, JobState.UNKNOWN, now))
-        for jid in [j for j in self._ran_on if j in self._finished]:
-            del self._ran_on[jid]
+                self._ran_on.pop(jid, None)
+                self._restarts.pop(jid, None)
+        self._finished &= seen_jobs  # bounded memory: only jobs Slurm still lists
+        self._nr_since = {k: v for k, v in self._nr_since.items() if k in current}
         self._previous = state
         return events
 
@@ -174,6 +175,7 @@ class Watcher:
                 return []
             self._finished.add(jid)
             self._restarts.pop(jid, None)
+            self._ran_on.pop(jid, None)
             return [JobFinished(jid, job.state, now)]
         self._finished.discard(jid)  # a finished job requeued by an operator lives again
         out: list[Event] = []

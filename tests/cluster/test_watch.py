@@ -119,3 +119,12 @@ def test_replace_keeps_node_identity() -> None:
     down = node("n2", NodeState.DOWN)
     w.observe(snap(0, [UP[0], down]))
     assert w.observe(snap(1, [UP[0], replace(down, reason="Not responding")])) == []
+
+
+def test_memory_stays_bounded_as_jobs_come_and_go() -> None:
+    w = Watcher()
+    for i in range(50):
+        w.observe(snap(i, UP, [job(i, JobState.RUNNING, ("n1",))]))
+        w.observe(snap(i + 0.5, UP, [job(i, JobState.COMPLETED, ("n1",))]))
+    w.observe(snap(100, UP, []))
+    assert not w._finished and not w._ran_on and not w._restarts
