@@ -104,7 +104,8 @@ def _finish(result: DemoResult, as_json: bool) -> None:
             table.add_column(col)
         for row in table_rows(summary):
             table.add_row(*(row[c] for c in COLUMNS))
-        console = Console()
+        # Not a terminal (a log, a pipe): wide enough that the table's cells do not wrap into columns of words.
+        console = Console() if sys.stdout.isatty() else Console(width=200)
         console.print(table)
         for event in summary.events:
             seen = "" if event.slurm_t is None else f"; Slurm showed it at {event.slurm_t:.1f} s"

@@ -54,6 +54,7 @@ class TimelineRecorder:
         self._job_views: dict[str, _JobView] = {}
         self._offsets: dict[Path, int] = {}
         self._acks: set[str] = set()
+        self._last_note = ""
         self.latest: ClusterState | None = None
 
     def now(self) -> float:
@@ -172,8 +173,10 @@ class TimelineRecorder:
         notes: list[Event] = []
         for line in self._new_lines(path):
             m = _CONTROLLER_LINE.search(line)
-            if m:
-                notes.append(ControllerNote(t=self.now(), text=m.group(0).strip()))
+            # The controller logs a plan when it decides and again when it journals it: tell it once.
+            if m and m.group(0).strip() != self._last_note:
+                self._last_note = m.group(0).strip()
+                notes.append(ControllerNote(t=self.now(), text=self._last_note))
         return notes
 
     def take_new(self) -> list[Event]:

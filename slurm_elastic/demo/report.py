@@ -84,7 +84,7 @@ def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
     times, stacks = _stacked_gpus(summary, end)
     colours = [_JOB_COLOURS[i % len(_JOB_COLOURS)] for i in range(len(summary.jobs))]
     labels = [f"{j.name} ({j.min_gpus}-{j.max_gpus} GPUs)" for j in summary.jobs]
-    if times:
+    if stacks:
         top.stackplot(times, stacks, labels=labels, colors=colours, step="post", alpha=0.85)
     cap_t, cap = _capacity(timeline, end)
     if cap_t:
@@ -92,7 +92,8 @@ def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
                  label="GPUs on available nodes")
     top.set_ylabel("GPUs held (stacked)")
     top.set_ylim(0, max([*cap, *(sum(col) for col in zip(*stacks))], default=1) + 3)
-    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    if stacks or cap_t:
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     top.set_title("slurm-elastic demo: GPUs per job over time, node events marked")
     top.grid(axis="y", alpha=0.3)
     for i, job in enumerate(summary.jobs):

@@ -321,8 +321,10 @@ class Demo:
         for info in timeline.jobs:
             latest = [e for e in timeline.of(JobSeen) if e.job == info.job]
             if not latest or latest[-1].state != "RUNNING":
-                state = latest[-1].state if latest else "not seen yet"
-                return f"{info.name} is {state}"
+                if not latest:
+                    return f"{info.name} is not in Slurm's queue yet"
+                why = f" ({latest[-1].reason})" if latest[-1].reason and latest[-1].reason != "None" else ""
+                return f"{info.name} is {latest[-1].state}{why}"
             runs = runs_of(timeline, info.job)
             run: Run | None = runs[-1] if runs else None
             rows = [r for r in run.rows if r.t >= since] if run else []
