@@ -112,6 +112,11 @@ class CheckpointStore:
             # failed or interrupted writes; newer ones may still be in progress.
             if newest is not None and step < newest and step not in committed:
                 shutil.rmtree(os.path.join(self.job_dir, name), ignore_errors=True)
+        # Temp files of a writer killed mid-write (LATEST, shards of a step rewritten after the
+        # crash) would otherwise pile up one per crash: the job directory and committed steps are
+        # written by this process alone now, so a temp file of another process there is dead.
+        for directory in [self.job_dir] + [self.step_path(s) for s in committed[:self.keep]]:
+            _remove_dead_temps(directory)
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
         line = json.dumps(dict(row), sort_keys=True) + "\n"
@@ -372,6 +377,17 @@ def fsync_dir(path: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _remove_dead_temps(directory: str) -> None:
+    mine = f".tmp-{os.getpid()}-"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if ".tmp-" in name and mine not in name:
+            _unlink_quietly(os.path.join(directory, name))
 
 
 def _unlink_quietly(path: str) -> None:
