@@ -12,7 +12,6 @@ lacks a field the model needs. Where `--json` is not available at all, text is u
 from __future__ import annotations
 
 import logging
-import os
 import re
 import subprocess
 import time
@@ -55,7 +54,8 @@ class CliBackend:
     def __init__(self, *, env: Mapping[str, str] | None = None, retries: int = 3, backoff_s: float = 1.0,
                  max_backoff_s: float = 8.0, timeout_s: float = 60.0,
                  version: SlurmVersion | None = None) -> None:
-        self._env = dict(os.environ if env is None else env)
+        # None: the process environment at each call, so a SLURM_CONF set later is honoured
+        self._env = None if env is None else dict(env)
         self.retries = max(int(retries), 1)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
