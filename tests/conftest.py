@@ -45,7 +45,8 @@ from typing import TypeVar
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster, node_state_serving
+from slurm_elastic.devcluster import LocalCluster, node_state_serving, processes
+from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE
 from slurm_elastic.devcluster.local import parse_scontrol_nodes, parse_scontrol_record
 from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
 from slurm_elastic.errors import ElasticError
@@ -228,6 +229,14 @@ def _local_owning(conf: Path) -> LocalCluster | None:
     return local if local.exists() and local.slurm_conf == conf.resolve() and local.is_up() else None
 
 
+def _port_base() -> int:
+    """Slurm's usual ports, or free ones if another cluster (another state directory) holds them."""
+    count = 4 + 2 + 4  # slurmctld, the gap before n1, 4 nodes and 2 spares
+    if all(processes.port_free(port) for port in range(DEFAULT_PORT_BASE, DEFAULT_PORT_BASE + count)):
+        return DEFAULT_PORT_BASE
+    return processes.free_port_base(count)
+
+
 def _started_by_tests(local: LocalCluster, marker: Path) -> bool:
     try:
         recorded = int(marker.read_text().strip())
@@ -264,7 +273,7 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
             (users / str(os.getpid())).touch()
             if not local.is_up():
                 try:
-                    local.up()
+                    local.up(port_base=_port_base())
                 except ElasticError as exc:
                     (users / str(os.getpid())).unlink(missing_ok=True)
                     pytest.fail(f"cannot start the local Slurm cluster: {exc}")

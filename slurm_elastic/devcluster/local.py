@@ -522,7 +522,7 @@ class LocalCluster:
         return pid
 
     # -- down ------------------------------------------------------------------
-    def down(self, *, grace: float = 3.0) -> list[int]:
+    def down(self, *, grace: float = 1.5) -> list[int]:
         """Cancel every job, stop all daemons, and prove that no process of the cluster is left.
 
         Returns the pids that were running before. Raises if any survived.
@@ -539,22 +539,33 @@ class LocalCluster:
         if not jobs:
             return
         self.slurm("scancel", *jobs, check=False)
+
+        def nodes_released() -> bool:
+            # A cancelled job stays COMPLETING on its nodes until their slurmd
+            # reports it done; stopping slurmctld before that makes it wait
+            # seconds for the hung RPC.
+            states = [fields.get("State", "") for fields in self.node_states().values()]
+            return all(s.split("+")[0] in ("IDLE", "DOWN") and "COMPLETING" not in s for s in states)
+
         # Give jobs a moment to end cleanly; what is left is SIGKILLed with its step daemon.
-        _wait_until(
-            lambda: not self.slurm("squeue", "-h", "-t", "R,CG,S", "-o", "%i", check=False).stdout.strip(),
-            grace,
-            None,
-        )
+        _wait_until(nodes_released, grace, None)
 
     def _stop_everything(self, layout: ClusterLayout) -> None:
         stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
         for pid in [*stepds, *processes.descendants(stepds)]:
             processes.send(pid, signal.SIGKILL)
+        # A slurmd keeps no state worth saving, and one that is busy with a
+        # dying job takes seconds to honour SIGTERM: kill it.
         slurmds = [pid for n in layout.node_names if (pid := self._slurmd_pid(layout, n)) is not None]
-        processes.stop(slurmds, grace=5.0)
+        for pid in slurmds:
+            processes.send(pid, signal.SIGKILL)
+        processes.wait_gone(slurmds, 5.0)
         ctld = self._ctld_pid(layout)
         if ctld is not None:
-            processes.stop([ctld], grace=10.0)
+            # slurmctld saves its state (atomically, file by file) right after
+            # SIGTERM, then waits up to 3 s for RPCs still in flight to the
+            # killed slurmds; those are worth nothing here.
+            processes.stop([ctld], grace=1.5)
         munged = self._munged_pid(layout)
         if munged is not None:
             processes.stop([munged], grace=5.0)

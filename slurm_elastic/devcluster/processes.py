@@ -194,6 +194,14 @@ def port_free(port: int) -> bool:
     return True
 
 
+def free_port_base(count: int, start: int = 17817, stop: int = 60000, step: int = 37) -> int:
+    """The first base >= start with `count` consecutive free ports on 127.0.0.1 (for a second cluster)."""
+    for base in range(start, stop - count, step):
+        if all(port_free(port) for port in range(base, base + count)):
+            return base
+    raise ClusterSetupError(f"no {count} consecutive free ports on 127.0.0.1 between {start} and {stop}")
+
+
 def run_daemon(argv: Sequence[str], *, env: Mapping[str, str], startup_log: Path, timeout: float = 30.0) -> None:
     """Run a self-daemonizing program and wait for its foreground parent to exit.
 

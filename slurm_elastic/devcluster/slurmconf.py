@@ -44,7 +44,7 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         "SchedulerType=sched/backfill",
         # The main loop runs every 60 s by default; a short interval lets a
         # released or requeued job start within seconds on this small cluster.
-        "SchedulerParameters=sched_interval=5,bf_interval=5",
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5",
         "JobRequeue=1",
         # A DOWN node returns to service as soon as its slurmd registers again.
         "ReturnToService=2",

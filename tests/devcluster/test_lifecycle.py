@@ -23,27 +23,12 @@ pytestmark = [
 
 def _free_port_base(count: int) -> int:
     """A port base with count free ports after it (the fixture's cluster uses the defaults)."""
-    for base in range(17817, 30000, 37):
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free ports")
+    return processes.free_port_base(count, start=19817)
 
 
 @pytest.fixture
-def short_dir():
-    # The munge socket path must fit in 108 bytes; pytest's tmp_path can be long.
-    path = Path(f"/tmp/se-dc-{os.getpid()}-{time.monotonic_ns()}")
-    yield path
-    subprocess.run(["rm", "-rf", str(path)], check=False)
+def short_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cluster"
 
 
 def test_up_with_options_runs_a_job_and_down_leaves_nothing(short_dir: Path, tmp_path: Path) -> None:
