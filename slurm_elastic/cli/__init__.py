@@ -19,7 +19,10 @@ from slurm_elastic.cli.status import status
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="slurm-elastic")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option("--backend", type=click.Choice(["auto", "cli", "pyslurm"]), default=None,
+              help="How to talk to Slurm (default: $SLURM_ELASTIC_BACKEND or auto: pyslurm when it "
+                   "matches the running Slurm, else the CLI/JSON backend).")
+def main(verbose: int, backend: str | None) -> None:
     """Elastic deep-learning training on Slurm.
 
     Submit jobs with a GPU range; a controller re-solves the allocation of
@@ -39,6 +42,9 @@ def main(verbose: int) -> None:
     if os.environ.get("SLURM_ELASTIC_LOG"):
         level = getattr(logging, os.environ["SLURM_ELASTIC_LOG"].upper(), level)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if backend is not None:
+        # Every command (and a daemon it starts) chooses its backend from this variable.
+        os.environ["SLURM_ELASTIC_BACKEND"] = backend
 
 
 for command in (sbatch, watch, status, admin, simulate, demo, cluster):
