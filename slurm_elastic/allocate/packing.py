@@ -153,7 +153,8 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
         if not cur or set(row) <= set(cur):
             break  # in place (or a job that holds nothing): smaller counts only score lower
     g0 = sum(cur.values())
-    if cur and g0 in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+    # staying put is an option for a job that was to grow; one the counts solve shrank must give the GPUs back
+    if cur and g0 <= target and g0 in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
         score = inst.job_objective(i, cur)
         if best is None or score > best[0]:
             best = (score, dict(cur))
