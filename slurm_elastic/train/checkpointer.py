@@ -8,7 +8,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -98,7 +98,10 @@ class LayerCheckpointer:
         self.slots = _build_slots(self.model, layers)
         self.groups = _build_groups(self.slots, world_size, group_bytes)
         self._group_of = {s: g.index for g in self.groups for s in g.slots}
-        self._mine = {s for g in self.groups if g.owner == rank for s in g.slots}
+        # FSDP (DTensor parameters): every rank holds a different shard of every
+        # layer, so every rank writes every group, its own shard of it.
+        self.sharded = any(_is_dtensor(p) for s in self.slots for _, p in s.params)
+        self._mine = {s for g in self.groups if self._owns(g) for s in g.slots}
         self._check_optimizer()
         self._before_write = before_write   # test seam: runs in the writer thread before each file
         self._snap: _Snapshot | None = None
@@ -115,6 +118,12 @@ class LayerCheckpointer:
                          for s in self.slots if s.index in self._mine and module_of[s.index] is not None]
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.wait_for_copies()))
+
+    def _owns(self, group: LayerGroup) -> bool:
+        return self.sharded or group.owner == self.rank
+
+    def file_name(self, group: LayerGroup) -> str:
+        return f"group-{group.index:05d}-rank-{self.rank:05d}.safetensors" if self.sharded else group.file_name
 
     # -- the training thread's side ------------------------------------------------------
     @property
@@ -141,7 +150,7 @@ class LayerCheckpointer:
         self.store.begin_step(step)
         snap = _Snapshot(step=step, pending=set(self._mine))
         for g in self.groups:
-            if g.owner == self.rank:
+            if self._owns(g):
                 snap.group_left[g.index] = len(g.slots)
         self._snap = snap
         self._in_flight += 1
@@ -219,11 +228,11 @@ class LayerCheckpointer:
                 eager["buffer/" + fqn] = _host_copy_now(buf)
         live: dict[str, torch.Tensor] = {}
         for fqn, p in slot.params:
-            live["param/" + fqn] = p.detach()
+            _put_local(live, "param/" + fqn, p.detach())
             state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
-                    live[f"optim/{fqn}/{key}"] = value.detach()
+                    _put_local(live, f"optim/{fqn}/{key}", value.detach())
                 elif type(value) in _PY_SCALAR_TAGS:
                     eager[f"optimpy/{fqn}/{key}:{_PY_SCALAR_TAGS[type(value)]}"] = _encode_scalar(value)
                 else:
@@ -269,7 +278,7 @@ class LayerCheckpointer:
 
     # -- the writer thread ---------------------------------------------------------------------
     def _write_loop(self) -> None:
-        owned = sum(1 for g in self.groups if g.owner == self.rank)
+        owned = sum(1 for g in self.groups if self._owns(g))
         left: dict[int, int] = {}
         while True:
             item = self._work.get()
@@ -288,11 +297,11 @@ class LayerCheckpointer:
                         tensors.update(snap.copies[s].result())
                     if self._before_write is not None:
                         self._before_write(snap.step, group)
-                    snap.records.append(self.store.write_tensors(snap.step, group.file_name, tensors,
+                    snap.records.append(self.store.write_tensors(snap.step, self.file_name(group), tensors,
                                                                  rank=self.rank))
                 except Exception as exc:   # a full disk must not stop training: report, keep going
                     snap.error = f"{type(exc).__name__}: {exc}"
-                    log.error("checkpoint of step %d: writing %s failed: %s", snap.step, group.file_name, exc)
+                    log.error("checkpoint of step %d: writing %s failed: %s", snap.step, self.file_name(group), exc)
             snap.write_s += time.monotonic() - t0
             left[id(snap)] -= 1
             if left[id(snap)] == 0:
@@ -426,6 +435,38 @@ def model_fingerprint(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+SHARD_SUFFIX = "#shard"
+
+
+def _is_dtensor(t: object) -> bool:
+    return type(t).__name__ == "DTensor" or type(getattr(t, "data", None)).__name__ == "DTensor"
+
+
+def _put_local(out: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
+    """A DTensor contributes its local shard (FSDP shards dim 0 in rank order), marked as such."""
+    if _is_dtensor(t):
+        placements = t.placements
+        if len(placements) != 1 or not placements[0].is_shard(0):
+            raise CheckpointError(f"{key}: only FSDP's dim-0 sharding is supported, got {placements}")
+        out[key + SHARD_SUFFIX] = t.to_local()
+    else:
+        out[key] = t
+
+
+def merge_shards(per_rank: Sequence[Iterable[tuple[str, torch.Tensor]]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full tensors from the files of every rank (in rank order): dim-0 shards are concatenated,
+    replicated tensors (a scalar step count, buffers) are taken from the first rank."""
+    shards: dict[str, list[torch.Tensor]] = {}
+    for items in per_rank:
+        for key, t in items:
+            shards.setdefault(key, []).append(t)
+    for key, parts in shards.items():
+        if key.endswith(SHARD_SUFFIX):
+            yield key[: -len(SHARD_SUFFIX)], torch.cat(parts, dim=0)
+        else:
+            yield key, parts[0]
+
+
 def _host_copy_now(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
@@ -503,15 +544,37 @@ def load_into(model: nn.Module, optimizer: torch.optim.Optimizer | None, tensors
         for p in group["params"]:
             saved_state = optim.get(by_id[id(p)])
             if saved_state:
-                optimizer.state[p] = {k: (v.to(p.device) if isinstance(v, torch.Tensor) and v.dim() > 0 else v)
-                                      for k, v in saved_state.items()}
+                optimizer.state[p] = {k: _state_value(p, v) for k, v in saved_state.items()}
 
 
 def _copy_checked(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst.shape != src.shape or dst.dtype != src.dtype:
         raise CheckpointError(f"checkpoint tensor {name} is {tuple(src.shape)} {src.dtype}, "
                               f"the model has {tuple(dst.shape)} {dst.dtype}")
-    dst.copy_(src)
+    if _is_dtensor(dst):
+        dst.to_local().copy_(_local_slice(dst, src))
+    else:
+        dst.copy_(src)
+
+
+def _local_slice(like: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `full` under `like`'s (DTensor) sharding - at the current world size."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(full.shape, like.device_mesh, like.placements)
+    index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
+    return full[index]
+
+
+def _state_value(p: torch.Tensor, v: Any) -> Any:
+    if not isinstance(v, torch.Tensor) or v.dim() == 0:
+        return v
+    if _is_dtensor(p) and tuple(v.shape) == tuple(p.shape):
+        from torch.distributed.tensor import DTensor
+
+        local = _local_slice(p, v).to(p.to_local().device).contiguous()
+        return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    return v.to(p.device)
 
 
 def optimizer_groups_json(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ from torch import nn
 from slurm_elastic.errors import CheckpointError, ElasticError
 from slurm_elastic.train import protocol
 from slurm_elastic.train.checkpointer import (DEFAULT_GROUP_BYTES, FinishedSnapshot, LayerCheckpointer,
-                                              load_into, model_fingerprint, optimizer_groups_json, unwrap)
+                                              load_into, merge_shards, model_fingerprint, optimizer_groups_json,
+                                              unwrap)
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.rng import capture_rng, restore_rng
 from slurm_elastic.train.sampler import (BatchGeometry, BatchGeometryError, ElasticSampler,
@@ -201,7 +202,13 @@ class ElasticSession:
         if manifest["global_batch"] != self.geometry.global_batch:
             raise CheckpointError(f"checkpoint step {step} used global batch {manifest['global_batch']}, this run "
                                   f"{self.geometry.global_batch}; exact resume needs the same global batch")
-        tensors = (kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items())
+        if manifest.get("sharded"):
+            by_rank: dict[int, list] = {}
+            for rec in sorted(manifest["files"], key=lambda r: (r.get("rank", 0), r["name"])):
+                by_rank.setdefault(rec.get("rank", 0), []).extend(self.store.read_tensors(step, rec).items())
+            tensors: Any = merge_shards([by_rank[r] for r in sorted(by_rank)])
+        else:
+            tensors = (kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items())
         load_into(model, optimizer, tensors, manifest.get("optimizer", {}).get("param_groups"))
         if scheduler is not None and manifest.get("scheduler") is not None:
             scheduler.load_state_dict(manifest["scheduler"])
@@ -345,6 +352,7 @@ class ElasticSession:
             "step": meta["step"],
             "samples_consumed": meta["samples_consumed"],
             "world_size": self.world_size,
+            "sharded": self._ckpt.sharded,
             "global_batch": self.geometry.global_batch,
             "micro_batch": self.geometry.micro_batch,
             "accumulation": self.geometry.accumulation,

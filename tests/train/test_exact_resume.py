@@ -45,8 +45,11 @@ def _flat(params: dict) -> list[float]:
     return out
 
 
-def _run(tmp: Path, world: int, log: Path, *, signal_at: int | None, restart: int, job: str = "777") -> list[int]:
+def _run(tmp: Path, world: int, log: Path, *, signal_at: int | None, restart: int, job: str = "777",
+         fsdp: bool = False) -> list[int]:
     args = ["--ckpt-dir", str(tmp / "ck"), "--steps", str(STEPS), "--loss-log", str(log), "--every-steps", "5"]
+    if fsdp:
+        args.append("--fsdp")
     if signal_at is not None:
         args += ["--signal-self-at-step", str(signal_at)]
     results = run_ranks(MODULE, args, world_size=world, job_id=job, restart_count=restart)
@@ -95,3 +98,21 @@ def test_metrics_rows_have_the_contract_fields(tmp_path: Path) -> None:
         assert row["gpus"] == 2 and row["nodes"] == 1 and row["steps_per_s"] > 0
         assert row["samples_per_s"] == pytest.approx(row["steps_per_s"] * 48)
     assert os.stat(tmp_path / "ck" / "778").st_mode & 0o777 == 0o700
+
+
+def test_fsdp_shards_resume_exactly_and_interchange_with_ddp(tmp_path: Path) -> None:
+    straight = tmp_path / "straight"
+    assert _run(straight, 4, straight / "loss.jsonl", signal_at=None, restart=0) == [0] * 4
+    mixed = tmp_path / "mixed"
+    log = mixed / "loss.jsonl"
+    assert _run(mixed, 4, log, signal_at=5, restart=0) == [protocol.REQUEUE_EXIT_CODE] * 4          # DDP
+    assert _run(mixed, 3, log, signal_at=13, restart=1, fsdp=True) == [protocol.REQUEUE_EXIT_CODE] * 3
+    manifest = json.loads((mixed / "ck" / "777" / protocol.step_dir_name(14) / protocol.MANIFEST_FILE).read_text())
+    assert manifest["sharded"] and {f["rank"] for f in manifest["files"]} == {0, 1, 2}
+    assert _run(mixed, 2, log, signal_at=None, restart=2, fsdp=True) == [0] * 2                     # FSDP 3 -> 2
+    ref, got = _losses(straight / "loss.jsonl"), _losses(log)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in ref:
+        assert math.isclose(got[step], ref[step], rel_tol=1e-9), (step, got[step], ref[step])
+    a, b = _flat(_final(straight / "ck" / "777")["params"]), _flat(_final(mixed / "ck" / "777")["params"])
+    assert max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b) if abs(x) > 1e-8) <= 1e-5

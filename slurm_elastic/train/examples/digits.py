@@ -48,6 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="testing: every rank sends itself the checkpoint signal after this step")
     p.add_argument("--step-sleep", type=float, default=0.0, help="testing: seconds to sleep per step")
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
     return p.parse_args(argv)
 
 
@@ -61,12 +62,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ElasticSession(ckpt_dir=args.ckpt_dir, every_steps=args.every_steps, every_seconds=args.every_seconds,
                         timeout_s=args.timeout_s, metrics_every_s=0.0) as session:
         model = build_model()
+        net: nn.Module = model
+        if args.fsdp and session.world_size > 1:
+            from torch.distributed.fsdp import fully_shard
+
+            # Shard before the optimizer and attach(): both must see the sharded parameters.
+            for layer in model:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
         session.attach(model, optimizer, global_batch=args.global_batch, micro_batch=args.micro_batch,
                        dataset_size=len(x), scheduler=scheduler, seed=1234)
-        net: nn.Module = model
-        if session.world_size > 1:
+        if session.world_size > 1 and not args.fsdp:
             net = nn.parallel.DistributedDataParallel(model)
         # DDP averages gradients over ranks; scaling each rank's share by the world size
         # makes the update the exact global-batch mean at any world size.
@@ -76,7 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             total = torch.zeros(1, dtype=torch.float64)
             micro = session.micro_batches()
             for i, idx in enumerate(micro):
-                ctx = net.no_sync() if (session.world_size > 1 and i < len(micro) - 1) else _null()
+                last = i == len(micro) - 1
+                if args.fsdp and session.world_size > 1:
+                    model.set_requires_gradient_sync(last)
+                    ctx: object = _null()
+                else:
+                    ctx = net.no_sync() if (session.world_size > 1 and not last) else _null()
                 with ctx:
                     loss = loss_fn(net(x[idx]), y[idx])
                     (loss * scale).backward()
@@ -93,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 time.sleep(args.step_sleep)
             if args.signal_self_at_step is not None and session.step == args.signal_self_at_step:
                 os.kill(os.getpid(), getattr(signal, "SIG" + session.signal_name))
+        full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
         if session.rank == 0:
-            params = {n: p.detach().tolist() for n, p in model.named_parameters()}
+            params = {n: t.tolist() for n, t in full.items()}
             final = os.path.join(session.job_dir, "final-params.json")
             with open(final, "w", encoding="utf-8") as f:
                 json.dump({"step": session.step, "params": params}, f)
