@@ -158,6 +158,9 @@ class SlurmTestCluster:
                 self.local.retire_spare(node.name)
             elif not node.spare and not node.started:
                 self.local.node_up(node.name, wait=False)
+            elif not node.spare and ("DRAIN" in node.state or node.state.startswith("DOWN")):
+                # Running but drained or set DOWN by a test: what an administrator would resume.
+                self.run("scontrol", "update", f"NodeName={node.name}", "State=RESUME", check=False)
         self.local.wait_for_nodes(self.nodes, node_state_serving, timeout=timeout, what="back in service")
 
 

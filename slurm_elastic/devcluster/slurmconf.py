@@ -54,9 +54,8 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         "MinJobAge=300",
         "MpiDefault=none",
         "MailProg=/bin/true",
-        "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/none",
-        "JobAcctGatherType=jobacct_gather/none",
+        # No accounting: the defaults (none) are spelled differently across
+        # versions, so they are left unset.
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
     ]
