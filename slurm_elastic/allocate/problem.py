@@ -54,7 +54,7 @@ class JobRequest:
     weight: float = 1.0
     current: Mapping[str, int] = field(default_factory=dict)
     restart_cost_s: float = 30.0
-    throughput: Callable[..., float] | None = None
+    throughput: Callable[..., float] | Mapping[int, float] | None = None  # a model, or a GPUs -> speed table
     allowed_gpus: tuple[int, ...] | None = None
     must_run: bool = False
 
@@ -81,14 +81,20 @@ class JobRequest:
             raise AllocationError(f"job {self.key}: min GPUs {self.min_gpus} exceeds max {self.max_gpus}")
         for name in ("cpus_per_gpu", "mem_per_gpu_mb"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if not _number(v) or v < 0:
                 raise AllocationError(f"job {self.key}: {name} must be a non-negative number, got {v!r}")
-        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight) or self.weight <= 0:
+        if not _number(self.weight) or self.weight <= 0:
             raise AllocationError(f"job {self.key}: weight must be a positive finite number, got {self.weight!r}")
-        if not math.isfinite(self.restart_cost_s) or self.restart_cost_s < 0:
+        if not _number(self.restart_cost_s) or self.restart_cost_s < 0:
             raise AllocationError(f"job {self.key}: restart cost must be >= 0 seconds, got {self.restart_cost_s!r}")
-        if any(g < 0 for g in self.current.values()):
-            raise AllocationError(f"job {self.key}: negative current GPUs {dict(self.current)}")
+        if not isinstance(self.current, Mapping) or any(
+                not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in self.current.values()):
+            raise AllocationError(f"job {self.key}: current GPUs per node must be whole numbers >= 0, "
+                                  f"got {self.current!r}")
+        if self.allowed_gpus is not None and any(not isinstance(g, int) for g in self.allowed_gpus):
+            raise AllocationError(f"job {self.key}: allowed GPU counts must be whole numbers, got {self.allowed_gpus!r}")
+        if self.throughput is not None and not (callable(self.throughput) or isinstance(self.throughput, Mapping)):
+            raise AllocationError(f"job {self.key}: throughput must be a callable or a GPUs -> speed table")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +116,13 @@ class Policy:
     def validate(self) -> None:
         for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if not _number(v) or v < 0:
                 raise AllocationError(f"policy {name} must be a non-negative finite number, got {v!r}")
+
+
+def _number(v: object) -> bool:
+    """A finite real number (bools are not numbers here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +149,10 @@ class AllocationProblem:
 
     def validate(self) -> None:
         self.policy.validate()
+        if not all(isinstance(j, JobRequest) for j in self.jobs):
+            raise AllocationError("every job must be a JobRequest")
+        if not all(isinstance(n, NodeCapacity) for n in self.nodes):
+            raise AllocationError("every node must be a NodeCapacity")
         keys = [j.key for j in self.jobs]
         if len(set(keys)) != len(keys):
             raise AllocationError("job keys must be unique")
@@ -147,7 +162,7 @@ class AllocationProblem:
         for n in self.nodes:
             for r in ("gpus", "cpus", "mem_mb"):
                 v = getattr(n, r)
-                if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                if not _number(v) or v < 0:
                     raise AllocationError(f"node {n.name}: {r} capacity must be >= 0, got {v!r}")
         for j in self.jobs:
             j.validate()

@@ -143,9 +143,12 @@ def curve(model: Callable[..., float], counts: Sequence[int], nodes_for: Callabl
     pts = []
     for g in counts:
         try:
-            s = float(model(g, nodes_for(g)))
-        except TypeError:
-            s = float(model(g))  # a plain callable of GPUs only
+            try:
+                s = float(model(g, nodes_for(g)))
+            except TypeError:
+                s = float(model(g))  # a plain callable of GPUs only
+        except Exception as exc:  # a user's model: whatever it raises, the user needs to know which job
+            raise AllocationError(f"job {job_key}: throughput model failed at {g} GPUs: {exc}") from exc
         if not math.isfinite(s) or s < 0:
             raise AllocationError(f"job {job_key}: throughput model gave {s!r} at {g} GPUs "
                                   f"(must be a finite number >= 0)")

@@ -129,3 +129,27 @@ def test_incumbent_at_time_limit_is_used(monkeypatch):
     alloc = solve(AllocationProblem((JobRequest("a", 1, 8),), NODES), mode="exact")
     assert alloc.method == "milp-time-limit" and alloc.gpus["a"] == 8
     assert alloc.mip_gap > 0 and alloc.bound > alloc.objective
+
+
+@pytest.mark.parametrize("change", [dict(weight="1"), dict(weight=True), dict(restart_cost_s="30"),
+                                    dict(current={"n0": 1.5}), dict(current=[("n0", 2)]),
+                                    dict(allowed_gpus=(1.5,)), dict(throughput=42)])
+def test_wrongly_typed_job_fields_are_an_allocation_error(change):
+    job = JobRequest(**{**dict(key="j", min_gpus=1, max_gpus=4), **change})
+    with pytest.raises(AllocationError):
+        solve(AllocationProblem((job,), NODES))
+
+
+def test_throughput_model_that_raises_names_the_job():
+    def broken(gpus, nodes=1):
+        raise ZeroDivisionError("profile missing")
+
+    with pytest.raises(AllocationError, match="job j: throughput model failed at 1 GPUs: profile missing"):
+        solve(AllocationProblem((JobRequest("j", 1, 4, throughput=broken),), NODES))
+
+
+def test_things_that_are_not_jobs_or_nodes():
+    with pytest.raises(AllocationError):
+        solve(AllocationProblem(({"key": "j"},), NODES))  # type: ignore[arg-type]
+    with pytest.raises(AllocationError):
+        solve(AllocationProblem((JobRequest("j", 1, 4),), (("n0", 8, 8, 8),)))  # type: ignore[arg-type]
