@@ -100,3 +100,23 @@ def test_a_job_whose_node_died_restarts_elsewhere_whatever_its_restart_cost(mode
     alloc = solve(AllocationProblem(jobs, (node("n0", 0, 0, 0), node("n1", 4)), Policy()), mode=mode)
     assert alloc.placement["a"] == {"n1": 4}
     assert "n0 gives nothing now" in alloc.decisions[0].reason
+
+
+def test_losing_a_node_at_scale_with_high_beta_moves_only_its_jobs():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from solver import make_problem  # noqa: PLC0415
+
+    problem = make_problem(jobs=200, nodes=100, gpn=8, mixed=False, seed=5)
+    first = solve(problem)
+    placed = tuple(replace(j, current=dict(first.placement[j.key])) for j in problem.jobs)
+    busy = next(n for n in problem.nodes if sum(first.placement[j.key].get(n.name, 0) for j in problem.jobs) > 0)
+    nodes = tuple(NodeCapacity(n.name, 0, 0, 0) if n.name == busy.name else n for n in problem.nodes)
+    after = solve(AllocationProblem(placed, nodes, Policy(beta=1.0)))
+    assert any("two-stage" in note for note in after.notes)
+    on_lost = {j.key for j in placed if busy.name in j.current}
+    assert on_lost
+    for j in placed:
+        if j.key not in on_lost:
+            assert after.placement[j.key] == dict(j.current), j.key
+        else:
+            assert busy.name not in after.placement[j.key]
