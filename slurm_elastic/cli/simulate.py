@@ -2,17 +2,182 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import click
 
-from slurm_elastic.cli._common import not_implemented
+from slurm_elastic.cli._common import echo_json, elastic_errors
+from slurm_elastic.errors import TraceError
+
+RESTARTS = ("forward-layer", "traditional", "both")
 
 
 @click.command()
-def simulate() -> None:
-    """Replay a workload trace under the l1 policy and the baselines.
+@click.argument("workloads", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--policy", "policy_name", default="all", show_default=True,
+              type=click.Choice(["l1", "static", "tiresias", "optimus", "all"]), help="Policy to replay under.")
+@click.option("--cluster", "cluster_spec", default="16x4", show_default=True,
+              help="NODESxGPUS[:CPUS[:MEM_GB]], groups joined by commas (e.g. 8x4,4x8:64:512).")
+@click.option("--interval", default=60.0, show_default=True, help="Scheduling interval in seconds.")
+@click.option("--failures", default=None,
+              help="Node failures: every:PERIOD_S:DOWN_S[:SEED], mtbf:MTBF_S:DOWN_S[:SEED], "
+                   "or a CSV file time_s,node,down_s.")
+@click.option("--restart", "restart_method", default="forward-layer", show_default=True,
+              type=click.Choice(RESTARTS), help="Restart method (both: run each policy with each).")
+@click.option("--restart-overhead", default=30.0, show_default=True, help="Seconds of no progress per (re)start.")
+@click.option("--checkpoint-interval", default=1800.0, show_default=True,
+              help="Seconds of running between periodic checkpoints.")
+@click.option("--sync-checkpoint", default=30.0, show_default=True,
+              help="Traditional method: seconds a full synchronous checkpoint stalls the job.")
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "pollux", "generic", "sacct"]), help="Workload file format.")
+@click.option("--applications", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Pollux application profiles (default: ../applications beside the workload).")
+@click.option("--sacct-elastic", default="comment", show_default=True,
+              type=click.Choice(["comment", "all", "none"]),
+              help="sacct import: which jobs are elastic (elastic spec in Comment, every GPU job, none).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of result rows.")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write PNG plots (GPUs per job, JCT CDF, utilisation) under this folder.")
+@click.option("--decisions", "decisions_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every policy decision as JSON lines to this file.")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@elastic_errors
+def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float,
+             failures: str | None, restart_method: str, restart_overhead: float, checkpoint_interval: float,
+             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, as_json: bool,
+             markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
+    """Replay workload traces under the l1 policy and the baselines.
+
+    WORKLOADS are Pollux workload CSVs, generic CSVs or sacct --parsable2
+    exports (see docs/simulator.md). Every policy sees the same jobs,
+    cluster and failures.
 
     \b
     Example:
       slurm-elastic simulate workload-1.csv --policy all --cluster 16x4
+      slurm-elastic simulate w.csv --failures every:7200:600 --restart both
     """
-    not_implemented("simulate")
+    from slurm_elastic.sim import (POLICIES, RestartModel, SimConfig, Simulation, make_policy, parse_cluster,
+                                   parse_failures, summarize)
+    from slurm_elastic.sim.workload import load_any
+
+    try:
+        nodes = parse_cluster(cluster_spec)
+        schedule = parse_failures(failures)
+        methods = ("forward-layer", "traditional") if restart_method == "both" else (restart_method,)
+        restarts = [RestartModel(m, restart_overhead, checkpoint_interval, sync_checkpoint) for m in methods]
+        configs = [SimConfig(nodes, interval, r, schedule) for r in restarts]
+        gpn = max(n.gpus for n in nodes)
+        loaded = [(w, load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,
+                               sacct_elastic=sacct_elastic)) for w in workloads]
+    except TraceError as exc:
+        raise click.UsageError(str(exc)) from None
+    names = POLICIES if policy_name == "all" else (policy_name,)
+    rows = []
+    results_by_workload = []
+    decision_lines = []
+    with _progress(progress) as bar:
+        for path, jobs in loaded:
+            results = []
+            for config in configs:
+                for name in names:
+                    label = f"{path.name} {name}" + ("" if config.restart.method == "forward-layer"
+                                                      else f" ({config.restart.method})")
+                    task = bar.add_task(label, total=len(jobs)) if bar else None
+
+                    def report(done: int, total: int, now: float, _task=task) -> None:
+                        if bar is not None:
+                            bar.update(_task, completed=done)
+
+                    result = Simulation(jobs, make_policy(name), config, report).run()
+                    if bar is not None:
+                        bar.update(task, completed=len(jobs))
+                    results.append(result)
+                    row = {"workload": path.name, **summarize(result)}
+                    rows.append(row)
+                    for d in result.decisions:
+                        decision_lines.append({"workload": path.name, "policy": name,
+                                               "restart_method": config.restart.method, "time_s": d.time_s,
+                                               "reasons": d.reasons, "changes": d.changes, "notes": d.notes,
+                                               "solve_s": d.solve_s})
+            results_by_workload.append((path, results))
+    if decisions_path is not None:
+        with decisions_path.open("w", encoding="utf-8") as handle:
+            for line in decision_lines:
+                handle.write(json.dumps(line) + "\n")
+    if plot_dir is not None:
+        from slurm_elastic.sim.plots import write_plots
+
+        for path, results in results_by_workload:
+            folder = plot_dir / path.stem if len(results_by_workload) > 1 else plot_dir
+            write_plots(results, folder, title=path.stem)
+    if as_json:
+        echo_json(rows)
+    elif markdown:
+        click.echo(_markdown(rows))
+    else:
+        _table(rows)
+    unfinished = [r for r in rows if r["finished"] < r["jobs"]]
+    if unfinished:
+        raise click.ClickException(f"{len(unfinished)} run(s) stopped at the time limit with jobs unfinished")
+
+
+COLUMNS = (("workload", "workload", "{}"), ("policy", "policy", "{}"), ("restart", "restart_method", "{}"),
+           ("avg JCT (s)", "avg_jct_s", "{:.0f}"), ("p99 JCT (s)", "p99_jct_s", "{:.0f}"),
+           ("makespan (s)", "makespan_s", "{:.0f}"), ("GPU util", "gpu_util", "{:.1%}"),
+           ("jobs/h", "jobs_per_hour", "{:.1f}"), ("restarts", "restarts", "{}"),
+           ("restart loss", "restart_loss_share", "{:.2%}"), ("failures", "node_failures", "{}"),
+           ("sim s", "wall_s", "{:.1f}"))
+
+
+def _cells(row: dict[str, object]) -> list[str]:
+    out = []
+    for _, key, fmt in COLUMNS:
+        v = row[key]
+        out.append("-" if isinstance(v, float) and math.isnan(v) else fmt.format(v))
+    return out
+
+
+def _markdown(rows: list[dict[str, object]]) -> str:
+    lines = ["| " + " | ".join(c for c, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for title, _, _ in COLUMNS:
+        table.add_column(title, justify="left" if title in ("workload", "policy", "restart") else "right")
+    for r in rows:
+        table.add_row(*_cells(r))
+    Console().print(table)
+
+
+class _progress:
+    """A rich progress bar on stderr, or nothing."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("jobs"), TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.bar.__enter__()
+        return self.bar
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)

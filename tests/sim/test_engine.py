@@ -1,0 +1,150 @@
+"""The event core: conservation of GPU-seconds, restart costs, node failures and repairs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from slurm_elastic.errors import AllocationError, TraceError
+from slurm_elastic.sim import (POLICIES, FailureSchedule, NodeEvent, RestartModel, SimConfig, Simulation,
+                               make_policy, parse_cluster, parse_failures, summarize)
+from slurm_elastic.sim.policy import Decision
+from slurm_elastic.sim.tiresias import TiresiasPolicy
+
+from tests.sim.conftest import job
+
+
+def random_jobs(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    out = []
+    t = 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / 120)
+        g = rng.choice([1, 1, 2, 4, 6, 8])
+        out.append(job(f"j{i}", round(t, 1), g, rng.uniform(60, 3000), lo=1, hi=min(16, 2 * g),
+                       overhead=None))
+    return out
+
+
+def allocated_from_timeline(result) -> list[tuple[float, int]]:
+    """Total GPUs held after the changes at each instant, rebuilt from the per-job changes alone."""
+    held: dict[str, int] = {}
+    out: dict[float, int] = {}
+    for t, key, g in result.timeline:
+        held[key] = g
+        out[t] = sum(held.values())
+    return sorted(out.items())
+
+
+def capacity_at(result, t: float) -> int:
+    cap = result.utilisation[0][2]
+    for ts, _, c in result.utilisation:
+        if ts <= t:
+            cap = c
+    return cap
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_gpu_seconds_never_exceed_capacity(policy):
+    jobs = random_jobs(30, seed=3)
+    failures = FailureSchedule(every_s=1500, down_s=400, seed=5)
+    result = Simulation(jobs, make_policy(policy), SimConfig(parse_cluster("2x4,1x8"), failures=failures)).run()
+    assert not result.unfinished
+    assert result.node_failures > 0
+    # at every change, the GPUs held (rebuilt from the job timeline) fit in the GPUs up then
+    for t, total in allocated_from_timeline(result):
+        assert total <= capacity_at(result, t), f"{policy}: {total} GPUs held at t={t} over capacity"
+    # and over the whole run, GPU-seconds held by jobs <= GPU-seconds of capacity
+    row = summarize(result)
+    assert 0 < row["gpu_util"] <= 1.0
+    held = sum(r.gpu_s for r in result.jobs)
+    cap = sum(c * (t1 - t0) for (t0, _, c), (t1, _, _) in zip(result.utilisation, result.utilisation[1:]))
+    assert held <= cap + 1e-6
+
+
+def test_first_start_pays_the_overhead_but_is_not_a_restart():
+    result = Simulation([job("a", 0, 4, 100, overhead=None)], make_policy("static"),
+                        SimConfig(parse_cluster("1x4"), restart=RestartModel(overhead_s=30))).run()
+    rec = result.jobs[0]
+    assert rec.finish_s == pytest.approx(130)
+    assert rec.restarts == 0 and rec.restart_loss_gpu_s == 0
+
+
+def test_node_failure_loses_work_since_the_last_checkpoint():
+    # 1 node, checkpoint every 100 s of running; the node dies at t=250 (50 s after the checkpoint at 200)
+    # for 50 s: the job redoes 50 s, restarts at 300 and needs 1000-200 = 800 more seconds.
+    restart = RestartModel(overhead_s=0, checkpoint_interval_s=100)
+    fail = FailureSchedule(events=(NodeEvent(250, "n000", 50),))
+    result = Simulation([job("a", 0, 4, 1000)], make_policy("static"),
+                        SimConfig(parse_cluster("1x4"), restart=restart, failures=fail)).run()
+    rec = result.jobs[0]
+    assert rec.finish_s == pytest.approx(1100)
+    assert rec.restarts == 1
+    assert rec.restart_loss_gpu_s == pytest.approx(50 * 4)
+    assert result.node_failures == 1
+
+
+def test_traditional_restart_stalls_on_checkpoints_and_signalled_stops():
+    # Tiresias preempts a at t=50 (threshold 100 GPU-s); forward-layer: no work lost, no stall.
+    # traditional: a's periodic checkpoints stall 10 s per 100 s running and its stop writes one (10 s).
+    jobs = [job("a", 0, 4, 100), job("b", 50, 4, 20)]
+    cfg = dict(nodes=parse_cluster("1x4"))
+    fwd = Simulation(jobs, TiresiasPolicy(thresholds_gpu_s=(100.0,)),
+                     SimConfig(**cfg, restart=RestartModel("forward-layer", 0, 100, 10))).run()
+    trad = Simulation(jobs, TiresiasPolicy(thresholds_gpu_s=(100.0,)),
+                      SimConfig(**cfg, restart=RestartModel("traditional", 0, 100, 10))).run()
+    f = {r.key: r for r in fwd.jobs}
+    t = {r.key: r for r in trad.jobs}
+    assert f["a"].finish_s == pytest.approx(120)
+    assert t["a"].finish_s > f["a"].finish_s + 10
+    assert t["a"].restart_loss_gpu_s > f["a"].restart_loss_gpu_s
+
+
+def test_policy_that_overcommits_a_node_is_refused():
+    class Greedy:
+        name = "greedy"
+
+        def decide(self, view):
+            return Decision({j.key: {"n000": 4} for j in view.jobs})
+
+    with pytest.raises(AllocationError, match="over-committed node n000"):
+        Simulation([job("a", 0, 4, 10), job("b", 0, 4, 10)], Greedy(), SimConfig(parse_cluster("1x4"))).run()
+
+
+def test_scheduling_interval_and_immediate_resolve():
+    # a job arriving at t=7 starts at t=7 (arrival wakes the scheduler), not at the next tick (60)
+    result = Simulation([job("a", 7, 1, 10)], make_policy("static"), SimConfig(parse_cluster("1x4"))).run()
+    assert result.jobs[0].start_s == 7
+    assert result.decisions[0].reasons == ("arrival",)
+
+
+def test_job_larger_than_the_cluster_is_an_error():
+    with pytest.raises(TraceError, match="more GPUs than the whole cluster"):
+        Simulation([job("a", 0, 8, 10)], make_policy("static"), SimConfig(parse_cluster("1x4")))
+
+
+def test_cluster_and_failure_specs():
+    nodes = parse_cluster("2x4,1x8:64:512")
+    assert [n.gpus for n in nodes] == [4, 4, 8]
+    assert nodes[2].cpus == 64 and nodes[2].mem_mb == 512 * 1024
+    with pytest.raises(TraceError, match="bad cluster spec"):
+        parse_cluster("16by4")
+    sched = parse_failures("every:7200:600")
+    events = sched.iterate(parse_cluster("4x4"))
+    first, second = next(events), next(events)
+    assert (first.time_s, second.time_s, first.down_s) == (7200, 14400, 600)
+    with pytest.raises(TraceError, match="neither a spec"):
+        parse_failures("sometimes")
+
+
+def test_failure_file(tmp_path):
+    path = tmp_path / "f.csv"
+    path.write_text("time_s,node,down_s\n100,n001,60\n")
+    sched = parse_failures(str(path))
+    assert list(sched.iterate(parse_cluster("2x4"))) == [NodeEvent(100.0, "n001", 60.0)]
+    with pytest.raises(TraceError, match="unknown node"):
+        list(sched.iterate(parse_cluster("1x4")))
+    path.write_text("time_s,node\n100,n001\n")
+    with pytest.raises(TraceError, match="missing column"):
+        parse_failures(str(path))
