@@ -24,10 +24,12 @@ EXACT_MAX_PAIRS = 1_000
 def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     """Choose every elastic job's GPUs and nodes.
 
-    `mode`: "auto" (exact when small, else two-stage), "exact", "two-stage"
-    or "greedy" (the fallback alone; used by benchmarks as the baseline is not
-    this: see `greedy_baseline`). Raises AllocationError on malformed input;
-    jobs that cannot run are returned with 0 GPUs and a reason.
+    `mode`: "auto" (exact up to EXACT_MAX_PAIRS job-node pairs, else
+    two-stage), "exact", "two-stage", or "greedy" (the fallback alone,
+    starting from the current allocation; the benchmarks' Optimus-style
+    baseline from an empty cluster is `greedy_baseline`). Raises
+    AllocationError on malformed input; jobs that cannot run are returned
+    with 0 GPUs and a reason.
     """
     t0 = time.perf_counter()
     if not isinstance(problem, AllocationProblem):
@@ -44,7 +46,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         return _answer(inst, rows, "nothing-placeable" if inst.jobs else "no-jobs", "greedy", inst.objective(rows),
                        inst.objective(rows), 0.0, t0, notes)
     if mode == "auto":
-        pairs = sum(int((inst.cap[:, 0] > 0).sum()) for _ in live)
+        pairs = len(live) * int((inst.cap[:, 0] > 0).sum())
         mode = "exact" if pairs <= EXACT_MAX_PAIRS else "two-stage"
     if mode == "greedy":
         rows = greedy(inst, from_current=True).rows
@@ -69,6 +71,9 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
             res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
                               threads=policy.threads, warm=form.point(start))
         rows = form.rows_of(res.x) if res.x is not None else None
+        if rows is None and two_rows is not None:
+            notes.append(f"the exact model found no solution ({res.status}); the two-stage answer is used")
+            res, rows = two_res, two_rows
     else:
         res, rows, fallback_rows = two_res, two_rows, None
     if rows is None:
