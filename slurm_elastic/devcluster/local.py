@@ -551,21 +551,20 @@ class LocalCluster:
         _wait_until(nodes_released, grace, None)
 
     def _stop_everything(self, layout: ClusterLayout) -> None:
-        stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
-        for pid in [*stepds, *processes.descendants(stepds)]:
-            processes.send(pid, signal.SIGKILL)
-        # A slurmd keeps no state worth saving, and one that is busy with a
-        # dying job takes seconds to honour SIGTERM: kill it.
-        slurmds = [pid for n in layout.node_names if (pid := self._slurmd_pid(layout, n)) is not None]
-        for pid in slurmds:
-            processes.send(pid, signal.SIGKILL)
-        processes.wait_gone(slurmds, 5.0)
+        # slurmctld first, while the slurmds still answer: it saves its state
+        # and exits in a fraction of a second. (With the slurmds gone it waits
+        # up to 3 s for RPCs to them; those are worth nothing here.)
         ctld = self._ctld_pid(layout)
         if ctld is not None:
-            # slurmctld saves its state (atomically, file by file) right after
-            # SIGTERM, then waits up to 3 s for RPCs still in flight to the
-            # killed slurmds; those are worth nothing here.
             processes.stop([ctld], grace=1.5)
+        # Then every job process, and the slurmds: they keep no state worth
+        # saving, and one busy with a dying job takes seconds over SIGTERM.
+        stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
+        slurmds = [pid for n in layout.node_names if (pid := self._slurmd_pid(layout, n)) is not None]
+        victims = [*stepds, *processes.descendants(stepds), *slurmds]
+        for pid in victims:
+            processes.send(pid, signal.SIGKILL)
+        processes.wait_gone(victims, 5.0)
         munged = self._munged_pid(layout)
         if munged is not None:
             processes.stop([munged], grace=5.0)
