@@ -55,7 +55,7 @@ class JobEnvironment:
         job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
         restart = _int(env, "SLURM_RESTART_COUNT", 0)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-        master = env.get("MASTER_ADDR") or first_hostname(nodelist) or "127.0.0.1"
+        master = env.get("MASTER_ADDR") or node_address(first_hostname(nodelist)) or "127.0.0.1"
         port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else derived_port(job_id, restart)
         return cls(
             rank=_int(env, "SLURM_PROCID", 0),
@@ -125,6 +125,28 @@ def first_hostname(nodelist: str) -> str | None:
                            f"set MASTER_ADDR to the first node's name") from exc
     hosts = out.split()
     return hosts[0] if hosts else None
+
+
+def node_address(node: str | None) -> str | None:
+    """An address for a Slurm node name: the name itself when it resolves, else Slurm's NodeAddr
+    (node names need not be host names, e.g. several slurmd on one host)."""
+    if not node:
+        return None
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ElasticError(f"node {node!r} does not resolve and 'scontrol show node' failed ({exc}); "
+                           f"set MASTER_ADDR") from exc
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.removeprefix("NodeAddr=")
+    raise ElasticError(f"node {node!r} does not resolve and Slurm reports no NodeAddr for it; set MASTER_ADDR")
 
 
 def _tasks_on_this_node(env: Mapping[str, str]) -> int:
