@@ -52,9 +52,12 @@ def test_up_with_options_runs_a_job_and_down_leaves_nothing(short_dir: Path, tmp
                              text=True).stdout.strip() != "RUNNING":
             assert time.monotonic() < deadline, "job never started"
             time.sleep(0.2)
+        # RUNNING is set at allocation; the step daemon starts the script a moment later.
+        deadline = time.monotonic() + 15
+        while not any((processes.cmdline(p) or [""])[0] == "sleep" for p in local.leftover_processes()):
+            assert time.monotonic() < deadline, "the job's `sleep` is never counted as the cluster's"
+            time.sleep(0.1)
         running = local.leftover_processes()
-        sleeps = [p for p in running if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep")]
-        assert sleeps, "the job's process is counted as the cluster's"
         # A second `up` on the same directory is refused and changes nothing.
         with pytest.raises(ClusterSetupError, match="already up"):
             local.up(port_base=base)
@@ -76,3 +79,21 @@ def test_up_refuses_busy_ports(short_dir: Path) -> None:
         with pytest.raises(ClusterSetupError, match=rf"{base + 5} \(n2's slurmd\)"):
             LocalCluster(short_dir).up(nodes=2, spares=0, port_base=base)
     assert not LocalCluster(short_dir).exists(), "a refused `up` writes nothing"
+
+
+def test_a_failed_up_leaves_no_half_cluster(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = _free_port_base(8)
+    original = LocalCluster._start_slurmd
+
+    def failing(self: LocalCluster, layout, name: str) -> None:  # type: ignore[no-untyped-def]
+        if name == "n2":
+            raise ClusterSetupError("slurmd of n2 would not start (injected)")
+        original(self, layout, name)
+
+    monkeypatch.setattr(LocalCluster, "_start_slurmd", failing)
+    local = LocalCluster(short_dir)
+    with pytest.raises(ClusterSetupError, match="injected"):
+        local.up(nodes=3, spares=0, port_base=base)
+    # munged, slurmctld and n1's slurmd had started; all are gone again.
+    assert local.leftover_processes() == []
+    assert not local.is_up()
