@@ -152,6 +152,18 @@ class Journal:
                                (job_id, DONE)).fetchone()
         return None if row[0] is None else float(row[0])
 
+    def restarts_after_last_plan(self, job_id: int, since: float = 0.0) -> int | None:
+        """The job's Slurm restart count right after the controller's last finished plan for it.
+
+        A job still PENDING with that count is pending because of our own requeue (StartTime=now
+        already set), not because Slurm requeued it after a node failure.
+        """
+        row = self._db.execute("SELECT restarts, entry FROM plans WHERE job_id=? AND status=? AND updated_at>=? "
+                               "ORDER BY plan_id DESC LIMIT 1", (job_id, DONE, since)).fetchone()
+        if row is None:
+            return None
+        return int(row[0]) + (1 if row[1] == PlanEntry.RUNNING.value else 0)
+
     def restarts_since(self, job_id: int, since: float) -> int:
         """Restarts the controller caused (running jobs it requeued) since `since`, for the budget."""
         row = self._db.execute(

@@ -76,11 +76,15 @@ def on_dead_node(job: Job, state: ClusterState) -> bool:
 
 
 def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
-               *, job_ids: frozenset[int] | None = None) -> tuple[Plan, ...]:
+               *, job_ids: frozenset[int] | None = None,
+               handled: Mapping[int, int] | None = None) -> tuple[Plan, ...]:
     """The changes that take each in-scope elastic job from now to the allocation.
 
+    `handled` maps job id -> restart count after the controller's own last plan: a pending job
+    at that count was requeued by us (already resized, StartTime=now), not by a node failure.
     Shrinks come first so that grows find the GPUs they free.
     """
+    handled = handled or {}
     plans: list[Plan] = []
     for job in state.elastic_jobs:
         if job_ids is not None and job.job_id not in job_ids:
@@ -88,7 +92,8 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
         target = allocation.gpus.get(str(job.job_id))
         if target is None:
             continue
-        plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state)
+        plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state,
+                         ours=handled.get(job.job_id) == job.restarts)
         if plan is not None:
             plans.append(plan)
     plans.sort(key=lambda p: (not p.shrinks, p.job_id))
@@ -96,7 +101,7 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
 
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
-              state: ClusterState) -> Plan | None:
+              state: ClusterState, *, ours: bool = False) -> Plan | None:
     spec = job.spec
     assert spec is not None
     if job.held:
@@ -123,7 +128,7 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             reason = "grow" if target > now else "shrink"
         return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)
     if job.state is JobState.PENDING:
-        if requeued_by_slurm(job):
+        if requeued_by_slurm(job) and not ours:
             why = "requeued by Slurm after a node failure"
             if target == 0:
                 why += "; no room now, queued at its minimum"

@@ -67,6 +67,14 @@ class RequeueProtocol:
             plan_id = self.journal.open_plan(plan, restarts=job.restarts)
             self._maybe_crash("open")
             records.append(self._record(plan_id))
+        # Queued jobs are held first: GPUs that a shrinking job frees below must not let Slurm start
+        # one of them at its old size between our hold and our update.
+        held_first: dict[int, bool] = {}
+        for rec in records:
+            if rec.plan.entry is PlanEntry.PENDING:
+                self.journal.record(rec.plan_id, "hold")
+                held_first[rec.plan_id] = self._hold(rec, fresh=True)
+                self._maybe_crash("hold")
         running = [r for r in records if r.plan.entry is PlanEntry.RUNNING]
         for rec in running:
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
@@ -86,7 +94,14 @@ class RequeueProtocol:
             self._maybe_crash("ack")
         outcomes = []
         for rec in records:
-            outcome = self._from_hold(rec, crash=True)
+            if rec.plan.entry is PlanEntry.PENDING:
+                if not held_first[rec.plan_id]:
+                    self.journal.finish(rec.plan_id, ABANDONED, "job ended")
+                    outcomes.append(Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended"))
+                    continue
+                outcome = self._from_hold(rec, start="resize", crash=True)
+            else:
+                outcome = self._from_hold(rec, crash=True)
             outcomes.append(Outcome(outcome.plan_id, outcome.job_id, outcome.status, outcome.note,
                                     acked.get(rec.plan_id) if rec.plan.entry is PlanEntry.RUNNING else None))
         return outcomes
@@ -129,6 +144,7 @@ class RequeueProtocol:
                         self.journal.finish(rec.plan_id, ABANDONED, "job ended")
                         return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
                 elif step == "resize":
+                    self._wait_until_requeued(rec.job_id)
                     self._settle(rec.job_id, lambda: self.backend.set_resources(
                         plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                         cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
@@ -163,6 +179,23 @@ class RequeueProtocol:
             return True  # done before a crash, or by the requeuehold itself
         self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
         return True
+
+    def _wait_until_requeued(self, job_id: int) -> None:
+        """Until a requeued job has finished COMPLETING.
+
+        Slurm sets BeginTime = now + ~120 s again when the requeue completes (batch_requeue_fini),
+        so StartTime=now given earlier would be overwritten.
+        """
+        deadline = self._clock() + self.settings.settle_timeout_s
+        while True:
+            job = self._observe(job_id)
+            if job is None or job.state.finished or job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
+                return
+            if self._clock() >= deadline:
+                log.warning("job %d: still %s after %gs; resizing anyway", job_id, job.state.value,
+                            self.settings.settle_timeout_s)
+                return
+            self._sleep(self.settings.settle_poll_s)
 
     def _hold_action(self, job_id: int, *, running: bool) -> None:
         if running:
@@ -200,16 +233,21 @@ class RequeueProtocol:
         return Outcome(rec.plan_id, rec.job_id, ROLLED_BACK, why)
 
     def _settle(self, job_id: int, action: Callable[[], None]) -> None:
-        """Retry `action` while Slurm still finishes the requeue (the job passes through COMPLETING)."""
+        """Retry `action` while Slurm still finishes the requeue (the job passes through COMPLETING).
+
+        A job that is RUNNING (Slurm started it meanwhile) or gone is not waited for.
+        """
         deadline = self._clock() + self.settings.settle_timeout_s
         while True:
             try:
                 action()
                 return
             except SlurmError as exc:
-                if self._clock() >= deadline:
+                job = self._observe(job_id)
+                if self._clock() >= deadline or job is None or job.state in (JobState.RUNNING,) or \
+                        job.state.finished:
                     raise
-                log.debug("job %d: Slurm not ready (%s); retrying", job_id, exc)
+                log.debug("job %d: Slurm not ready (%s, state %s); retrying", job_id, exc, job.state.value)
                 self._sleep(self.settings.settle_poll_s)
 
     # -- the ACK hand-shake ------------------------------------------------------------------------

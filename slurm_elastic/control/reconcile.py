@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend
-from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.plan import Plan, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
@@ -31,6 +34,7 @@ class ControllerConfig:
     restart_budget_per_hour: int = 6       # controller-caused restarts per job per hour
     user: str | None = None                # user mode: only this user's jobs are elastic to us
     node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
+    recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,24 @@ def build_problem(state: ClusterState, policy: Policy) -> AllocationProblem:
 def solve(problem: AllocationProblem) -> Allocation:
     from slurm_elastic.allocate import solve as _solve
 
-    return _solve(problem)
+    with native_stdout_silenced():
+        return _solve(problem)
+
+
+@contextlib.contextmanager
+def native_stdout_silenced() -> Iterator[None]:
+    """HiGHS prints a banner on fd 1 from C++ before any option can stop it; stdout is the CLI's
+    (`sbatch --parsable`, `--json`), so the solver's native output goes to /dev/null."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def request_shape(job: Job, gpus: int, placement: Mapping[str, int], node_sizes: set[int]) -> tuple[int, int]:
@@ -124,15 +145,23 @@ def request_shape(job: Job, gpus: int, placement: Mapping[str, int], node_sizes:
     return 1, gpus  # Slurm will keep it pending and say why
 
 
-def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int]) -> AllocationProblem:
-    """Fix the GPU count of each pinned job (job id -> GPUs) so the solver plans around it."""
-    if not pins:
+def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
+             must_run: frozenset[int] = frozenset()) -> AllocationProblem:
+    """Fix the GPU count of each pinned job (job id -> GPUs); make `must_run` jobs run if anything fits.
+
+    must_run is for jobs that were running until a node under them failed: they already paid
+    their restart, and the point of the controller is that they come back at once on what is left.
+    """
+    if not pins and not must_run:
         return problem
     jobs: list[JobRequest] = []
     for req in problem.jobs:
-        g = pins.get(int(req.key)) if req.key.isdigit() else None
+        job_id = int(req.key) if req.key.isdigit() else None
+        g = pins.get(job_id) if job_id is not None else None
         if g:
             req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True)
+        elif job_id in must_run:
+            req = dataclasses.replace(req, must_run=True)
         jobs.append(req)
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
@@ -180,11 +209,19 @@ class Reconciler:
                           job_id, err)
                 self._reported_malformed.add(job_id)
         pinned, pins = self._pins(scoped)
-        problem = pin_jobs(build_problem(scoped, self.config.policy), pins)
+        # A job we requeued ourselves may still read BeginTime for a moment after its release; after
+        # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
+        since = self._clock() - self.config.recent_plan_s
+        handled = {j.job_id: r for j in scoped.elastic_jobs if j.state is JobState.PENDING
+                   and (r := self.journal.restarts_after_last_plan(j.job_id, since)) is not None}
+        hit = frozenset(j.job_id for j in scoped.elastic_jobs
+                        if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped))
+        problem = pin_jobs(build_problem(scoped, self.config.policy), pins, hit)
         allocation = solve(problem)
         node_sizes = {n.gpus for n in scoped.nodes}
         plans = make_plans(scoped, allocation,
-                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids)
+                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
+                           handled=handled)
         for plan in plans:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
         outcomes: list[Outcome] = []
@@ -230,8 +267,10 @@ class Reconciler:
         """
         if self._available is None or self.config.node_confirm_s <= 0:
             return state
-        now_available = {n.name for n in state.nodes if n.available}
-        if not (self._available - now_available):
+        lost = [n for n in state.nodes if n.name in self._available and not n.available]
+        # DOWN, DRAIN and the like are decisions; only a bare "not responding" may be a blip.
+        if not any(n.state is not NodeState.DOWN and n.flags & UNAVAILABLE_FLAGS <= {NodeFlag.NOT_RESPONDING}
+                   for n in lost):
             return state
         self._sleep(self.config.node_confirm_s)
         return self.backend.snapshot()

@@ -189,7 +189,7 @@ def _check_sbatch_directives(text: str) -> None:
 # -- the initial size -------------------------------------------------------------------------------
 def initial_gpus(spec: ElasticSpec, state: ClusterState, policy: Policy = Policy()) -> int:
     """The GPUs the allocator gives a new job on the capacity free now, else the minimum."""
-    from slurm_elastic.allocate import solve
+    from slurm_elastic.control.reconcile import solve
 
     nodes = tuple(NodeCapacity(n.name, n.free.gpus, n.free.cpus, n.free.mem_mb) for n in state.nodes)
     req = JobRequest(key="new", min_gpus=spec.min_gpus, max_gpus=spec.max_gpus, gpu_step=spec.gpu_step,

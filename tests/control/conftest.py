@@ -1,0 +1,169 @@
+"""Live fixtures for the controller: a private 4-node x 4-GPU Slurm with job_submit.lua, and CLI runners.
+
+The controller acts on every elastic job of a cluster and the end-to-end
+tests take a node down, so they run on their own cluster (own state dir,
+ports and munged) rather than the shared `slurm_cluster`, where other
+tests' jobs would change the allocation and a node loss would hit them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import pytest
+
+from slurm_elastic.cluster.cli_backend import CliBackend
+from slurm_elastic.cluster.model import ClusterState
+from slurm_elastic.control.plugin import lua_source
+from slurm_elastic.errors import ElasticError
+
+T = TypeVar("T")
+HERE = Path(__file__).resolve().parent
+PORT_BASE_ENV = "SLURM_ELASTIC_CONTROL_TEST_PORT"
+
+
+def _free_port_base(nodes: int) -> int:
+    """A slurmctld port whose node ports (base+4..base+3+nodes) are free too: other clusters run here."""
+    if os.environ.get(PORT_BASE_ENV):
+        return int(os.environ[PORT_BASE_ENV])
+    for base in range(18017, 30000, 17):
+        ports = [base, base + 1, *range(base + 4, base + 4 + nodes)]
+        if all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free port range for the private Slurm cluster")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
+
+
+@dataclass
+class ElasticCluster:
+    """A private LocalCluster plus helpers to drive slurm-elastic against it."""
+
+    local: object
+    root: Path                      # world-writable scratch dir for scripts, checkpoints, state
+    env: dict[str, str]
+    python: str = sys.executable
+    user_python: str | None = None  # an interpreter path the unprivileged test user can execute
+    procs: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    @property
+    def backend(self) -> CliBackend:
+        return CliBackend(env=self.env)
+
+    def snapshot(self) -> ClusterState:
+        return self.backend.snapshot()
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, user: str | None = None,
+            timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = self._argv(args, user)
+        proc = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"slurm-elastic {' '.join(args)} failed ({proc.returncode}): "
+                                 f"{proc.stderr.strip()[-2000:]}")
+        return proc
+
+    def spawn(self, *args: str, log: Path, env: dict[str, str] | None = None,
+              user: str | None = None) -> subprocess.Popen[str]:
+        out = open(log, "w")
+        proc = subprocess.Popen(self._argv(args, user), env={**self.env, **(env or {})}, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def _argv(self, args: tuple[str, ...], user: str | None) -> list[str]:
+        argv = [self.python if user is None else (self.user_python or self.python), "-c", CLI, *args]
+        if user is not None:
+            # runuser keeps the environment we pass with env (-p would keep root's HOME).
+            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in self.env.items()
+                                                          if k.startswith(("SLURM", "FAKE", "PATH"))], *argv]
+        return argv
+
+    def submit(self, *elastic: str, name: str, user: str | None = None, extra_env: dict[str, str] | None = None,
+               sbatch_flags: tuple[str, ...] = ()) -> int:
+        out = self.cli("sbatch", "--parsable", *elastic, f"--ckpt-dir={self.root / 'ckpt'}", f"--job-name={name}",
+                       f"--output={self.root / 'out'}/%j.out", *sbatch_flags, str(self.root / "fake_trainer.sbatch"),
+                       user=user, env=extra_env)
+        return int(out.stdout.strip())
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.25,
+                 what: str | Callable[[], str] = "") -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                text = what() if callable(what) else what
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {text or predicate}")
+            time.sleep(interval)
+
+    def cancel_all(self) -> None:
+        subprocess.run(["scancel", "--full", "--quiet", "--partition=gpu"], env=self.env, check=False,
+                       capture_output=True)
+        subprocess.run(["scancel", "--quiet", "--partition=gpu"], env=self.env, check=False, capture_output=True)
+        self.wait_for(lambda: not [j for j in self.snapshot().jobs if not j.state.finished], 60,
+                      what="all jobs gone")
+
+
+@pytest.fixture(scope="session")
+def elastic_cluster() -> Iterator[ElasticCluster]:
+    from slurm_elastic.devcluster import LocalCluster
+    from slurm_elastic.devcluster.version import find_program
+
+    if find_program("slurmctld") is None or find_program("slurmd") is None:
+        pytest.skip("Slurm is not installed (slurmctld/slurmd not found)")
+    if os.geteuid() != 0:
+        pytest.skip("the private local Slurm cluster needs root")
+    root = Path(tempfile.mkdtemp(prefix="se-ctl-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    for sub in ("ckpt", "out", "state"):
+        (root / sub).mkdir()
+        os.chmod(root / sub, 0o1777)
+    shutil.copy(HERE / "fake_trainer.py", root / "fake_trainer.py")
+    shutil.copy(HERE / "fake_trainer.sbatch", root / "fake_trainer.sbatch")
+    os.chmod(root / "fake_trainer.sbatch", 0o755)
+    lua = root / "job_submit.lua"
+    lua.write_text(lua_source())
+    local = LocalCluster(root / "cluster")
+    try:
+        local.up(nodes=4, spares=0, port_base=_free_port_base(4), job_submit_lua=lua, timeout=60)
+    except ElasticError as exc:
+        if local.exists():
+            local.down()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"cannot start the private Slurm cluster: {exc}")
+    env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"),
+           "SLURM_ELASTIC_DAEMON_DIR": str(root / "state" / "daemon"),
+           "SLURM_ELASTIC_STATE_DIR": str(root / "state" / "user-root")}
+    cluster = ElasticCluster(local=local, root=root, env=env)
+    try:
+        yield cluster
+    finally:
+        for proc in cluster.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        try:
+            local.down()
+        finally:
+            if not os.environ.get("SLURM_ELASTIC_KEEP_TEST_CLUSTER"):
+                shutil.rmtree(root, ignore_errors=True)
