@@ -47,7 +47,7 @@ import pytest
 
 from slurm_elastic.devcluster import LocalCluster, node_state_serving, processes
 from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE
-from slurm_elastic.devcluster.local import parse_scontrol_nodes, parse_scontrol_record
+from slurm_elastic.devcluster.status import parse_scontrol_nodes, parse_scontrol_record
 from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
 from slurm_elastic.errors import ElasticError
 
@@ -106,7 +106,8 @@ class SlurmTestCluster:
         cwd.mkdir(parents=True, exist_ok=True)
         path = cwd / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
-        partition = ("-p", self.partition) if self.partition and not any(a.startswith(("-p", "--partition")) for a in args) else ()
+        chosen = any(a.startswith(("-p", "--partition")) for a in args)
+        partition = ("-p", self.partition) if self.partition and not chosen else ()
         out = self.run("sbatch", "--parsable", *partition, *args, str(path), timeout=30).stdout.strip()
         return int(out.split(";")[0])
 

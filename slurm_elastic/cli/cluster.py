@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
 from slurm_elastic.devcluster import ClusterAlreadyUp, ClusterStatus, LocalCluster, UnknownNode
 from slurm_elastic.devcluster.layout import CLUSTER_DIR_ENV, DEFAULT_PORT_BASE
-from slurm_elastic.errors import ClusterSetupError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 state_dir_option = click.option(
     "--state-dir",
@@ -32,18 +35,17 @@ def _existing(state_dir: Path | None) -> LocalCluster:
     return local
 
 
-def _bad_input(func):  # type: ignore[no-untyped-def]
-    """Conflicts the user can fix by changing the command (unknown node, already up) exit 2."""
+def _bad_input(func: F) -> F:
+    """Conflicts the user fixes by changing the command (unknown node, already up) exit 2."""
 
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except (UnknownNode, ClusterAlreadyUp) as exc:
             raise click.UsageError(str(exc)) from None
 
-    wrapper.__name__ = func.__name__
-    wrapper.__doc__ = func.__doc__
-    return wrapper
+    return wrapper  # type: ignore[return-value]
 
 
 def _echo_table(status: ClusterStatus) -> None:
@@ -53,7 +55,8 @@ def _echo_table(status: ClusterStatus) -> None:
     for node in status.nodes:
         slurmd = f"pid {node.slurmd_pid}" if node.started else ("spare, not started" if node.spare else "not running")
         click.echo(
-            f"{node.name:<6} {node.state:<24} {node.gpus:>4} {node.cpus:>4} {node.memory_mb:>7} {node.port:>5}  {slurmd}"
+            f"{node.name:<6} {node.state:<24} {node.gpus:>4} {node.cpus:>4} {node.memory_mb:>7} "
+            f"{node.port:>5}  {slurmd}"
         )
 
 
@@ -81,15 +84,22 @@ def cluster() -> None:
 @cluster.command("up")
 @state_dir_option
 @click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True, help="Nodes started now.")
-@click.option("--spares", type=click.IntRange(0, 64), default=2, show_default=True, help="Extra nodes configured DOWN, started by node-up.")
-@click.option("--gpus", "gpus_per_node", type=click.IntRange(0, 64), default=4, show_default=True, help="GPUs per node.")
-@click.option("--cpus", "cpus_per_node", type=click.IntRange(1, 1024), default=8, show_default=True, help="CPUs per node.")
-@click.option("--mem-mb", "memory_mb", type=click.IntRange(100), default=16000, show_default=True, help="RealMemory per node (MB).")
+@click.option(
+    "--spares", type=click.IntRange(0, 64), default=2, show_default=True,
+    help="Extra nodes configured DOWN, started by node-up.",
+)
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(0, 64), default=4, show_default=True,
+              help="GPUs per node.")
+@click.option("--cpus", "cpus_per_node", type=click.IntRange(1, 1024), default=8, show_default=True,
+              help="CPUs per node.")
+@click.option("--mem-mb", "memory_mb", type=click.IntRange(100), default=16000, show_default=True,
+              help="RealMemory per node (MB).")
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=DEFAULT_PORT_BASE, show_default=True,
               help="slurmctld port; node i listens on port-base+3+i.")
 @click.option("--job-submit-lua", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Install this job_submit.lua and set JobSubmitPlugins=lua.")
-@click.option("--timeout", type=click.FloatRange(1), default=60.0, show_default=True, help="Seconds to wait for IDLE nodes.")
+@click.option("--timeout", type=click.FloatRange(1), default=60.0, show_default=True,
+              help="Seconds to wait for IDLE nodes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON instead of the export line.")
 @elastic_errors
 @_bad_input
@@ -149,7 +159,8 @@ def cluster_down(state_dir: Path | None) -> None:
 
 @cluster.command("status")
 @state_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable: slurm_conf, slurm_version, state_dir, nodes[].")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable: slurm_conf, slurm_version, state_dir, nodes[].")
 @elastic_errors
 def cluster_status(state_dir: Path | None, as_json: bool) -> None:
     """Show each node's Slurm state, GPUs and whether its slurmd runs."""
@@ -202,5 +213,3 @@ def cluster_node_up(state_dir: Path | None, name: str, no_wait: bool, timeout: f
     state = "started" if no_wait else f"in service after {time.monotonic() - started:.2f} s"
     click.echo(f"{name}: slurmd pid {pid}, {state}")
 
-
-__all__ = ["cluster", "ClusterSetupError"]

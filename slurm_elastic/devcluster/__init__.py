@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 from slurm_elastic.devcluster.layout import ClusterLayout, NodeSpec, default_state_dir
-from slurm_elastic.devcluster.local import (
-    ClusterAlreadyUp,
-    ClusterStatus,
-    LocalCluster,
-    NodeStatus,
-    UnknownNode,
-    node_state_serving,
-)
+from slurm_elastic.devcluster.local import ClusterAlreadyUp, LocalCluster, UnknownNode
+from slurm_elastic.devcluster.status import ClusterStatus, NodeStatus, node_state_serving
 from slurm_elastic.devcluster.version import SlurmVersion, detect_version
 
 __all__ = [

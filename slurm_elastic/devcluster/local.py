@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import signal
 import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from slurm_elastic.devcluster import processes
 from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE, ClusterLayout, default_state_dir
 from slurm_elastic.devcluster.processes import Identity
+from slurm_elastic.devcluster.status import (
+    ClusterStatus,
+    NodeStatus,
+    node_state_serving,
+    parse_scontrol_nodes,
+)
 from slurm_elastic.devcluster.slurmconf import (
     SPARE_REASON,
     render_cgroup_conf,
@@ -32,9 +35,6 @@ log = logging.getLogger(__name__)
 # NVIDIA's character-device major number; nothing ever opens these files, but
 # Slurm only exports CUDA_VISIBLE_DEVICES for GRES files that are devices.
 _GPU_DEVICE_MAJOR = 195
-# States in which a node has registered and can run jobs.
-_SERVING = {"IDLE", "MIXED", "ALLOCATED", "COMPLETING"}
-_NOT_SERVING_FLAGS = {"NOT_RESPONDING", "DRAIN", "FAIL", "POWERED_DOWN", "POWERING_DOWN"}
 
 
 class ClusterAlreadyUp(ClusterSetupError):
@@ -43,101 +43,6 @@ class ClusterAlreadyUp(ClusterSetupError):
 
 class UnknownNode(ClusterSetupError):
     """A node name that this cluster does not have (bad input)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    """One node as Slurm and the process table see it."""
-
-    name: str
-    state: str  # Slurm's State=, e.g. IDLE, MIXED, DOWN+NOT_RESPONDING; STOPPED when slurmctld is not running
-    gpus: int
-    cpus: int
-    memory_mb: int
-    port: int
-    spare: bool
-    started: bool  # its slurmd is running
-    slurmd_pid: int | None
-    reason: str | None
-
-    @property
-    def serving(self) -> bool:
-        """Registered and schedulable (IDLE/MIXED/ALLOCATED, not DOWN, not responding or drained)."""
-        return node_state_serving(self.state)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "state": self.state,
-            "gpus": self.gpus,
-            "cpus": self.cpus,
-            "memory_mb": self.memory_mb,
-            "port": self.port,
-            "spare": self.spare,
-            "started": self.started,
-            "slurmd_pid": self.slurmd_pid,
-            "reason": self.reason,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterStatus:
-    """The whole local cluster: what `status --json` prints."""
-
-    state_dir: Path
-    slurm_conf: Path
-    slurm_version: str
-    running: bool  # slurmctld is running
-    controller_pid: int | None
-    controller_port: int
-    munged_pid: int | None
-    env_file: Path
-    nodes: tuple[NodeStatus, ...]
-
-    def node(self, name: str) -> NodeStatus:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "state_dir": str(self.state_dir),
-            "slurm_conf": str(self.slurm_conf),
-            "slurm_version": self.slurm_version,
-            "running": self.running,
-            "controller_pid": self.controller_pid,
-            "controller_port": self.controller_port,
-            "munged_pid": self.munged_pid,
-            "env_file": str(self.env_file),
-            "nodes": [node.to_dict() for node in self.nodes],
-        }
-
-
-def node_state_serving(state: str) -> bool:
-    parts = state.upper().split("+")
-    return parts[0] in _SERVING and not _NOT_SERVING_FLAGS.intersection(parts[1:])
-
-
-def parse_scontrol_record(line: str) -> dict[str, str]:
-    """One `scontrol -o show ...` line -> {key: value}; the text format is the same on every version."""
-    fields: dict[str, str] = {}
-    # Values (Reason=...) may contain spaces; a new field starts at " Key=".
-    for token in re.split(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)", line.strip()):
-        key, sep, value = token.partition("=")
-        if sep:
-            fields[key] = value
-    return fields
-
-
-def parse_scontrol_nodes(text: str) -> dict[str, dict[str, str]]:
-    """`scontrol -o show node` (one line per node) -> {name: {key: value}}."""
-    nodes: dict[str, dict[str, str]] = {}
-    for line in text.splitlines():
-        if line.strip().startswith("NodeName="):
-            fields = parse_scontrol_record(line)
-            nodes[fields["NodeName"]] = fields
-    return nodes
 
 
 class LocalCluster:
@@ -403,14 +308,19 @@ class LocalCluster:
             f"--seed-file={layout.munge_seed}",
         ]
         processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / "munged.start.log")
-        _wait_until(lambda: layout.munge_socket.exists(), 10.0, f"munged did not create {layout.munge_socket}; see {layout.munge_log}")
+        _wait_until(
+            layout.munge_socket.exists, 10.0, f"munged did not create {layout.munge_socket}; see {layout.munge_log}"
+        )
 
     def _start_ctld(self, layout: ClusterLayout, timeout: float) -> None:
+        # A pid file left by a killed slurmctld would read as "started, then died".
+        layout.ctld_pid.unlink(missing_ok=True)
         argv = [require_program("slurmctld"), "-f", str(layout.slurm_conf)]
         processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / "slurmctld.start.log")
 
         def answering() -> bool:
-            if self._ctld_pid(layout) is None and not _pidfile_pending(layout.ctld_pid):
+            # The daemon writes its pid file a moment after its parent returns.
+            if layout.ctld_pid.exists() and self._ctld_pid(layout) is None:
                 raise ClusterSetupError(f"slurmctld exited during start; see {layout.ctld_log}")
             result = self.slurm("scontrol", "ping", timeout=10.0, check=False)
             return result.returncode == 0 and "UP" in result.stdout
@@ -426,9 +336,21 @@ class LocalCluster:
         if not_down:
             self.slurm("scontrol", "update", f"NodeName={','.join(not_down)}", "State=DOWN", f"Reason={SPARE_REASON}")
 
-    def _start_slurmd(self, layout: ClusterLayout, name: str) -> None:
+    def _start_slurmd(self, layout: ClusterLayout, name: str) -> int:
+        """Start one node's slurmd and return its pid once its pid file names it."""
+        layout.slurmd_pid(name).unlink(missing_ok=True)  # left by a SIGKILLed slurmd
         argv = [require_program("slurmd"), "-f", str(layout.slurm_conf), "-N", name]
         processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / f"slurmd-{name}.start.log")
+        pid_file = layout.slurmd_pid(name)
+        _wait_until(
+            lambda: pid_file.exists() and (self._slurmd_pid(layout, name) is not None or _exited(pid_file)),
+            10.0,
+            f"slurmd of {name} wrote no pid file within 10 s; see {layout.slurmd_log(name)}",
+        )
+        pid = self._slurmd_pid(layout, name)
+        if pid is None:
+            raise ClusterSetupError(f"slurmd of {name} exited right after starting; see {layout.slurmd_log(name)}")
+        return pid
 
     # -- waiting ---------------------------------------------------------------
     def wait_for_nodes(
@@ -513,12 +435,9 @@ class LocalCluster:
         port = layout.node(name).port
         if not processes.port_free(port):
             raise ClusterSetupError(f"port {port} for {name}'s slurmd is in use on 127.0.0.1")
-        self._start_slurmd(layout, name)
+        pid = self._start_slurmd(layout, name)
         if wait:
             self.wait_for_nodes([name], node_state_serving, timeout=timeout, what="back in service")
-        pid = self._slurmd_pid(layout, name)
-        if pid is None:
-            raise ClusterSetupError(f"slurmd of {name} exited after starting; see {layout.slurmd_log(name)}")
         return pid
 
     # -- down ------------------------------------------------------------------
@@ -588,9 +507,10 @@ def _write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _pidfile_pending(path: Path) -> bool:
-    """slurmctld writes its pid file a moment after daemonizing; treat 'not yet' as still starting."""
-    return not path.exists()
+def _exited(pid_file: Path) -> bool:
+    """The pid file names a process that is gone (the daemon died after writing it)."""
+    pid = processes.read_pid(pid_file)
+    return pid is not None and not processes.is_alive(pid)
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, error: str | None) -> bool:

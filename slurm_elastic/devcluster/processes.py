@@ -225,7 +225,9 @@ def run_daemon(argv: Sequence[str], *, env: Mapping[str, str], startup_log: Path
                 check=False,
             )
         except subprocess.TimeoutExpired:
-            raise ClusterSetupError(f"`{' '.join(argv)}` did not return within {timeout:.0f} s; see {startup_log}") from None
+            raise ClusterSetupError(
+                f"`{' '.join(argv)}` did not return within {timeout:.0f} s; see {startup_log}"
+            ) from None
         except OSError as exc:
             raise ClusterSetupError(f"cannot run {argv[0]}: {exc}") from None
     if result.returncode != 0:

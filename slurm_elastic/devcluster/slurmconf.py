@@ -85,7 +85,8 @@ def render_gres_conf(layout: ClusterLayout) -> str:
     lines = ["# Written by `slurm-elastic cluster up`.", "AutoDetect=off"]
     for node in layout.node_specs:
         if node.gpus:
-            files = f"{layout.dev_dir}/{node.name}gpu[0-{node.gpus - 1}]" if node.gpus > 1 else f"{layout.dev_dir}/{node.name}gpu0"
+            index = f"[0-{node.gpus - 1}]" if node.gpus > 1 else "0"
+            files = f"{layout.dev_dir}/{node.name}gpu{index}"
             lines.append(f"NodeName={node.name} Name=gpu File={files}")
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ import pytest
 from slurm_elastic.devcluster import LocalCluster, UnknownNode, node_state_serving
 from slurm_elastic.devcluster import local as local_module
 from slurm_elastic.devcluster.layout import ClusterLayout
-from slurm_elastic.devcluster.local import parse_scontrol_nodes
+from slurm_elastic.devcluster.status import parse_scontrol_nodes
 from slurm_elastic.errors import ClusterSetupError
 
 # `scontrol -o show node` lines as 22.05 prints them (trimmed).

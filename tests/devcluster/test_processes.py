@@ -42,7 +42,8 @@ def test_verified_pid_rejects_reused_or_stale_pids(tmp_path: Path) -> None:
 
 
 def test_descendants_and_stop() -> None:
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess,time; subprocess.Popen(['sleep','30']); time.sleep(30)"])
+    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         kids = processes.descendants([parent.pid])
         for _ in range(50):
