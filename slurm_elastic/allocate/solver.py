@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -128,6 +129,9 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
     if res is lp:
         res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
                           threads=policy.threads, warm=warm)
+        if lp.x is not None and lp.objective < res.bound:
+            # stopped early, HiGHS's MIP dual bound can be weaker than the LP bound it already has
+            res = dataclasses.replace(res, bound=lp.objective)
     if res.x is None:
         return None, res, fallback
     counts = form.counts(res.x)
