@@ -38,6 +38,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--sacct-elastic", default="comment", show_default=True,
               type=click.Choice(["comment", "all", "none"]),
               help="sacct import: which jobs are elastic (elastic spec in Comment, every GPU job, none).")
+@click.option("--l1-max-scale", default=2.0, show_default=True,
+              help="l1 asks for at most this many times a job's requested GPUs (0: the job's own max).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of result rows.")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -48,7 +50,7 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @elastic_errors
 def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float,
              failures: str | None, restart_method: str, restart_overhead: float, checkpoint_interval: float,
-             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, as_json: bool,
+             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, l1_max_scale: float, as_json: bool,
              markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the l1 policy and the baselines.
 
@@ -93,7 +95,7 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
                         if bar is not None:
                             bar.update(_task, completed=done)
 
-                    result = Simulation(jobs, make_policy(name), config, report).run()
+                    result = Simulation(jobs, make_policy(name, l1_max_scale=l1_max_scale), config, report).run()
                     if bar is not None:
                         bar.update(task, completed=len(jobs))
                     results.append(result)

@@ -16,7 +16,7 @@ DEFAULT_SPEED = AmdahlSpeed(serial_fraction=0.05, node_penalty=0.05)
 def load_generic(path: Path, *, gpus_per_node: int = 4, default_speed: SpeedModel = DEFAULT_SPEED) -> list[SimJob]:
     """Columns: `submit_s`, `gpus` (requested), and exactly one of `duration_s` (run time at the requested
     GPUs) or `gpu_seconds` (GPU-seconds used at the requested size); optional `name`, `min_gpus`,
-    `max_gpus` (default: the requested count, i.e. rigid), `speedup` (`1:1,2:1.9,4:3.5`: speed relative
+    `max_gpus` (default: the requested count, i.e. rigid), `speedup` (`1:1;2:1.9;4:3.5`: speed relative
     to one GPU; default Amdahl with 5 % serial work and 5 % slowdown per extra node), `cpus_per_gpu`,
     `mem_per_gpu_mb`, `weight`, `restart_overhead_s`.
     """

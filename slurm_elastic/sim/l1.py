@@ -24,8 +24,11 @@ WEIGHT_RANGE = (0.01, 100.0)
 # kappa = overhead * weight / (beta * HOLD_S * max_gpus) makes that charge equal the share of the job's
 # throughput term lost over an allocation held HOLD_S seconds (linear-speed approximation), so the
 # restart term and the throughput term are in the same units whatever the weight.
-HOLD_S = 600.0
-SIM_POLICY = Policy(time_limit_s=2.0, mip_rel_gap=0.02, threads=1)
+HOLD_S = 60.0
+# The allocator's defaults except: a 2 s limit and one thread (the simulator solves ~1,000 times per
+# trace), and a 0.5 % gap, since at the default 1 % the incumbent may differ from the current
+# allocation by more than a restart costs, and jobs would churn between equally good answers.
+SIM_POLICY = Policy(time_limit_s=2.0, mip_rel_gap=0.005, threads=1)
 
 
 class L1Policy:
@@ -45,8 +48,8 @@ class L1Policy:
 
     def __init__(self, policy: Policy = SIM_POLICY, weights: str = "remaining", kappa: str = "scaled",
                  restart_cost_s: float | None = None, horizon_s: float = WEIGHT_HORIZON_S,
-                 hold_s: float = HOLD_S, exponent: float = 1.0, max_scale: float | None = None,
-                 quiet_every: int = 1, min_requested: bool = False) -> None:
+                 hold_s: float = HOLD_S, exponent: float = 1.0, max_scale: float | None = 2.0,
+                 quiet_every: int = 5, min_requested: bool = False) -> None:
         if weights not in ("remaining", "equal"):
             raise ValueError(f"unknown l1 weights {weights!r}")
         if kappa not in ("scaled", "raw"):

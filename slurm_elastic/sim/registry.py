@@ -12,7 +12,7 @@ from slurm_elastic.sim.tiresias import TiresiasPolicy
 POLICIES = ("static", "tiresias", "optimus", "l1")
 
 
-def make_policy(name: str) -> SchedulingPolicy:
+def make_policy(name: str, *, l1_max_scale: float | None = 2.0) -> SchedulingPolicy:
     """A fresh policy (policies keep per-run state such as Tiresias' promotions)."""
     if name == "static":
         return StaticPolicy()
@@ -21,5 +21,5 @@ def make_policy(name: str) -> SchedulingPolicy:
     if name == "optimus":
         return OptimusPolicy()
     if name == "l1":
-        return L1Policy()
+        return L1Policy(max_scale=l1_max_scale or None)
     raise TraceError(f"unknown policy {name!r} (choose {', '.join(POLICIES)} or all)")

@@ -39,7 +39,7 @@ class AmdahlSpeed:
 class TableSpeed:
     """Measured speedups at some GPU counts (relative to one GPU), linear in between, flat beyond the last.
 
-    Written in traces as `1:1,2:1.9,4:3.5,8:6`; a count below the first point
+    Written in traces as `1:1;2:1.9;4:3.5;8:6` (commas also work inside a quoted field); a count below the first point
     scales linearly from zero.
     """
 
@@ -68,7 +68,7 @@ class TableSpeed:
                     raise ValueError
                 points.append((int(g), float(s)))
             except ValueError:
-                raise TraceError(f"bad speedup point {part!r} (expected GPUS:SPEEDUP, e.g. '1:1,2:1.9,4:3.5')") from None
+                raise TraceError(f"bad speedup point {part!r} (expected GPUS:SPEEDUP, e.g. '1:1;2:1.9;4:3.5')") from None
         return cls(tuple(points))
 
     def __call__(self, placement: tuple[int, ...]) -> float:

@@ -27,6 +27,9 @@ def read_rows(path: Path, required: tuple[str, ...], *, delimiter: str = ",") ->
                              f"(found {', '.join(header)})")
         reader.fieldnames = header
         for row in reader:
+            if None in row:
+                raise TraceError(f"{path}:{reader.line_num}: more fields than the header has "
+                                 f"({len(header)}); quote fields that contain the delimiter")
             yield reader.line_num, {k: (v or "").strip() for k, v in row.items() if k is not None}
 
 

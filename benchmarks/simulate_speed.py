@@ -1,0 +1,64 @@
+"""How long the simulator takes on the 160-job Pollux workloads, per policy (goal: l1 under 60 s).
+
+    python3 benchmarks/simulate_speed.py [--workload PATH ...] [--policy l1] [--json]
+
+The machine is shared: note its load (printed) next to any figure you quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, summarize
+from slurm_elastic.sim.workload import load_any
+
+DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux" / "workloads" / "workload-1.csv"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", type=Path, action="append", help="workload file (repeatable)")
+    parser.add_argument("--policy", action="append", help="policy (repeatable; default l1)")
+    parser.add_argument("--cluster", default="16x4")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    args = parser.parse_args()
+    workloads = args.workload or [DEFAULT]
+    policies = args.policy or ["l1"]
+    rows = []
+    for path in workloads:
+        if not path.exists():
+            print(f"workload {path} not found (the Pollux traces live in shared/ beside the repository)",
+                  file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        jobs = load_any(path)
+        load_s = time.perf_counter() - t0
+        for name in policies:
+            load_before = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            result = Simulation(jobs, make_policy(name), SimConfig(parse_cluster(args.cluster))).run()
+            wall = time.perf_counter() - t0
+            s = summarize(result)
+            rows.append({"workload": path.name, "policy": name, "jobs": len(jobs), "load_s": round(load_s, 3),
+                         "simulate_s": round(wall, 2), "solve_s": round(s["solve_s_total"], 2),
+                         "solve_max_s": round(s["solve_s_max"], 3), "decision_points": s["decision_points"],
+                         "avg_jct_s": round(s["avg_jct_s"], 1), "loadavg_1m": round(load_before, 2),
+                         "cpus": os.cpu_count()})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'workload':16} {'policy':9} {'jobs':>5} {'simulate s':>11} {'solve s':>8} {'max solve s':>12} "
+              f"{'decisions':>10} {'load':>5}")
+        for r in rows:
+            print(f"{r['workload']:16} {r['policy']:9} {r['jobs']:5} {r['simulate_s']:11.1f} {r['solve_s']:8.1f} "
+                  f"{r['solve_max_s']:12.3f} {r['decision_points']:10} {r['loadavg_1m']:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

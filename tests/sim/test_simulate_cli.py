@@ -1,0 +1,50 @@
+"""`slurm-elastic simulate` end to end on small inputs: table, JSON, plots, decisions, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+
+from tests.sim.conftest import DATA
+
+
+def test_simulate_sacct_sample_all_policies_json(tmp_path):
+    decisions = tmp_path / "decisions.jsonl"
+    result = CliRunner().invoke(main, ["simulate", str(DATA / "sacct-4x4.txt"), "--cluster", "4x4", "--json",
+                                       "--no-progress", "--plot", str(tmp_path / "plots"),
+                                       "--decisions", str(decisions)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output[result.output.index("["):])
+    assert [r["policy"] for r in rows] == ["static", "tiresias", "optimus", "l1"]
+    for r in rows:
+        assert r["finished"] == r["jobs"] == 26
+        assert 0 < r["gpu_util"] <= 1
+        assert r["avg_jct_s"] <= r["p99_jct_s"]
+    assert rows[0]["restarts"] == 0  # static never restarts a job without failures
+    names = {p.name for p in (tmp_path / "plots").iterdir()}
+    assert {"jct-cdf.png", "utilisation.png", "gpus-per-job-l1.png", "gpus-per-job-static.png"} <= names
+    lines = [json.loads(x) for x in decisions.read_text().splitlines()]
+    assert {x["policy"] for x in lines} == {"static", "tiresias", "optimus", "l1"}
+
+
+def test_simulate_with_failures_and_both_restart_methods(tmp_path):
+    result = CliRunner().invoke(main, ["simulate", str(DATA / "sacct-4x4.txt"), "--cluster", "4x4",
+                                       "--policy", "tiresias", "--failures", "every:3600:600", "--restart", "both",
+                                       "--markdown", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    lines = [x for x in result.output.splitlines() if x.startswith("| sacct")]
+    assert len(lines) == 2
+    assert "forward-layer" in lines[0] and "traditional" in lines[1]
+
+
+def test_simulate_bad_input_is_one_clear_line(tmp_path):
+    bad = tmp_path / "w.csv"
+    bad.write_text("submit_s,gpus,duration_s\n-3,1,10\n")
+    result = CliRunner().invoke(main, ["simulate", str(bad), "--no-progress"])
+    assert result.exit_code == 2
+    assert "column submit_s must be >= 0" in result.output
+    result = CliRunner().invoke(main, ["simulate", str(bad), "--cluster", "4y4", "--no-progress"])
+    assert result.exit_code == 2 and "bad cluster spec" in result.output
