@@ -31,8 +31,9 @@ def test_every_command_help_has_an_example() -> None:
 
     def leaves(cmd: click.Command, path: str):
         if isinstance(cmd, click.Group):
-            for name, sub in cmd.commands.items():
-                yield from leaves(sub, f"{path} {name}")
+            ctx = click.Context(cmd)
+            for name in cmd.list_commands(ctx):
+                yield from leaves(cmd.get_command(ctx, name), f"{path} {name}")
         else:
             yield path, cmd
 

@@ -7,16 +7,35 @@ import os
 
 import click
 
+import importlib
+
 from slurm_elastic import __version__
-from slurm_elastic.cli.admin import admin
-from slurm_elastic.cli.cluster import cluster
-from slurm_elastic.cli.demo import demo
-from slurm_elastic.cli.sbatch import sbatch, watch
-from slurm_elastic.cli.simulate import simulate
-from slurm_elastic.cli.status import status
+
+# name -> "module:attribute". Subcommands are imported only when used, so
+# `slurm-elastic cluster up` does not pay for numpy, HiGHS or torch.
+SUBCOMMANDS = {
+    "admin": "slurm_elastic.cli.admin:admin",
+    "cluster": "slurm_elastic.cli.cluster:cluster",
+    "demo": "slurm_elastic.cli.demo:demo",
+    "sbatch": "slurm_elastic.cli.sbatch:sbatch",
+    "simulate": "slurm_elastic.cli.simulate:simulate",
+    "status": "slurm_elastic.cli.status:status",
+    "watch": "slurm_elastic.cli.sbatch:watch",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *SUBCOMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in SUBCOMMANDS and cmd_name not in self.commands:
+            module, attr = SUBCOMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="slurm-elastic")
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("--backend", type=click.Choice(["auto", "cli", "pyslurm"]), default=None,
@@ -46,6 +65,3 @@ def main(verbose: int, backend: str | None) -> None:
         # Every command (and a daemon it starts) chooses its backend from this variable.
         os.environ["SLURM_ELASTIC_BACKEND"] = backend
 
-
-for command in (sbatch, watch, status, admin, simulate, demo, cluster):
-    main.add_command(command)

@@ -118,6 +118,11 @@ def cluster_up(
     """Start munged, slurmctld and the slurmd of each node; return when all are IDLE.
 
     Prints the `export SLURM_CONF=...` line (also written to <state-dir>/env).
+
+    \b
+    Examples:
+      slurm-elastic cluster up
+      slurm-elastic cluster up --nodes 8 --spares 2 --gpus-per-node 8
     """
     started = time.monotonic()
     status = _cluster(state_dir).up(
@@ -147,7 +152,12 @@ def cluster_up(
 @state_dir_option
 @elastic_errors
 def cluster_down(state_dir: Path | None) -> None:
-    """Cancel all jobs, stop every daemon, and check that no process of the cluster is left."""
+    """Cancel all jobs, stop every daemon, and check that no process of the cluster is left.
+
+    \b
+    Example:
+      slurm-elastic cluster down
+    """
     local = _existing(state_dir)
     started = time.monotonic()
     stopped = local.down()
@@ -163,7 +173,12 @@ def cluster_down(state_dir: Path | None) -> None:
               help="Machine-readable: slurm_conf, slurm_version, state_dir, nodes[].")
 @elastic_errors
 def cluster_status(state_dir: Path | None, as_json: bool) -> None:
-    """Show each node's Slurm state, GPUs and whether its slurmd runs."""
+    """Show each node's Slurm state, GPUs and whether its slurmd runs.
+
+    \b
+    Example:
+      slurm-elastic cluster status --json
+    """
     status = _existing(state_dir).status()
     if as_json:
         echo_json(status.to_dict())
@@ -175,7 +190,12 @@ def cluster_status(state_dir: Path | None, as_json: bool) -> None:
 @state_dir_option
 @elastic_errors
 def cluster_env(state_dir: Path | None) -> None:
-    """Print `export SLURM_CONF=...` for `eval "$(slurm-elastic cluster env)"`."""
+    """Print `export SLURM_CONF=...` for the shell.
+
+    \b
+    Example:
+      eval "$(slurm-elastic cluster env)" && sinfo
+    """
     local = _existing(state_dir)
     for key, value in local.env().items():
         click.echo(f"export {key}={value}")
@@ -192,6 +212,10 @@ def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> Non
 
     Slurm marks the node DOWN on its own about 30 s later; `--requeue` jobs
     on it go back to PENDING.
+
+    \b
+    Example:
+      slurm-elastic cluster node-down n2
     """
     pid = _existing(state_dir).node_down(name, mark_down=mark_down)
     when = "now" if mark_down else "in about 30 s"
@@ -206,7 +230,13 @@ def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> Non
 @elastic_errors
 @_bad_input
 def cluster_node_up(state_dir: Path | None, name: str, no_wait: bool, timeout: float) -> None:
-    """Start node NAME's slurmd (again, or a spare's for the first time: a node gained)."""
+    """Start node NAME's slurmd (again, or a spare's for the first time: a node gained).
+
+    \b
+    Examples:
+      slurm-elastic cluster node-up n2
+      slurm-elastic cluster node-up n5      # a spare: the cluster gains a node
+    """
     local = _existing(state_dir)
     started = time.monotonic()
     pid = local.node_up(name, wait=not no_wait, timeout=timeout)
