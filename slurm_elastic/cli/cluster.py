@@ -122,7 +122,7 @@ def cluster_up(
     \b
     Examples:
       slurm-elastic cluster up
-      slurm-elastic cluster up --nodes 8 --spares 2 --gpus-per-node 8
+      slurm-elastic cluster up --nodes 8 --spares 2 --gpus 8
     """
     started = time.monotonic()
     status = _cluster(state_dir).up(
