@@ -96,23 +96,7 @@ def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
         top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     top.set_title("slurm-elastic demo: GPUs per job over time, node events marked")
     top.grid(axis="y", alpha=0.3)
-    for i, job in enumerate(summary.jobs):
-        for run in job.runs:
-            if run.rows:
-                bottom.plot([r.t for r in run.rows], [r.step for r in run.rows], color=colours[i], linewidth=1.5,
-                            label=labels[i] if run is next(r for r in job.runs if r.rows) else None)
-        for r in job.restarts:
-            if r.resumed_at is not None and r.resumed_from is not None:
-                marker = "o" if r.signalled else "x"
-                bottom.plot([r.resumed_at], [r.resumed_from], marker=marker, color=colours[i], markersize=7,
-                            markerfacecolor="none" if r.signalled else colours[i])
-    bottom.set_ylabel("training step")
-    bottom.set_xlabel("seconds since the demo started")
-    bottom.grid(alpha=0.3)
-    bottom.plot([], [], marker="o", linestyle="none", color="grey", markerfacecolor="none",
-                label="resumed (signalled checkpoint)")
-    bottom.plot([], [], marker="x", linestyle="none", color="grey", label="resumed (not signalled: periodic checkpoint)")
-    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _training_lanes(bottom, summary, colours)
     for event in summary.events:
         colour = _LOST_COLOUR if event.action == NODE_LOST else _GAINED_COLOUR
         for ax in (top, bottom):
@@ -126,6 +110,40 @@ def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _training_lanes(ax: object, summary: DemoSummary, colours: list[str]) -> None:
+    """One lane per job: a bar for each run while it trained (its GPUs and steps), gaps while it restarted."""
+    n = len(summary.jobs)
+    late = 0.7 * max(summary.wall_s, 1.0)   # labels of bars that start this late end at the bar instead
+    for i, job in enumerate(summary.jobs):
+        y = n - 1 - i
+        for run in job.runs:
+            if not run.rows:
+                continue
+            start, end = run.rows[0].t, run.rows[-1].t
+            ax.broken_barh([(start, max(end - start, 0.5))], (y - 0.3, 0.6), color=colours[i], alpha=0.85)
+            ax.annotate(f"{run.gpus} GPUs, steps {run.rows[0].step}-{run.rows[-1].step}",
+                        xy=(end if start > late else start, y + 0.32), fontsize=7, va="bottom",
+                        ha="right" if start > late else "left", color="black")
+        for r in job.restarts:
+            if r.resumed_at is None or r.resumed_from is None:
+                continue
+            lost = "?" if r.steps_lost is None else str(r.steps_lost)
+            marker, fill = ("o", "white") if r.signalled else ("X", colours[i])
+            ax.plot([r.resumed_at], [y], marker=marker, markersize=9, color="black", markerfacecolor=fill)
+            ax.annotate(f"from {r.resumed_from}, lost {lost}", xy=(r.resumed_at, y - 0.32), fontsize=7,
+                        va="top", ha="right")
+    ax.set_yticks(range(n), [j.name for j in reversed(summary.jobs)])
+    ax.set_ylim(-0.8, max(n, 1) - 0.2)
+    ax.set_ylabel("training")
+    ax.set_xlabel("seconds since the demo started")
+    ax.grid(axis="x", alpha=0.3)
+    ax.plot([], [], marker="o", linestyle="none", color="black", markerfacecolor="white",
+            label="resumed after a signalled checkpoint")
+    ax.plot([], [], marker="X", linestyle="none", color="black", markerfacecolor="grey",
+            label="resumed from a periodic checkpoint")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
 
 def _stacked_gpus(summary: DemoSummary, end: float) -> tuple[list[float], list[list[int]]]:

@@ -137,16 +137,18 @@ class Demo:
         for sub in (self.ckpt_root, self.log_dir, self.daemon_dir):
             sub.mkdir(parents=True, exist_ok=True)
         error: str | None = None
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        # SIGTERM and a closed terminal (SIGHUP) stop the demo like Ctrl-C: through the cleanup.
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
         try:
             self._script()
         except KeyboardInterrupt:
-            error = f"interrupted (Ctrl-C or SIGTERM) during '{self.state.phase}'"
+            error = f"interrupted (Ctrl-C, SIGTERM or SIGHUP) during '{self.state.phase}'"
         except ElasticError as exc:
             error = str(exc)
         finally:
             self._cleanup()
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         self.recorder.action("stop", text="demo finished" if error is None else f"demo stopped early: {error}")
         return self._report(error)
 
@@ -372,7 +374,8 @@ class Demo:
     # -- cleanup -------------------------------------------------------------------------------------------
     def _cleanup(self) -> None:
         """Undo what this run started, in reverse; never raises, never waits without a bound."""
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not leave things half-stopped
+        # A second Ctrl-C (or a SIGTERM, or the terminal closing) must not leave things half-stopped.
+        old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             self.state.phase = "stopping the controller and the jobs"
             self._tick_quietly()
@@ -385,7 +388,8 @@ class Demo:
             elif self.cluster.exists() and self.cluster.is_up():
                 self._restore_nodes()
         finally:
-            signal.signal(signal.SIGINT, old)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
 
     def _tick_quietly(self, *, observe: bool = True) -> None:
         try:
