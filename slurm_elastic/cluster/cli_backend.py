@@ -269,7 +269,9 @@ def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node
                       ("mem_per_gpu_mb", mem_per_gpu_mb)):
         if int(val) < 1:
             raise SlurmError(f"set_resources: {name} must be >= 1, got {val}")
-    args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}",
+    # NumNodes=N-N: a bare N sets only the minimum, and for a non-operator (user-mode watch) the
+    # maximum stays at the submitted count, so a shrunk job restarted on its old node count (seen live, 22.05).
+    args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}",
             f"TresPerNode={gpu_tres(version, int(gpus_per_node))}",
             f"CpusPerTres={gpu_tres(version, int(cpus_per_gpu))}",
             f"MemPerTres={gpu_tres(version, int(mem_per_gpu_mb))}"]

@@ -79,7 +79,7 @@ class PyslurmBackend:
             raise SlurmError(f"set_resources: every size must be >= 1 (nodes={nodes}, gpus_per_node="
                              f"{gpus_per_node}, cpus_per_gpu={cpus_per_gpu}, mem_per_gpu_mb={mem_per_gpu_mb})")
         # Job.modify() silently ignores the node count (pyslurm 25.11), so scontrol does that part.
-        self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}"])
+        self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}"])
         changes: dict[str, Any] = {"gres_per_node": f"gpu:{int(gpus_per_node)}",
                                    "cpus_per_gpu": int(cpus_per_gpu), "memory_per_gpu": int(mem_per_gpu_mb)}
         if start_now:

@@ -172,7 +172,7 @@ def test_backend_calls_pyslurm_as_documented() -> None:
     b.signal(1, "USR2")
     b.hold(2)
     b.cancel(3)
-    assert cli.runs == [["scontrol", "update", "JobId=1", "NumNodes=1"]]
+    assert cli.runs == [["scontrol", "update", "JobId=1", "NumNodes=1-1"]]
     assert ps.log == [
         ("requeue", 1, (), {"hold": True}),
         ("modify", 1, ({"gres_per_node": "gpu:3", "cpus_per_gpu": 2, "memory_per_gpu": 1000, "begin_time": "now"},),
