@@ -34,20 +34,36 @@ def decide(inst: Instance, rows: Sequence[Row]) -> tuple[JobDecision, ...]:
 
 def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[str, str]:
     job = inst.jobs[i]
-    row = lay.rows[i]
-    g = sum(row.values())
+    g = sum(lay.rows[i].values())
     lost = [inst.node_names[n] for n in inst.current[i] if inst.cap[n, 0] <= 0]
     lost_note = f" (node {', '.join(lost)} gives nothing now)" if lost else ""
     if unplaceable is not None:
         return "min-not-placeable", unplaceable + lost_note
+    cause, reason = _probe(inst, lay, i)
+    if g < job.current_gpus and not inst.displaced(i) and cause != "max":
+        # it could have kept what it had: the GPUs went to others, and the probe says what blocks it now
+        return "traded", (f"gave up {job.current_gpus - g} GPUs to jobs that gain more from them; now: {reason}")
+    return cause, reason + lost_note
+
+
+def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
+    """What stops job i from taking its next allowed count in the final layout."""
+    job = inst.jobs[i]
+    row = lay.rows[i]
+    g = sum(row.values())
     ups = [c for c in inst.terms[i].allowed if c > g]
     if not ups:
         note = "" if g == job.max_gpus else f" (largest allowed count; max is {job.max_gpus})"
-        return "max", f"max reached ({g} GPUs){note}{lost_note}"
-    nxt = ups[0]
+        return "max", f"max reached ({g} GPUs){note}"
+    shaped = [c for c in ups if _gpu_shape_exists(inst, c)]
+    if not shaped:
+        return "capacity", (f"no larger count has a Slurm shape on these nodes' GPUs "
+                            f"(next allowed {ups[0]} GPUs; spanning needs equal"
+                            f"{' whole' if inst.whole else ''} nodes)")
+    nxt = shaped[0]
     new = lay.find(i, nxt, row or inst.current[i])
     if new is None:
-        return "capacity", _capacity_reason(inst, lay, i, nxt) + lost_note
+        return "capacity", _capacity_reason(inst, lay, i, nxt)
     base = inst.job_objective(i, row)
     gain_s = inst.throughput_value(i, nxt) - (inst.throughput_value(i, g) if g else 0.0)
     gain_d = inst.terms[i].demand_cost * (nxt - g)
@@ -60,14 +76,25 @@ def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[
     total = inst.job_objective(i, new) - base
     if total <= 0 and restart > 0 and restart >= gain_s + gain_d - nodes:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would add {gain_s + gain_d:.4g} "
-                                f"but cost {restart:.4g} in restarts{lost_note}")
+                                f"but cost {restart:.4g} in restarts")
     if total <= 0 and nodes > 0:
         return "node-cost", (f"spanning {len(new)} nodes for {nxt} GPUs costs {nodes:.4g}, more than "
-                             f"the gain {gain_s + gain_d - restart:.4g}{lost_note}")
+                             f"the gain {gain_s + gain_d - restart:.4g}")
     if total <= 0:
-        return "no-gain", f"{nxt} GPUs would not raise the objective ({total:.4g}){lost_note}"
+        return "no-gain", f"{nxt} GPUs would not raise the objective ({total:.4g})"
     return "traded", (f"{nxt} GPUs would fit but the solver gave the capacity to jobs gaining more "
-                      f"(this job would gain {total:.4g}; within the MIP gap or needed by a shape){lost_note}")
+                      f"(this job would gain {total:.4g}; within the MIP gap or needed by a shape)")
+
+
+def _gpu_shape_exists(inst: Instance, gpus: int) -> bool:
+    """Some shape holds `gpus` GPUs on the GPUs of the (empty) cluster, CPUs and memory aside."""
+    g = inst.cap[:, 0]
+    if len(g) and gpus <= g.max():
+        return True
+    for w in spanning_widths(gpus, inst.node_sizes, inst.whole):
+        if int(((g == w) if inst.whole else (g >= w)).sum()) >= gpus // w:
+            return True
+    return False
 
 
 def _capacity_reason(inst: Instance, lay: Layout, i: int, gpus: int) -> str:
@@ -79,13 +106,19 @@ def _capacity_reason(inst: Instance, lay: Layout, i: int, gpus: int) -> str:
     up = inst.cap[:, 0] > 0
     if not up.any():
         return f"no node has GPUs for elastic work ({gpus} GPUs wanted)"
+    if not lay.rows[i] and gpus <= inst.max_per_node(i).max():
+        # nodes exist that could hold it if they were empty: say how full they are
+        fits = (free[:, 0] >= need[0] - 1e-9)
+        if not fits.any():
+            return (f"capacity of gpu: no node has {gpus} free GPUs now ({free[:, 0].sum():.0f} free cluster-wide, "
+                    f"at most {free[:, 0].max():.0f} on one node); they went to jobs that gain more")
     # the node the job is on (or the one with most free GPUs) is the one a user will ask about
     if lay.rows[i]:
         n = max(lay.rows[i], key=lambda k: lay.rows[i][k])
     else:
         n = int(np.argmax(np.where(up, free[:, 0] + free[:, 1] / max(need[1], 1), -np.inf)))
     short = [r for r in range(3) if free[n, r] < need[r] - 1e-9]
-    if not lay.rows[i] and need[0] > inst.cap[:, 0].max():
+    if need[0] > inst.cap[:, 0].max():
         # only a spanning shape could hold it
         widths = spanning_widths(gpus, inst.node_sizes, inst.whole)
         if not widths:

@@ -47,3 +47,23 @@ def test_render_lists_every_job_with_before_after():
     assert any(line.startswith("beta") and "0 -> 4" in line for line in lines)
     changed_only = render_explanation(alloc, only_changes=True)
     assert "alpha" in changed_only
+
+
+@pytest.mark.parametrize("mode", ["exact", "two-stage"])
+def test_a_job_that_gave_up_gpus_says_so(mode):
+    nodes = (NodeCapacity("n0", 8, 64, 512_000),)
+    jobs = (JobRequest("cheap", 1, 8, weight=0.1, current={"n0": 8}, restart_cost_s=1.0),
+            JobRequest("dear", 4, 4, weight=10.0))
+    alloc = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
+    d = decision(alloc, "cheap")
+    assert (d.gpus_before, d.gpus_after, d.cause) == (8, 4, "traded")
+    assert d.reason.startswith("gave up 4 GPUs to jobs that gain more")
+
+
+def test_counts_without_a_shape_are_explained():
+    # 12 GPUs on 8-GPU nodes is no whole-node shape; 8 is the most this job can have here
+    nodes = (NodeCapacity("n0", 8, 64, 512_000), NodeCapacity("n1", 8, 64, 512_000))
+    alloc = solve(AllocationProblem((JobRequest("j", 4, 12, gpu_step=4),), nodes))
+    d = decision(alloc, "j")
+    assert (d.gpus_after, d.cause) == (8, "capacity")
+    assert "no larger count has a Slurm shape" in d.reason
