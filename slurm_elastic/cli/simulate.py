@@ -21,6 +21,9 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--cluster", "cluster_spec", default="16x4", show_default=True,
               help="NODESxGPUS[:CPUS[:MEM_GB]], groups joined by commas (e.g. 8x4,4x8:64:512).")
 @click.option("--interval", default=60.0, show_default=True, help="Scheduling interval in seconds.")
+@click.option("--immediate/--ticks-only", default=True, show_default=True,
+              help="Re-solve at once on arrivals, completions and node events, or only every interval "
+                   "(as the Pollux simulator does).")
 @click.option("--failures", default=None,
               help="Node failures: every:PERIOD_S:DOWN_S[:SEED], mtbf:MTBF_S:DOWN_S[:SEED], "
                    "or a CSV file time_s,node,down_s.")
@@ -48,7 +51,7 @@ RESTARTS = ("forward-layer", "traditional", "both")
               help="Write every policy decision as JSON lines to this file.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 @elastic_errors
-def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float,
+def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float, immediate: bool,
              failures: str | None, restart_method: str, restart_overhead: float, checkpoint_interval: float,
              sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, l1_max_scale: float, as_json: bool,
              markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
@@ -72,7 +75,7 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
         schedule = parse_failures(failures)
         methods = ("forward-layer", "traditional") if restart_method == "both" else (restart_method,)
         restarts = [RestartModel(m, restart_overhead, checkpoint_interval, sync_checkpoint) for m in methods]
-        configs = [SimConfig(nodes, interval, r, schedule) for r in restarts]
+        configs = [SimConfig(nodes, interval, r, schedule, immediate=immediate) for r in restarts]
         gpn = max(n.gpus for n in nodes)
         loaded = [(w, load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,
                                sacct_elastic=sacct_elastic)) for w in workloads]

@@ -59,6 +59,7 @@ class SimConfig:
     restart: RestartModel = RestartModel()
     failures: FailureSchedule = FailureSchedule()
     max_time_s: float = 60 * 86400.0
+    immediate: bool = True       # re-solve at arrivals, completions and node events, not only at ticks
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -262,7 +263,7 @@ class Simulation:
                 reasons.append("tick")
                 next_tick = (math.floor(now / cfg.interval_s) + 1) * cfg.interval_s
             # 6. decide
-            if active and reasons:
+            if active and reasons and (cfg.immediate or "tick" in reasons):
                 view = ClusterView(
                     now=now, nodes=tuple(up.values()),
                     jobs=tuple(JobView(r.job, dict(r.placement), r.remaining, r.attained, r.executed,

@@ -131,7 +131,11 @@ class ApplicationProfile:
             bsz, step, sync = self.placements[key]
             return float(np.interp(local_bsz, bsz, step)), float(np.interp(local_bsz, bsz, sync))
         if self._interp is None:
-            from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+            try:
+                from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+            except ImportError:
+                raise TraceError("interpolating Pollux profiles needs scipy: pip install 'slurm-elastic[sim]' "
+                                 "or pip install scipy") from None
 
             self._interp = LinearNDInterpolator(self.points, self.values)
             self._nearest = NearestNDInterpolator(self.points, self.values)

@@ -8,6 +8,8 @@ from slurm_elastic.sim import RestartModel, SimConfig, Simulation, parse_cluster
 from slurm_elastic.sim.l1 import L1Policy
 from slurm_elastic.sim.optimus import OptimusPolicy
 from slurm_elastic.sim.static import StaticPolicy
+from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.speed import TableSpeed
 from slurm_elastic.sim.tiresias import TiresiasPolicy
 
 from tests.sim.conftest import job
@@ -68,9 +70,23 @@ def test_optimus_gives_gpus_by_marginal_gain():
 
 
 def test_l1_gives_a_lone_elastic_job_the_whole_cluster():
-    recs, result = run([job("a", 0, 2, 400, lo=1, hi=8)], L1Policy(), cluster="2x4")
+    recs, result = run([job("a", 0, 2, 400, lo=1, hi=8)], L1Policy(max_scale=None), cluster="2x4")
     assert recs["a"].finish_s == pytest.approx(400 * 2 / 8)
     assert result.decisions[0].changes == (("a", 0, 8),)
+
+
+def test_l1_caps_at_twice_the_request_by_default():
+    _, result = run([job("a", 0, 2, 400, lo=1, hi=8)], L1Policy(), cluster="2x4")
+    assert result.decisions[0].changes == (("a", 0, 4),)
+
+
+def test_l1_never_asks_for_a_count_slower_than_a_smaller_one():
+    # measured speed drops past 4 GPUs (as yolov3's does across nodes): 4 is the best count
+    slow_past_4 = TableSpeed(((1, 1.0), (2, 2.0), (4, 3.0), (8, 2.0)))
+    a = SimJob("a", 0.0, 4, 1, 8, work=300.0, speed=slow_past_4, restart_overhead_s=0.0)
+    recs, result = run([a], L1Policy(max_scale=None), cluster="2x4")
+    assert result.decisions[0].changes == (("a", 0, 4),)
+    assert recs["a"].finish_s == pytest.approx(100)
 
 
 def test_l1_runs_rigid_jobs_that_fit_side_by_side():
