@@ -29,17 +29,24 @@ def _signal_and_resize(cluster, job: int, ck: Path, log: Path, restart: int, nod
     seen = len(_lines(log))
     cluster.wait_for(lambda: len(_lines(log)) >= seen + 4, 180, what="training progress")
     ack_path = ck / str(job) / protocol.ack_file_name(job, restart)
+    out = ck.parent / f"out-{job}.txt"
+    waits = out.read_text().count("waiting up to")    # the output file spans all incarnations
     t0 = time.monotonic()
     cluster.run("scancel", "--signal=USR2", "--full", str(job))
     cluster.wait_for(ack_path.exists, 60, interval=0.02, what="the ACK file")
     t_ack = time.monotonic() - t0
-    out = ck.parent / f"out-{job}.txt"
-    cluster.wait_for(lambda: "waiting up to" in out.read_text(), 60, interval=0.05, what="srun to end (exit 85)")
+    cluster.wait_for(lambda: out.read_text().count("waiting up to") > waits, 60, interval=0.05,
+                     what="srun to end (exit 85)")
     t_exit = time.monotonic() - t0
     assert cluster.job(job)["JobState"] == "RUNNING"     # the template waits instead of completing
     cluster.run("scontrol", "requeuehold", str(job))
     cluster.wait_for(lambda: cluster.job(job).get("JobState") == "PENDING", 60, what="requeue hold")
-    cluster.run("scontrol", "update", f"JobId={job}", f"NumNodes={nodes}", f"Gres=gpu:{gpn}", "StartTime=now")
+    # slurmd revokes the old incarnation's credential with one-second resolution; a
+    # restart within that second is refused ("Job credential revoked") and the job
+    # FAILS. Seen on 22.05 with StartTime=now; so the update starts it 2 s later.
+    # Gres alone leaves the CPU count of the old shape (22.05), so CPUs are set too.
+    cluster.run("scontrol", "update", f"JobId={job}", f"NumNodes={nodes}", f"Gres=gpu:{gpn}",
+                f"NumCPUs={nodes * gpn}", f"MinCPUsNode={gpn}", "StartTime=now+2")
     cluster.run("scontrol", "release", str(job))
     ack = json.loads(ack_path.read_text())
     ack.update(signal_to_ack_s=t_ack, signal_to_exit_s=t_exit)
