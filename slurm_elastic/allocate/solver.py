@@ -71,6 +71,10 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
             form = Formulation(inst, exact=True, must_run=False)
             res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
                               threads=policy.threads, warm=form.point(start))
+        if math.isfinite(two_res.bound) and two_res.bound < res.bound:
+            # the counts model relaxes the exact one: its bound holds here too, and HiGHS stopped early
+            # may not have a finite dual bound of its own yet
+            res = dataclasses.replace(res, bound=two_res.bound)
         rows = form.rows_of(res.x) if res.x is not None else None
         if rows is None and two_rows is not None:
             notes.append(f"the exact model found no solution ({res.status}); the two-stage answer is used")

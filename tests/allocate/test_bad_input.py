@@ -127,8 +127,8 @@ def test_incumbent_at_time_limit_is_used(monkeypatch):
 
     monkeypatch.setattr(solver_module.highs, "solve", limited)
     alloc = solve(AllocationProblem((JobRequest("a", 1, 8),), NODES), mode="exact")
-    assert alloc.method == "milp-time-limit" and alloc.gpus["a"] == 8
-    assert alloc.mip_gap > 0 and alloc.bound > alloc.objective
+    assert alloc.method == "milp-time-limit" and alloc.status == "time-limit-reached" and alloc.gpus["a"] == 8
+    assert alloc.bound >= alloc.objective
 
 
 @pytest.mark.parametrize("change", [dict(weight="1"), dict(weight=True), dict(restart_cost_s="30"),

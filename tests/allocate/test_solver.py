@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,26 @@ def test_solve_writes_nothing_to_stdout():
             "solve(AllocationProblem((JobRequest('a', 1, 4),), (NodeCapacity('n', 8, 8, 8000),)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout == ""
+
+
+@pytest.mark.parametrize("mode", ["exact", "two-stage"])
+def test_allowed_shapes_restrict_counts(mode):
+    nodes = (NodeCapacity("n0", 8, 64, 512_000),)
+    jobs = (JobRequest("pow2", 1, 6), JobRequest("own", 1, 8, allowed_gpus=(1, 3)))
+    alloc = solve(AllocationProblem(jobs, nodes, Policy(allowed_shapes=(1, 2, 4, 8))), mode=mode)
+    assert alloc.gpus["pow2"] == 4          # 5 and 6 are not powers of two
+    assert alloc.gpus["own"] == 1           # its own set {1, 3} meets the policy's at 1
+
+
+def test_real_time_limit_returns_highs_incumbent():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from solver import make_problem  # noqa: PLC0415
+
+    # the exact per-node model of 6,400 job-node pairs, asked for a proven optimum in half a second
+    problem = make_problem(jobs=100, nodes=64, gpn=8, mixed=False, seed=2,
+                           policy=Policy(time_limit_s=0.5, mip_rel_gap=0.0))
+    alloc = solve(problem, mode="exact")
+    assert alloc.method == "milp-time-limit" and alloc.status == "time-limit-reached"
+    assert alloc.bound > alloc.objective and alloc.mip_gap > 0
+    two = solve(problem, mode="two-stage")
+    assert alloc.objective >= two.objective - 1e-9       # the incumbent starts from the two-stage answer
