@@ -144,10 +144,7 @@ class RequeueProtocol:
                         self.journal.finish(rec.plan_id, ABANDONED, "job ended")
                         return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
                 elif step == "resize":
-                    self._wait_until_requeued(rec.job_id)
-                    self._settle(rec.job_id, lambda: self.backend.set_resources(
-                        plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                        cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
+                    self._resize(plan)
                     log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
                              plan.gpus_per_node)
                 else:
@@ -179,6 +176,24 @@ class RequeueProtocol:
             return True  # done before a crash, or by the requeuehold itself
         self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
         return True
+
+    def _resize(self, plan: Plan) -> None:
+        """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
+        requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
+        for _ in range(5):
+            self._wait_until_requeued(plan.job_id)
+            self._settle(plan.job_id, lambda: self.backend.set_resources(
+                plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
+                cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
+            job = self._observe(plan.job_id)
+            if job is None or job.state.finished:
+                return
+            if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.gpus_per_node:
+                return
+            log.info("job %d: update not in effect yet (%s, %d GPUs/node); again", plan.job_id,
+                     job.state.value, job.gpus_per_node)
+            self._sleep(self.settings.settle_poll_s)
+        raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.nodes}x{plan.gpus_per_node}")
 
     def _wait_until_requeued(self, job_id: int) -> None:
         """Until a requeued job has finished COMPLETING.

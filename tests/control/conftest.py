@@ -61,6 +61,7 @@ class ElasticCluster:
     env: dict[str, str]
     python: str = sys.executable
     user_python: str | None = None  # an interpreter path the unprivileged test user can execute
+    user_site: str | None = None    # its site-packages, added explicitly (see test_live.unprivileged)
     procs: list[subprocess.Popen[str]] = field(default_factory=list)
 
     @property
@@ -72,7 +73,7 @@ class ElasticCluster:
 
     def cli(self, *args: str, env: dict[str, str] | None = None, user: str | None = None,
             timeout: float = 120.0, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = self._argv(args, user)
+        argv = self._argv(args, user, env)
         proc = subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
                               timeout=timeout, check=False)
         if check and proc.returncode != 0:
@@ -83,16 +84,18 @@ class ElasticCluster:
     def spawn(self, *args: str, log: Path, env: dict[str, str] | None = None,
               user: str | None = None) -> subprocess.Popen[str]:
         out = open(log, "w")
-        proc = subprocess.Popen(self._argv(args, user), env={**self.env, **(env or {})}, stdout=out,
+        proc = subprocess.Popen(self._argv(args, user, env), env={**self.env, **(env or {})}, stdout=out,
                                 stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)
         return proc
 
-    def _argv(self, args: tuple[str, ...], user: str | None) -> list[str]:
-        argv = [self.python if user is None else (self.user_python or self.python), "-c", CLI, *args]
+    def _argv(self, args: tuple[str, ...], user: str | None, extra: dict[str, str] | None = None) -> list[str]:
+        code = CLI if user is None or not self.user_site else f"import site; site.addsitedir({self.user_site!r}); {CLI}"
+        argv = [self.python if user is None else (self.user_python or self.python), "-c", code, *args]
         if user is not None:
             # runuser keeps the environment we pass with env (-p would keep root's HOME).
-            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in self.env.items()
+            env = {**self.env, **(extra or {})}
+            argv = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in env.items()
                                                           if k.startswith(("SLURM", "FAKE", "PATH"))], *argv]
         return argv
 

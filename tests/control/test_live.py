@@ -14,6 +14,7 @@ import pwd
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -94,12 +95,16 @@ def _three_jobs(cluster, *, user: str | None = None, watch_log: Path | None = No
         c = cluster.submit("--gpus=2-4", "--gpu-step=2", name="elastic-c", user=user)
     else:
         # The third submission stays in the foreground as the user-mode controller.
-        watcher = cluster.spawn("sbatch", "--watch", "--gpus=2-4", "--gpu-step=2",
+        watcher = cluster.spawn("-v", "sbatch", "--watch", "--gpus=2-4", "--gpu-step=2",
                                 f"--ckpt-dir={cluster.root / 'ckpt'}", "--job-name=elastic-c",
                                 f"--output={cluster.root / 'out'}/%j.out", str(cluster.root / "fake_trainer.sbatch"),
-                                log=watch_log, user=user)
-        first = cluster.wait_for(lambda: watch_log.read_text().strip().splitlines(), 60, what="sbatch --watch job id")
-        c = int(first[0].split()[-1])
+                                log=watch_log, user=user,
+                                env={"SLURM_ELASTIC_INTERVAL": "2", "SLURM_ELASTIC_HYSTERESIS": "0",
+                                     "SLURM_ELASTIC_ACK_TIMEOUT": "15"})
+        def job_id_line() -> str | None:
+            return next((ln for ln in watch_log.read_text().splitlines() if ln.startswith("Submitted batch job")),
+                        None)
+        c = int(cluster.wait_for(job_id_line, 60, what="sbatch --watch job id").split()[-1])
     return [a, b, c], watcher
 
 
@@ -189,18 +194,24 @@ def unprivileged(elastic_cluster):
     os.chown(state, ent.pw_uid, ent.pw_gid)
     mount = None
     python = os.path.realpath(sys.executable)
-    probe = ["runuser", "-u", TEST_USER, "--", python, "-c", "import slurm_elastic.cli, highspy"]
-    if subprocess.run(probe, capture_output=True).returncode != 0:
+    site_dir = sysconfig.get_paths()["purelib"]
+    check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
+    if subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True).returncode != 0:
         # Reach the same interpreter through a bind mount outside /root, for the test's duration only.
         mount = elastic_cluster.root / "py"
         mount.mkdir(exist_ok=True)
         if subprocess.run(["mount", "--bind", sys.base_prefix, str(mount)], capture_output=True).returncode != 0:
             pytest.skip(f"{TEST_USER} cannot run {python} and a bind mount is not possible here")
         python = str(mount / os.path.relpath(python, sys.base_prefix))
-        probe[4] = python
-        if subprocess.run(probe, capture_output=True).returncode != 0:
+        site_dir = str(mount / os.path.relpath(site_dir, sys.base_prefix))
+        check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
+        probe = subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True,
+                               text=True, cwd="/")
+        if probe.returncode != 0:
             subprocess.run(["umount", str(mount)], check=False)
-            pytest.skip(f"{TEST_USER} cannot run slurm-elastic's Python even through a bind mount")
+            pytest.skip(f"{TEST_USER} cannot run slurm-elastic's Python even through a bind mount: "
+                        f"{probe.stderr.strip()[-300:]}")
+    elastic_cluster.user_site = site_dir
     elastic_cluster.user_python = python
     saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
     elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
@@ -209,8 +220,9 @@ def unprivileged(elastic_cluster):
     finally:
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
         elastic_cluster.user_python = None
-        if mount is not None:
-            subprocess.run(["umount", str(mount)], check=False)
+        elastic_cluster.user_site = None
+        if mount is not None and subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(mount)], check=False)
 
 
 def test_user_mode_watch_resizes_own_jobs_without_a_daemon(elastic_cluster, unprivileged, tmp_path):
@@ -222,8 +234,11 @@ def test_user_mode_watch_resizes_own_jobs_without_a_daemon(elastic_cluster, unpr
     assert second.returncode != 0 and "already running" in second.stderr
     try:
         _lose_and_regain_n2(cluster, ids, cluster.root / "state" / "user" / "journal.sqlite")
+    except BaseException:
+        watcher.kill()
+        raise
     finally:
-        print((tmp_path / "watch.log").read_text()[-3000:])
+        print((tmp_path / "watch.log").read_text()[-6000:])
     assert watcher.poll() is None, "watch must stay in the foreground while the jobs run"
     cluster.cancel_all()
     assert watcher.wait(60) == 0  # ends by itself once the user's elastic jobs are gone
