@@ -55,8 +55,8 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
     if not ups:
         note = "" if g == job.max_gpus else f" (largest allowed count; max is {job.max_gpus})"
         return "max", f"max reached ({g} GPUs){note}"
-    shaped = [c for c in ups if _gpu_shape_exists(inst, c)]
-    if not shaped:
+    shaped = [next((c for c in ups if c <= inst.total[0] and _gpu_shape_exists(inst, c)), 0)]
+    if not shaped[0]:
         return "capacity", (f"no larger count has a Slurm shape on these nodes' GPUs "
                             f"(next allowed {ups[0]} GPUs; spanning needs equal"
                             f"{' whole' if inst.whole else ''} nodes)")

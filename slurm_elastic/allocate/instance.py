@@ -75,8 +75,10 @@ class Instance:
     def _job_terms(self, i: int, job: JobRequest) -> tuple[JobTerms, str]:
         allowed = job.candidate_gpus()
         if self.policy.allowed_shapes is not None:
-            allowed = tuple(g for g in allowed if g in set(self.policy.allowed_shapes))
-        feasible = tuple(g for g in allowed if self._fits_empty(i, g))
+            shapes = set(self.policy.allowed_shapes)
+            allowed = tuple(g for g in allowed if g in shapes)
+        # counts above the cluster's GPUs can never be placed: a 1-100000 range costs no more than 1-Cap
+        feasible = tuple(g for g in allowed if g <= self.total[0] and self._fits_empty(i, g))
         why = ""
         if not allowed:
             why = (f"no allowed GPU count in {job.min_gpus}-{job.max_gpus} (step {job.gpu_step}"
@@ -86,7 +88,7 @@ class Instance:
         model = job.throughput if job.throughput is not None else tp.LinearThroughput()
         if isinstance(model, Mapping):
             model = tp.table_throughput(model)      # a profile table given as is
-        points = sorted(set(allowed) | {job.max_gpus})
+        points = sorted({g for g in allowed if g <= self.total[0]} | {job.max_gpus})
         hull = tp.curve(model, points, self.nodes_for, job.key)
         norm = tp.evaluate_curve(hull, job.max_gpus)
         if norm <= 0:
