@@ -30,7 +30,7 @@ class JobTerms:
     hull: tuple[tuple[float, float], ...]
     norm: float                        # hull value at max GPUs (s_j(gmax_j))
     weight: float
-    kappa: float                       # restart cost (0 for a job that is not running)
+    kappa: float                       # restart cost (0 for a job not running, or displaced: it restarts anyway)
     demand_cost: float                 # alpha * sum_r rho[j,r] / Cap_r: cost per GPU missing from gmax
     spans: bool                        # some candidate needs >= 2 nodes
     allowed: tuple[int, ...] = ()      # every count the job and policy allow, placeable or not
