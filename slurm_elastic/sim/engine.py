@@ -6,7 +6,7 @@ import heapq
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 from slurm_elastic.errors import AllocationError, TraceError
@@ -118,7 +118,7 @@ class _Run:
     """Mutable progress of one job inside the engine (hot loop; never leaves this module)."""
 
     __slots__ = ("job", "placement", "remaining", "stall", "stall_counts", "since_ckpt_run", "since_ckpt_work",
-                 "attained", "executed", "start", "finish", "restarts", "loss", "speed", "needs_restart",
+                 "attained", "executed", "start", "finish", "restarts", "loss", "speed",
                  "pending_stall")
 
     def __init__(self, job: SimJob) -> None:
@@ -136,7 +136,6 @@ class _Run:
         self.restarts = 0
         self.loss = 0.0
         self.speed = 0.0                # effective work/s while running (after checkpoint stalls)
-        self.needs_restart = False
         self.pending_stall = 0.0        # traditional: synchronous checkpoint owed before the next start
 
     @property
@@ -326,7 +325,6 @@ class Simulation:
         run.placement = {}
         run.speed = 0.0
         run.stall = 0.0
-        run.needs_restart = True
 
     def _apply(self, decision: Decision, active: dict[str, _Run], up: Mapping[str, SimNode], now: float,
                sync: float) -> list[tuple[str, int, int]]:
@@ -366,8 +364,6 @@ class Simulation:
             if run.placement and self.config.restart.method == "traditional":
                 # The traditional method stops only after a full synchronous checkpoint.
                 run.pending_stall += sync
-            if run.placement:
-                run.needs_restart = True
             run.since_ckpt_run = run.since_ckpt_work = 0.0  # the signalled stop checkpoints
             run.placement = new
             if new:
@@ -379,7 +375,6 @@ class Simulation:
                     run.restarts += 1
                     run.stall = self._overhead(run.job) + run.pending_stall
                     run.stall_counts = True
-                    run.needs_restart = False
                 run.pending_stall = 0.0
                 run.speed = self._effective_speed(run)
             else:

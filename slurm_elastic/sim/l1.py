@@ -95,6 +95,8 @@ class L1Policy:
         t0 = time.perf_counter()
         allocation = solve(AllocationProblem(tuple(requests), nodes, self.policy))
         solve_s = time.perf_counter() - t0
+        log.debug("t=%.0f: %d jobs, %s in %.3f s (gap %.3g)", view.now, len(requests), allocation.method, solve_s,
+                  allocation.mip_gap)
         placements = {k: {n: int(g) for n, g in p.items() if g > 0} for k, p in allocation.placement.items()}
         self._last = (tuple((j.key, tuple(sorted(placements.get(j.key, {}).items()))) for j in view.jobs),
                       state[1])

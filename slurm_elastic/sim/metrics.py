@@ -50,7 +50,3 @@ def _integrate(samples: tuple[tuple[float, int, int], ...], start: float, end: f
             capacity += c * (hi - lo)
     return allocated, capacity
 
-
-def gpu_seconds_by_node_ok(result: SimResult) -> bool:
-    """Conservation: allocated GPUs never exceeded the up capacity at any sample."""
-    return all(a <= c for _, a, c in result.utilisation)

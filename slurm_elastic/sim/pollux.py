@@ -26,12 +26,6 @@ MAX_INTERP_NODES = 16
 WORKLOAD_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
 
-@dataclass(frozen=True, slots=True)
-class _Measured:
-    step_time: float
-    sync_time: float
-
-
 @dataclass(eq=False)
 class ApplicationProfile:
     """Measured step times of one application, and its iterations per epoch at each validated batch size."""

@@ -48,12 +48,12 @@ class TableSpeed:
     def __post_init__(self) -> None:
         if not self.points:
             raise TraceError("a speedup table needs at least one point")
-        last_g, last_s = 0, 0.0
+        last_g = 0
         for g, s in self.points:
             if g <= last_g or not math.isfinite(s) or s <= 0:
                 raise TraceError(f"speedup table points must have increasing GPU counts and positive "
                                  f"speedups, got {self.points!r}")
-            last_g, last_s = g, s
+            last_g = g
 
     @classmethod
     def parse(cls, text: str) -> TableSpeed:
