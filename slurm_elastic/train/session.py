@@ -43,7 +43,7 @@ class ElasticSession:
 
     def __init__(self, *, ckpt_dir: str | None = None, job_key: str | None = None, signal: str | None = None,
                  every_steps: int | None = None, every_seconds: float | None = None, keep: int = 2,
-                 wait_for_previous: bool = False,
+                 wait_for_previous: bool = False, fast_exit: bool = True,
                  backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
                  env: JobEnvironment | None = None) -> None:
         root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
@@ -62,6 +62,9 @@ class ElasticSession:
         # written are skipped (no stall) unless wait_for_previous, which blocks
         # until it is committed (deterministic checkpoint steps).
         self.wait_for_previous = wait_for_previous
+        # After a signalled stop the process has nothing left to do; interpreter
+        # finalisation of torch & co. took ~8 s on a loaded node, so leave at once.
+        self.fast_exit = fast_exit
         self.backend = backend
         self.timeout_s = timeout_s
         self.metrics_every_s = metrics_every_s
@@ -118,13 +121,22 @@ class ElasticSession:
                 self._finish_signalled_stop()
             self._ckpt.wait_for_copies()
             self._settle(block=True)
+        t0 = time.monotonic()
         if self._ckpt is not None:
             self._ckpt.close()
+        log.debug("checkpointer closed in %.3f s", time.monotonic() - t0)
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
         if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
             _quiesce_gloo()
+            log.debug("process group quiesced after %.3f s", time.monotonic() - t0)
             dist.destroy_process_group()
+            log.debug("process group destroyed after %.3f s", time.monotonic() - t0)
+        if self.fast_exit and isinstance(exc, SystemExit) and exc.code == protocol.REQUEUE_EXIT_CODE:
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(protocol.REQUEUE_EXIT_CODE)
         return False
 
     def _on_signal(self, signum: int, frame: Any) -> None:

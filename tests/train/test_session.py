@@ -36,7 +36,7 @@ def _train(root: Path, steps: int, *, signal_at: int | None = None, every: int |
     losses: list[float] = []
     model = _model(width)
     with ElasticSession(ckpt_dir=str(root), env=env, every_steps=every, metrics_every_s=0.0,
-                        wait_for_previous=True) as s:
+                        wait_for_previous=True, fast_exit=False) as s:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         s.attach(model, opt, global_batch=16, micro_batch=micro, dataset_size=len(X), group_bytes=1)
         while not s.done(steps):
