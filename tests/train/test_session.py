@@ -119,3 +119,27 @@ def test_full_disk_keeps_training_and_previous_checkpoint(tiny_fs: Path, caplog:
     assert [p.name for p in job.glob("step-*")] == [protocol.step_dir_name(3)]
     s2, _, _ = _train(tiny_fs, 9, width=160)
     assert s2.restored_step == 3
+
+
+def test_checkpoint_now_commits_the_current_step(tmp_path: Path) -> None:
+    model = _model()
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False) as s:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        s.attach(model, opt, global_batch=16, micro_batch=16, dataset_size=len(X))
+        for _ in range(3):
+            for idx in s.micro_batches():
+                (model(X[idx]) - Y[idx]).pow(2).mean().backward()
+            s.optimizer_step()
+        s.user_state["note"] = "kept"
+        s.checkpoint_now()
+        assert s.last_committed_step == 3
+    manifest = json.loads((tmp_path / "55" / protocol.step_dir_name(3) / protocol.MANIFEST_FILE).read_text())
+    assert manifest["user_state"] == {"note": "kept"} and manifest["optimizer"]["class"] == "SGD"
+    assert manifest["optimizer"]["param_groups"][0]["lr"] == 0.05
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False) as s2:
+        m2 = _model()
+        assert s2.attach(m2, torch.optim.SGD(m2.parameters(), lr=0.9), global_batch=16, micro_batch=16,
+                         dataset_size=len(X)) == 3
+        assert s2.user_state == {"note": "kept"}
+    for a, b in zip(model.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
