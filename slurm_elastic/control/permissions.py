@@ -36,8 +36,9 @@ def current_caller() -> Caller:
     return Caller(uid, name)
 
 
-def slurm_user(run: Runner = _run) -> str | None:
+def slurm_user(run: Runner | None = None) -> str | None:
     """SlurmUser from `scontrol show config` ('SlurmUser = slurm(64030)' -> 'slurm')."""
+    run = run or _run
     try:
         proc = run(["scontrol", "show", "config"])
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -47,8 +48,9 @@ def slurm_user(run: Runner = _run) -> str | None:
     return m[1] if m and proc.returncode == 0 else None
 
 
-def admin_level(user: str, run: Runner = _run) -> tuple[str | None, str]:
+def admin_level(user: str, run: Runner | None = None) -> tuple[str | None, str]:
     """(level, problem): 'Administrator'/'Operator'/'None' from sacctmgr, or None and why it is unknown."""
+    run = run or _run
     try:
         proc = run(["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=adminlevel"])
     except FileNotFoundError:
@@ -62,7 +64,7 @@ def admin_level(user: str, run: Runner = _run) -> tuple[str | None, str]:
     return (level[0].strip() if level else "None"), ""
 
 
-def check_may_act(what: str, *, caller: Caller | None = None, run: Runner = _run) -> str:
+def check_may_act(what: str, *, caller: Caller | None = None, run: Runner | None = None) -> str:
     """Raise PermissionRefused unless the caller may change other users' jobs; returns why it may."""
     who = caller or current_caller()
     if who.uid == 0:

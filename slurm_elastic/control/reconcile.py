@@ -175,7 +175,7 @@ class Reconciler:
         self.backend = backend
         self.journal = journal
         self.config = config
-        self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, sleep=sleep)
+        self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
         self._clock = clock
         self._sleep = sleep
         self._available: frozenset[str] | None = None

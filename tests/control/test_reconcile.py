@@ -1,0 +1,119 @@
+"""Reconcile cycles against FakeSlurm (a stand-in for Slurm): node loss and gain, hysteresis, budget, scope."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+from slurm_elastic.spec import ElasticSpec
+
+from control.fake_slurm import FakeSlurm
+
+
+class Clock:
+    """Wall time plus what the test skipped ahead (the journal stamps plans with wall time)."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skipped
+
+    def sleep(self, s: float) -> None:
+        self.skipped += s
+
+
+def _reconciler(slurm: FakeSlurm, tmp_path, **config) -> tuple[Reconciler, Clock]:
+    clock = Clock()
+    cfg = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0),
+                           node_confirm_s=0, **config)
+    return Reconciler(slurm, Journal(tmp_path / "j.sqlite"), cfg, clock=clock, sleep=clock.sleep), clock
+
+
+def _gpus(slurm: FakeSlurm) -> dict[int, int]:
+    return {j.job_id: j.gpus for j in slurm.jobs.values() if j.state is JobState.RUNNING}
+
+
+@pytest.fixture
+def three(tmp_path):
+    slurm = FakeSlurm()
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4)
+    b = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4)
+    c = slurm.add_job(ElasticSpec(2, 4, gpu_step=2, ckpt_dir=ckpt), nodes=1, gpus_per_node=2)
+    return slurm, (a, b, c)
+
+
+def test_cycle_realises_the_allocation_and_survives_node_loss_and_gain(three, tmp_path):
+    slurm, ids = three
+    rec, _ = _reconciler(slurm, tmp_path, min_resize_interval_s=0)
+    report = rec.cycle()
+    assert {j: report.target(j) for j in ids} == _gpus(slurm)
+    assert sum(_gpus(slurm).values()) == 16
+    on_n2 = [j for j in ids if "n2" in slurm.jobs[j].nodes]
+    slurm.node_down("n2")
+    report = rec.cycle()
+    assert report.nodes_lost == ("n2",)
+    assert all(slurm.jobs[j].state is JobState.RUNNING for j in on_n2)  # no 120 s BeginTime wait
+    assert {j: g for j, g in _gpus(slurm).items()} == {j: report.target(j) for j in ids if report.target(j)}
+    assert sum(_gpus(slurm).values()) <= 12
+    assert rec.cycle().plans == ()                       # level-triggered: nothing left to do
+    slurm.node_up("n2")
+    report = rec.cycle()
+    assert report.nodes_gained == ("n2",)
+    assert sum(_gpus(slurm).values()) == 16
+    assert not any(j.held for j in slurm.jobs.values())
+
+
+def test_hysteresis_keeps_a_recently_resized_job_unless_it_lost_a_node(three, tmp_path):
+    slurm, ids = three
+    rec, clock = _reconciler(slurm, tmp_path, min_resize_interval_s=300)
+    rec.cycle()
+    before = _gpus(slurm)
+    slurm.finish(ids[2])                                   # GPUs free up: others would grow
+    report = rec.cycle()
+    grown = [p.job_id for p in report.plans if p.to_gpus > p.from_gpus]
+    resized_recently = {p.job_id for p in rec.journal.plans() if p.status == "done"}
+    assert not (set(grown) & resized_recently)
+    assert set(report.pinned) == resized_recently & {j for j in ids[:2]}
+    clock.skipped += 301
+    report = rec.cycle()
+    assert sum(_gpus(slurm).values()) == 16 and _gpus(slurm) != before
+
+
+def test_restart_budget_per_hour_pins_the_job(three, tmp_path):
+    slurm, ids = three
+    rec, clock = _reconciler(slurm, tmp_path, min_resize_interval_s=0, restart_budget_per_hour=0)
+    report = rec.cycle()
+    assert all("restart budget" in why for why in report.pinned.values())
+    assert not [p for p in report.plans if p.entry.value == "running"]
+
+
+def test_malformed_and_foreign_jobs_are_never_touched(tmp_path):
+    slurm = FakeSlurm()
+    mine = slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=1, user="alice")
+    other = slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=1, user="bob")
+    bad = slurm.add_job(None, nodes=1, gpus_per_node=1, user="alice", comment="elastic:v1 gpus=9-1",
+                        spec_error="not a canonical elastic spec")
+    plain = slurm.add_job(None, nodes=1, gpus_per_node=1, user="alice")
+    rec, _ = _reconciler(slurm, tmp_path, min_resize_interval_s=0, user="alice")
+    report = rec.cycle()
+    touched = {job_id for _, job_id in slurm.calls}
+    assert touched == {mine}
+    assert report.malformed == {bad: "not a canonical elastic spec"}
+    assert slurm.jobs[mine].gpus > 1
+    assert slurm.jobs[other].gpus == slurm.jobs[bad].gpus == slurm.jobs[plain].gpus == 1
+
+
+def test_dry_run_changes_nothing(three, tmp_path):
+    slurm, ids = three
+    rec, _ = _reconciler(slurm, tmp_path)
+    before = dict(slurm.jobs)
+    report = rec.cycle(dry_run=True)
+    assert report.plans and slurm.jobs == before and slurm.calls == []
+    assert rec.journal.plans() == []
