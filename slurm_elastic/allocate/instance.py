@@ -139,7 +139,10 @@ class Instance:
         per = self.max_per_node(i)
         if not len(per):
             return False
-        if g <= self._single_max.setdefault(i, float(per.max())):
+        single = self._single_max.get(i)
+        if single is None:
+            single = self._single_max[i] = float(per.max())
+        if g <= single:
             return True
         counts = self._span_nodes.setdefault(i, {})
         for w in spanning_widths(g, self.node_sizes, self.whole):
