@@ -132,6 +132,8 @@ class Demo:
     def run(self) -> DemoResult:
         """Run the script, clean up, write the report; `DemoResult.error` says why it stopped early, if it did."""
         prepare_report_dir(self.report_dir)
+        check_prerequisites()
+        job_template("ddp.sbatch")
         if self.run_dir.exists():
             shutil.rmtree(self.run_dir)
         for sub in (self.ckpt_root, self.log_dir, self.daemon_dir):
@@ -497,12 +499,28 @@ def daemon_args(options: DemoOptions) -> list[str]:
 
 
 def job_template(name: str) -> Path:
-    """A template from job_templates/ (next to the package in a source checkout)."""
-    here = Path(__file__).resolve().parent
-    for root in (here.parent / "job_templates", here.parent.parent / "job_templates"):
-        if (root / name).is_file():
-            return root / name
-    raise DemoError(f"job template {name} not found next to the slurm_elastic package")
+    """A template from job_templates/: in the source tree next to the package (editable install), beside the
+    virtual environment (`./install.sh` makes .venv inside the clone), or in the current directory."""
+    package = Path(__file__).resolve().parent.parent
+    roots = (package.parent, Path(sys.prefix).resolve().parent, Path.cwd())
+    for root in roots:
+        if (root / "job_templates" / name).is_file():
+            return root / "job_templates" / name
+    raise DemoError(f"job template job_templates/{name} not found in {', '.join(str(r) for r in roots)}; "
+                    "run the demo from the source checkout")
+
+
+def check_prerequisites() -> None:
+    """What the demo's jobs and report import, checked before anything starts."""
+    import importlib.util
+
+    missing = [mod for mod in ("torch", "sklearn", "matplotlib", "rich") if importlib.util.find_spec(mod) is None]
+    if missing:
+        names = {"sklearn": "scikit-learn"}
+        raise DemoError(f"the demo needs {', '.join(names.get(m, m) for m in missing)} in {sys.executable}'s "
+                        f"environment: {sys.executable} -m pip install {' '.join(names.get(m, m) for m in missing)}")
+    if os.geteuid() != 0:
+        raise DemoError("the demo runs a local Slurm cluster, whose slurmd must run as root: use sudo")
 
 
 def _cli() -> list[str]:
