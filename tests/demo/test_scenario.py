@@ -54,3 +54,14 @@ def test_report_dir_with_foreign_files_or_odd_characters_is_refused(tmp_path):
     with pytest.raises(DemoError, match="letters, digits"):
         prepare_report_dir(tmp_path / "with space")
     assert not (tmp_path / "with space").exists()
+
+
+def test_missing_python_packages_are_named_with_the_pip_command(monkeypatch):
+    import importlib.util
+
+    from slurm_elastic.demo.scenario import check_prerequisites
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "sklearn" else real(name))
+    with pytest.raises(DemoError, match="needs scikit-learn.*pip install scikit-learn"):
+        check_prerequisites()
