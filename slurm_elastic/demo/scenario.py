@@ -139,8 +139,10 @@ class Demo:
         for sub in (self.ckpt_root, self.log_dir, self.daemon_dir):
             sub.mkdir(parents=True, exist_ok=True)
         error: str | None = None
-        # SIGTERM and a closed terminal (SIGHUP) stop the demo like Ctrl-C: through the cleanup.
-        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        # Ctrl-C, SIGTERM and a closed terminal (SIGHUP) all stop the demo through the cleanup (SIGINT
+        # too, since a shell may have started us with it ignored).
+        stoppers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, _raise_interrupt) for sig in stoppers}
         try:
             self._script()
         except KeyboardInterrupt:
@@ -487,7 +489,8 @@ def submit_args(job: DemoJob, options: DemoOptions, *, ckpt_root: Path, log_dir:
         "--weight", f"{job.weight:g}", "--ckpt-dir", str(ckpt_root),
         "--job-name", job.name, "--output", str(log_dir / f"{job.name}-%j.out"),
         str(job_template("ddp.sbatch")),
-        sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "1000000", "--global-batch", "48", "--micro-batch", "2",
+        sys.executable, "-m", "slurm_elastic.train.examples.digits",
+        "--steps", "1000000", "--global-batch", "48", "--micro-batch", "2",
         "--every-steps", str(options.every_steps), "--step-sleep", f"{options.step_sleep_s:g}", "--timeout-s", "30",
     ]
 

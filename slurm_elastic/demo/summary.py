@@ -135,7 +135,7 @@ class DemoSummary:
     phases: dict[str, float] = field(default_factory=dict)   # named phase durations, seconds
 
     def problems(self, *, max_restarts: int = 2) -> list[str]:
-        """What the demo promises and did not keep: few restarts, nothing lost when signalled, training after each event."""
+        """The promises the demo did not keep: few restarts, nothing lost when signalled, training after each event."""
         out = []
         for job in self.jobs:
             if len(job.restarts) > max_restarts:

@@ -56,7 +56,8 @@ def test_table_then_exit_1_when_a_check_fails_or_the_demo_stopped_early(tmp_path
     monkeypatch.setattr("slurm_elastic.demo.scenario.Demo.run", _fake_run(gap=2))
     result = CliRunner().invoke(main, ["demo", "--report-dir", str(tmp_path / "r")])
     assert result.exit_code == 1
-    assert "digits-b (12)" in result.output and "checks failed: digits-b: signalled restart 1 lost 2 steps" in result.output
+    assert "digits-b (12)" in result.output
+    assert "checks failed: digits-b: signalled restart 1 lost 2 steps" in result.output
     monkeypatch.setattr("slurm_elastic.demo.scenario.Demo.run", _fake_run(error="waiting for x: not done after 5 s"))
     result = CliRunner().invoke(main, ["demo", "--report-dir", str(tmp_path / "r")])
     assert result.exit_code == 1 and "the demo stopped early: waiting for x" in result.output

@@ -34,9 +34,11 @@ def test_events_are_put_in_time_order():
     assert [e.t for e in Timeline.from_jsonl(text).events] == [1.0, 5.0]
 
 
-@pytest.mark.parametrize("text", ["", '{"kind": "action", "t": 1}\n', '{"kind": "header", "started_at": 0, "jobs": []}\n'
-                                  '{"kind": "bogus", "t": 1}\n',
-                                  '{"kind": "header", "started_at": 0, "jobs": []}\n{"kind": "progress", "t": 1}\n'])
+HEADER = '{"kind": "header", "started_at": 0, "jobs": []}\n'
+
+
+@pytest.mark.parametrize("text", ["", '{"kind": "action", "t": 1}\n', HEADER + '{"kind": "bogus", "t": 1}\n',
+                                  HEADER + '{"kind": "progress", "t": 1}\n'])
 def test_malformed_timelines_are_refused(text):
     with pytest.raises(ElasticError):
         Timeline.from_jsonl(text)
