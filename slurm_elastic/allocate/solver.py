@@ -120,8 +120,12 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
     lp = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
                      threads=policy.threads, relax=True)
     res = lp
-    if lp.x is not None:
-        point = form.point_from_counts(form.round_down(lp.x))
+    rounded = form.round_down(lp.x) if lp.x is not None else None
+    if rounded is not None and form.must_run and any(
+            j.must_run and inst.terms[i].candidates and not rounded[i] for i, j in enumerate(inst.jobs)):
+        rounded = None   # rounding dropped a must-run job: not a feasible point, let branch-and-bound work
+    if rounded is not None:
+        point = form.point_from_counts(rounded)
         value = form.value(point)
         if value > form.value(warm):
             warm = point
