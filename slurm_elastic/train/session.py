@@ -196,20 +196,34 @@ class ElasticSession:
         choice: list[Any] = [None]
         if self.env.is_main:
             try:
-                found = self.store.newest_complete(model_fingerprint=fingerprint)
-                choice[0] = found.step if found is not None else None
+                choice[0] = self.store.candidates(model_fingerprint=fingerprint)
             except CheckpointError as exc:
                 choice[0] = f"error: {exc}"
         if self.world_size > 1:
             dist.broadcast_object_list(choice, src=0)   # in-memory exchange, nothing unpickled from disk
         if isinstance(choice[0], str):
             raise CheckpointError(choice[0].removeprefix("error: "))
-        if choice[0] is None:
-            if self.store.committed_steps():
-                log.error("no checkpoint in %s verifies; starting from step 0", self.job_dir)
-            return
-        step = int(choice[0])
-        manifest = self.store.read_manifest(step)   # read_tensors verifies every file
+        for step in choice[0]:
+            # One read per file: the sha256 is checked while loading; any rank finding
+            # damage makes all ranks fall back to the next older step together.
+            try:
+                manifest, tensors = self._read_step(step)
+                ok = 1
+            except CheckpointError as exc:
+                log.warning("rank %d: checkpoint step %d unusable: %s", self.rank, step, exc)
+                ok = 0
+            if self.world_size > 1:
+                t = torch.tensor([ok], dtype=torch.int64)
+                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+                ok = int(t[0])
+            if ok:
+                self._apply(step, manifest, tensors, model, optimizer, scheduler)
+                return
+        if self.store.committed_steps():
+            log.error("no checkpoint in %s verifies; starting from step 0", self.job_dir)
+
+    def _read_step(self, step: int) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
+        manifest = self.store.read_manifest(step)
         assert self.geometry is not None
         if manifest["global_batch"] != self.geometry.global_batch:
             raise CheckpointError(f"checkpoint step {step} used global batch {manifest['global_batch']}, this run "
@@ -218,9 +232,11 @@ class ElasticSession:
             by_rank: dict[int, list] = {}
             for rec in sorted(manifest["files"], key=lambda r: (r.get("rank", 0), r["name"])):
                 by_rank.setdefault(rec.get("rank", 0), []).extend(self.store.read_tensors(step, rec).items())
-            tensors: Any = merge_shards([by_rank[r] for r in sorted(by_rank)])
-        else:
-            tensors = (kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items())
+            return manifest, list(merge_shards([by_rank[r] for r in sorted(by_rank)]))
+        return manifest, [kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items()]
+
+    def _apply(self, step: int, manifest: dict[str, Any], tensors: list[tuple[str, torch.Tensor]],
+               model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
         load_into(model, optimizer, tensors, manifest.get("optimizer", {}).get("param_groups"))
         if scheduler is not None and manifest.get("scheduler") is not None:
             scheduler.load_state_dict(manifest["scheduler"])

@@ -177,6 +177,32 @@ class CheckpointStore:
             return CompleteStep(step=step, path=self.step_path(step), manifest=manifest)
         return None
 
+    def candidates(self, *, model_fingerprint: str | None = None) -> list[int]:
+        """Committed steps, newest first, whose manifest is sound and whose files have the listed
+        sizes. Cheap (no reading of data); `read_tensors` checks the sha256 while loading."""
+        out = []
+        for step in self.committed_steps():
+            try:
+                manifest = self.read_manifest(step)
+                for rec in manifest["files"]:
+                    path = os.path.join(self.step_path(step), rec["name"])
+                    try:
+                        size = os.stat(path).st_size
+                    except OSError:
+                        raise CheckpointError(f"{path}: missing") from None
+                    if size != rec["size"]:
+                        raise CheckpointError(f"{path}: size {size} != {rec['size']} in the manifest (truncated?)")
+            except CheckpointError as exc:
+                log.warning("skipping damaged checkpoint: %s", exc)
+                continue
+            if model_fingerprint is not None and manifest["model_fingerprint"] != model_fingerprint:
+                raise CheckpointError(
+                    f"{self.step_path(step)} was written by a different model (fingerprint "
+                    f"{manifest['model_fingerprint'][:12]} != {model_fingerprint[:12]}); point "
+                    f"{protocol.CKPT_DIR_ENV} elsewhere or remove that directory")
+            out.append(step)
+        return out
+
     def read_tensors(self, step: int, record: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         data = self._read_verified(step, record)
         try:

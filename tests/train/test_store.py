@@ -122,3 +122,18 @@ def test_pickle_payload_is_never_loaded(tmp_path: Path) -> None:
     assert store.newest_complete(model_fingerprint="fp") is None
     with pytest.raises(CheckpointError, match="not a safetensors file"):
         store.read_tensors(1, manifest["files"][0])
+
+
+def test_candidates_check_sizes_without_reading(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "job"), keep=3)
+    store.ensure_job_dir()
+    for step in (1, 2, 3):
+        _commit(store, step)
+    data = tmp_path / "job" / protocol.step_dir_name(3) / "group-00000.safetensors"
+    data.write_bytes(data.read_bytes()[:-1])
+    raw = bytearray((tmp_path / "job" / protocol.step_dir_name(2) / "group-00000.safetensors").read_bytes())
+    raw[-1] ^= 1     # same size, wrong content: only the sha256 at load time catches it
+    (tmp_path / "job" / protocol.step_dir_name(2) / "group-00000.safetensors").write_bytes(bytes(raw))
+    assert store.candidates(model_fingerprint="fp") == [2, 1]
+    with pytest.raises(CheckpointError, match="sha256"):
+        store.read_tensors(2, store.read_manifest(2)["files"][0])
