@@ -30,6 +30,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--restart", "restart_method", default="forward-layer", show_default=True,
               type=click.Choice(RESTARTS), help="Restart method (both: run each policy with each).")
 @click.option("--restart-overhead", default=30.0, show_default=True, help="Seconds of no progress per (re)start.")
+@click.option("--app-overhead", "app_overheads", multiple=True, metavar="APP=SECONDS",
+              help="Restart overhead of one application (repeatable), e.g. --app-overhead imagenet=90.")
 @click.option("--checkpoint-interval", default=1800.0, show_default=True,
               help="Seconds of running between periodic checkpoints.")
 @click.option("--sync-checkpoint", default=30.0, show_default=True,
@@ -52,7 +54,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 @elastic_errors
 def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float, immediate: bool,
-             failures: str | None, restart_method: str, restart_overhead: float, checkpoint_interval: float,
+             failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
+             checkpoint_interval: float,
              sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, l1_max_scale: float, as_json: bool,
              markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the l1 policy and the baselines.
@@ -77,8 +80,9 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
         restarts = [RestartModel(m, restart_overhead, checkpoint_interval, sync_checkpoint) for m in methods]
         configs = [SimConfig(nodes, interval, r, schedule, immediate=immediate) for r in restarts]
         gpn = max(n.gpus for n in nodes)
-        loaded = [(w, load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,
-                               sacct_elastic=sacct_elastic)) for w in workloads]
+        per_app = _app_overheads(app_overheads)
+        loaded = [(w, _with_overheads(load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,
+                                               sacct_elastic=sacct_elastic), per_app)) for w in workloads]
     except TraceError as exc:
         raise click.UsageError(str(exc)) from None
     names = POLICIES if policy_name == "all" else (policy_name,)
@@ -129,6 +133,34 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
     unfinished = [r for r in rows if r["finished"] < r["jobs"]]
     if unfinished:
         raise click.ClickException(f"{len(unfinished)} run(s) stopped at the time limit with jobs unfinished")
+
+
+def _app_overheads(items: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        app, sep, seconds = item.partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or not app or not math.isfinite(value) or value < 0:
+            raise TraceError(f"bad --app-overhead {item!r} (expected APP=SECONDS, e.g. imagenet=90)")
+        out[app] = value
+    return out
+
+
+def _with_overheads(jobs: list, per_app: dict[str, float]) -> list:
+    """Jobs of the named applications get their own restart overhead."""
+    if not per_app:
+        return jobs
+    from dataclasses import replace
+
+    known = {j.application for j in jobs}
+    unknown = sorted(set(per_app) - known)
+    if unknown:
+        raise TraceError(f"--app-overhead names application(s) not in the workload: {', '.join(unknown)} "
+                         f"(it has {', '.join(sorted(a for a in known if a)) or 'no application names'})")
+    return [replace(j, restart_overhead_s=per_app[j.application]) if j.application in per_app else j for j in jobs]
 
 
 COLUMNS = (("workload", "workload", "{}"), ("policy", "policy", "{}"), ("restart", "restart_method", "{}"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from slurm_elastic.cli import main
@@ -48,3 +50,17 @@ def test_simulate_bad_input_is_one_clear_line(tmp_path):
     assert "column submit_s must be >= 0" in result.output
     result = CliRunner().invoke(main, ["simulate", str(bad), "--cluster", "4y4", "--no-progress"])
     assert result.exit_code == 2 and "bad cluster spec" in result.output
+
+
+def test_per_application_restart_overhead(pollux, tmp_path):
+    wl = tmp_path / "w.csv"
+    wl.write_text("name,time,application,num_replicas,batch_size\nncf-0,0,ncf,1,32768\n")
+    args = ["simulate", str(wl), "--applications", str(pollux / "applications"), "--policy", "static",
+            "--cluster", "1x4", "--json", "--no-progress"]
+    plain = CliRunner().invoke(main, args)
+    slow = CliRunner().invoke(main, args + ["--app-overhead", "ncf=330"])
+    assert plain.exit_code == 0 and slow.exit_code == 0, plain.output + slow.output
+    jct = [json.loads(r.output[r.output.index("["):])[0]["avg_jct_s"] for r in (plain, slow)]
+    assert jct[1] - jct[0] == pytest.approx(300)
+    bad = CliRunner().invoke(main, args + ["--app-overhead", "bert=30"])
+    assert bad.exit_code == 2 and "not in the workload" in bad.output
