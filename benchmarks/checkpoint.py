@@ -1,6 +1,7 @@
 """Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save.
 
-Every mode checkpoints after every optimizer step. Reported per mode: mean
+Every mode checkpoints after every optimizer step (layer.skip: whenever its writer is free).
+Modes run one after another; the baseline runs first and last. Reported per mode: mean
 step time, overhead against no checkpointing, training stall per checkpoint
 (time the training thread spends on it), bytes written per second against
 `dd` writing the same size to the same directory, and restore time.
@@ -95,7 +96,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
     finish: Callable[[], None] = lambda: None
     restore: Callable[[], float] = lambda: float("nan")
 
-    if mode == "layer":
+    waits: list[float] = []                   # part of the stall spent waiting for an earlier write
+    if mode in ("layer", "layer.skip"):
         store = CheckpointStore(os.path.join(work, "job"), keep=1)
         ck = LayerCheckpointer(model, opt, store, group_bytes=args.group_mb << 20)
         committed: list[int] = []
@@ -112,10 +114,13 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         def after_layer(step: int) -> None:
             settle(block=False)
             if ck.in_flight:
+                if mode == "layer.skip":
+                    return          # the session's default: skip while the previous one is written
                 # every step means every step: wait for the previous write, and count it as stall
                 t0 = time.monotonic()
                 settle(block=True)
-                stalls[-1] += time.monotonic() - t0
+                waits.append(time.monotonic() - t0)
+                stalls[-1] += waits[-1]
             ck.arm(step)
 
         def finish_layer() -> None:
@@ -126,9 +131,9 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         def restore_layer() -> float:
             m2, o2 = build(args)
             t0 = time.monotonic()
-            found = store.newest_complete()
-            assert found is not None
-            load_into(m2, o2, store.iter_tensors(found), None)
+            step = store.candidates()[0]
+            manifest = store.read_manifest(step)
+            load_into(m2, o2, [kv for rec in manifest["files"] for kv in store.read_tensors(step, rec).items()], None)
             return time.monotonic() - t0
 
         after_step, finish, restore = after_layer, finish_layer, restore_layer
@@ -172,6 +177,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
 
         def after_dcp(step: int) -> None:
             waited = wait_prev()
+            waits.append(waited)
             t0 = time.monotonic()
             d = os.path.join(work, f"step-{step}")
             fut = dcp.async_save({"model": model.state_dict(), "optim": opt.state_dict()}, checkpoint_id=d)
@@ -197,6 +203,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         if step == args.warmup:
             stalls.clear()
             writes.clear()
+            waits.clear()
         t0 = time.monotonic()
         before_step(step)
         train_step(model, opt, args, step)
@@ -213,6 +220,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         "steps": len(step_times),
         "step_ms": 1000 * sum(step_times) / len(step_times),
         "stall_ms": 1000 * sum(stalls) / len(stalls) if stalls else 0.0,
+        "write_wait_ms": 1000 * sum(waits) / len(stalls) if stalls else 0.0,
         "checkpoints": len(writes),
         "checkpoint_mb": written / len(writes) / 1e6 if writes else 0.0,
         "write_mb_per_s": written / write_s / 1e6 if write_s else None,
@@ -245,7 +253,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--group-mb", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--modes", default="none,layer,torch.save,dcp.async_save")
+    p.add_argument("--modes", default="none,layer,layer.skip,torch.save,dcp.async_save,none",
+                   help="layer: LayerCheckpointer every step, waiting for the previous write when it lags; "
+                        "layer.skip: skip a step's snapshot while the previous one is still written")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -258,21 +268,16 @@ def main() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
     root = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
     try:
-        # Modes advance one step each in turn: on a shared machine the load drifts,
-        # and interleaving spreads that drift evenly over the modes.
-        runs = [run_mode(m, args, root) for m in args.modes.split(",")]
-        rows: list[dict[str, Any]] = []
-        while runs:
-            for run in list(runs):
-                out = next(run)
-                if out is not None:
-                    rows.append(out)
-                    runs.remove(run)
+        # Modes run one after another: a mode's background writer must not slow the
+        # next mode's steps. The baseline runs first and last, to show the drift of a
+        # shared machine's load over the run.
+        rows = [row for m in args.modes.split(",") for row in run_mode(m, args, root) if row is not None]
         ckpt_bytes = int(max(r["checkpoint_mb"] for r in rows) * 1e6) or (1 << 30)
         dd = dd_mb_per_s(root, ckpt_bytes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    base = next((r["step_ms"] for r in rows if r["mode"] == "none"), None)
+    nones = [r["step_ms"] for r in rows if r["mode"] == "none"]
+    base = sum(nones) / len(nones) if nones else None
     save_stall = next((r["stall_ms"] for r in rows if r["mode"] == "torch.save"), None)
     for r in rows:
         r["overhead_pct"] = 100 * (r["step_ms"] / base - 1) if base else None
@@ -283,11 +288,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    cols = ["mode", "step_ms", "overhead_pct", "stall_ms", "stall_vs_torch_save_pct", "checkpoint_mb",
+    cols = ["mode", "step_ms", "overhead_pct", "stall_ms", "write_wait_ms", "stall_vs_torch_save_pct", "checkpoints",
+            "checkpoint_mb",
             "write_mb_per_s", "dd_mb_per_s", "restore_s"]
     print(f"{rows[0]['params_m']:.1f}M parameters, {args.steps} measured steps per mode, "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
-    print("  ".join(f"{c:>14}" for c in cols))
+    print("  ".join(f"{c[:14]:>14}" for c in cols))
     for r in rows:
         print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
 
