@@ -105,7 +105,6 @@ class LayerCheckpointer:
         self._check_optimizer()
         self._before_write = before_write   # test seam: runs in the writer thread before each file
         self._snap: _Snapshot | None = None
-        self._lock = threading.Lock()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-copy") if async_copy else None
         self._cuda_stream: Any = None
         self._work: queue.Queue[tuple[_Snapshot, LayerGroup] | tuple[_Snapshot, None] | None] = queue.Queue()
