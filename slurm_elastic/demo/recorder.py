@@ -23,6 +23,9 @@ _CONTROLLER_LINE = re.compile(r"(job \d+: \d+->\d+ GPUs.*|node \S+ (lost|gained)
                               r"|job \d+: released.*|cycle failed.*)")
 
 
+_ASCTIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
 @dataclass(frozen=True, slots=True)
 class _JobView:
     state: str
@@ -176,7 +179,8 @@ class TimelineRecorder:
             # The controller logs a plan when it decides and again when it journals it: tell it once.
             if m and m.group(0).strip() != self._last_note:
                 self._last_note = m.group(0).strip()
-                notes.append(ControllerNote(t=self.now(), text=self._last_note))
+                at = _logged_at(line)
+                notes.append(ControllerNote(t=self.now() if at is None else self._rel(at), text=self._last_note))
         return notes
 
     def take_new(self) -> list[Event]:
@@ -189,6 +193,17 @@ class TimelineRecorder:
     def timeline(self, *, ended: bool = False) -> Timeline:
         return Timeline(started_at=self.started_at, jobs=tuple(self.jobs.values()), events=in_time_order(self.events),
                         ended_at=self.now() if ended else None)
+
+
+def _logged_at(line: str) -> float | None:
+    """The epoch time of a line in logging's default asctime format ('2026-11-30 06:40:45,688 ...'), local time."""
+    m = _ASCTIME.match(line)
+    if m is None:
+        return None
+    try:
+        return time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+    except (ValueError, OverflowError):
+        return None
 
 
 def _node_state(node: Node) -> str:

@@ -85,17 +85,20 @@ def test_acks_are_found_with_their_restart_count_and_step(tmp_path):
     assert rec.read_files() == [Acked(t=20.0, job="5", restart=2, step=90)]
 
 
-def test_controller_plan_lines_become_notes_once(tmp_path):
+def test_controller_plan_lines_become_notes_once_at_their_logged_time(tmp_path):
+    import time
+
     log = tmp_path / "controller.log"
     now = [T0 + 4]
     rec = TimelineRecorder(T0, controller_log=log, clock=lambda: now[0])
+    logged = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(T0 + 2)) + ",250"
     log.write_text("2026 INFO reconcile: job 4: 8->4 GPUs (1x4, pending; requeued by Slurm)\n"
                    "2026 INFO journal: job 4: plan 1 opened: job 4: 8->4 GPUs (1x4, pending; requeued by Slurm)\n"
                    "2026 INFO cli_backend: Slurm 22.05.8 detected\n"
-                   "2026 WARNING reconcile: node n2 lost\n")
+                   f"{logged} WARNING reconcile: node n2 lost\n")
     notes = rec.read_files()
     assert notes == [ControllerNote(t=4.0, text="job 4: 8->4 GPUs (1x4, pending; requeued by Slurm)"),
-                     ControllerNote(t=4.0, text="node n2 lost")]
+                     ControllerNote(t=2.25, text="node n2 lost")]
 
 
 def test_take_new_hands_out_each_event_once_including_actions():
