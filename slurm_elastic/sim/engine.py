@@ -12,7 +12,7 @@ from typing import Callable, Iterator, Mapping
 from slurm_elastic.errors import AllocationError, TraceError
 from slurm_elastic.sim.cluster import FailureSchedule, NodeEvent, SimNode
 from slurm_elastic.sim.jobs import SimJob
-from slurm_elastic.sim.policy import ClusterView, Decision, JobView, SchedulingPolicy
+from slurm_elastic.sim.policy import ClusterView, Decision, FreeResources, JobView, SchedulingPolicy
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,14 @@ class Simulation:
         keys = [j.key for j in jobs]
         if len(set(keys)) != len(keys):
             raise TraceError("job names must be unique")
-        largest = max(n.gpus for n in config.nodes) * len(config.nodes)
-        too_big = [j.key for j in jobs if j.min_gpus > largest]
+        empty = FreeResources.of(config.nodes, {}, {})
+        too_big = [j for j in jobs if empty.total_usable(j) < j.requested_gpus]
         if too_big:
-            raise TraceError(f"job(s) {', '.join(too_big[:5])} need more GPUs than the whole cluster ({largest})")
+            j = too_big[0]
+            raise TraceError(
+                f"{len(too_big)} job(s) cannot run even on the empty cluster, e.g. {j.key}: {j.requested_gpus} GPUs "
+                f"with {j.cpus_per_gpu} CPUs and {j.mem_per_gpu_mb} MB per GPU, the cluster holds "
+                f"{empty.total_usable(j)} such GPUs ({sum(n.gpus for n in config.nodes)} GPUs in all)")
         self.jobs = sorted(jobs, key=lambda j: (j.submit_s, j.key))
         self.policy = policy
         self.config = config

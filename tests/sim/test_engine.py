@@ -120,8 +120,13 @@ def test_scheduling_interval_and_immediate_resolve():
 
 
 def test_job_larger_than_the_cluster_is_an_error():
-    with pytest.raises(TraceError, match="more GPUs than the whole cluster"):
+    with pytest.raises(TraceError, match="cannot run even on the empty cluster, e.g. a: 8 GPUs"):
         Simulation([job("a", 0, 8, 10)], make_policy("static"), SimConfig(parse_cluster("1x4")))
+    # GPUs are there but not the CPUs each needs
+    hungry = job("b", 0, 4, 10)
+    from dataclasses import replace
+    with pytest.raises(TraceError, match="cluster holds 2 such GPUs"):
+        Simulation([replace(hungry, cpus_per_gpu=24)], make_policy("static"), SimConfig(parse_cluster("1x4:48")))
 
 
 def test_cluster_and_failure_specs():
