@@ -47,7 +47,10 @@ def plan_install(slurm_conf: str | os.PathLike[str]) -> PluginChange:
     conf = Path(slurm_conf)
     if not conf.is_file():
         raise SpecError(f"--slurm-conf {conf}: no such file")
-    text = conf.read_text()
+    try:
+        text = conf.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"--slurm-conf {conf}: not a readable slurm.conf ({exc})") from None
     # Slurm reads job_submit.lua from the directory that holds slurm.conf.
     lua_path = conf.parent / "job_submit.lua"
     if lua_path.exists():
