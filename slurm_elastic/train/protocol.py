@@ -80,7 +80,10 @@ def signal_name(value: str | None = None) -> str:
 
     text = (value if value is not None else os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL)).strip()
     if text.isdigit():
-        return _signal.Signals(int(text)).name.removeprefix("SIG")
+        try:
+            return _signal.Signals(int(text)).name.removeprefix("SIG")
+        except ValueError:
+            raise ValueError(f"{SIGNAL_ENV} must name a signal such as USR2, got {text!r}") from None
     name = text.upper().removeprefix("SIG")
     try:
         _signal.Signals["SIG" + name]
