@@ -49,7 +49,7 @@ class L1Policy:
     def __init__(self, policy: Policy = SIM_POLICY, weights: str = "remaining", kappa: str = "scaled",
                  restart_cost_s: float | None = None, horizon_s: float = WEIGHT_HORIZON_S,
                  hold_s: float = HOLD_S, exponent: float = 1.0, max_scale: float | None = 2.0,
-                 quiet_every: int = 5, min_requested: bool = False) -> None:
+                 quiet_every: int = 5, min_requested: bool = False, frontier: bool = True) -> None:
         if weights not in ("remaining", "equal"):
             raise ValueError(f"unknown l1 weights {weights!r}")
         if kappa not in ("scaled", "raw"):
@@ -64,6 +64,7 @@ class L1Policy:
         self.max_scale = max_scale
         self.quiet_every = max(1, quiet_every)
         self.min_requested = min_requested
+        self.frontier = frontier
         self._quiet = 0
         self._last: object = None
         self._speed_cache: dict[str, Callable[..., float]] = {}
@@ -90,7 +91,7 @@ class L1Policy:
                 cpus_per_gpu=jv.job.cpus_per_gpu, mem_per_gpu_mb=jv.job.mem_per_gpu_mb,
                 weight=weight, current=dict(jv.placement),
                 restart_cost_s=self._kappa(jv.job, weight), throughput=self._throughput(jv.job, gpn),
-                allowed_gpus=self._frontier(jv.job, gpn)))
+                allowed_gpus=self._frontier(jv.job, gpn) if self.frontier else None))
         nodes = tuple(NodeCapacity(n.name, n.gpus, n.cpus, n.mem_mb) for n in view.nodes)
         t0 = time.perf_counter()
         allocation = solve(AllocationProblem(tuple(requests), nodes, self.policy))
