@@ -102,7 +102,7 @@ class ElasticCluster:
     def submit(self, *elastic: str, name: str, user: str | None = None, extra_env: dict[str, str] | None = None,
                sbatch_flags: tuple[str, ...] = ()) -> int:
         out = self.cli("sbatch", "--parsable", *elastic, f"--ckpt-dir={self.root / 'ckpt'}", f"--job-name={name}",
-                       f"--output={self.root / 'out'}/%j.out", *sbatch_flags, str(self.root / "fake_trainer.sbatch"),
+                       f"--output={self.root / 'out'}/%j.out", "--open-mode=append", *sbatch_flags, str(self.root / "fake_trainer.sbatch"),
                        user=user, env=extra_env)
         return int(out.stdout.strip())
 
@@ -119,12 +119,19 @@ class ElasticCluster:
                 raise AssertionError(f"timed out after {timeout:.0f} s waiting for {text or predicate}")
             time.sleep(interval)
 
+    def job_outputs(self) -> str:
+        """Every job's stdout/stderr (appended across restarts), for failure messages."""
+        return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted((self.root / "out").glob("*.out")))
+
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--full", "--quiet", "--partition=gpu"], env=self.env, check=False,
                        capture_output=True)
         subprocess.run(["scancel", "--quiet", "--partition=gpu"], env=self.env, check=False, capture_output=True)
         self.wait_for(lambda: not [j for j in self.snapshot().jobs if not j.state.finished], 60,
                       what="all jobs gone")
+        # The next test's first submission sizes itself on free GPUs: wait until nodes are empty.
+        self.wait_for(lambda: all(n.gpus_alloc == 0 for n in self.snapshot().nodes if n.available), 60,
+                      what="all GPUs free")
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +159,7 @@ def elastic_cluster() -> Iterator[ElasticCluster]:
     except ElasticError as exc:
         if local.exists():
             local.down()
-        shutil.rmtree(root, ignore_errors=True)
+        _remove_scratch(root)
         pytest.fail(f"cannot start the private Slurm cluster: {exc}")
     env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"),
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "state" / "daemon"),
@@ -169,4 +176,20 @@ def elastic_cluster() -> Iterator[ElasticCluster]:
             local.down()
         finally:
             if not os.environ.get("SLURM_ELASTIC_KEEP_TEST_CLUSTER"):
-                shutil.rmtree(root, ignore_errors=True)
+                _remove_scratch(root)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve()) + "/"
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1] for line in f]
+    return [p for p in points if p.startswith(prefix) or p == prefix[:-1]]
+
+
+def _remove_scratch(root: Path) -> None:
+    """rmtree the scratch dir, but never while anything is mounted below it (it would delete through it)."""
+    mounted = _mounts_under(root)
+    if mounted:
+        print(f"not removing {root}: still mounted below it: {mounted}")
+        return
+    shutil.rmtree(root, ignore_errors=True)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,7 +98,8 @@ def _three_jobs(cluster, *, user: str | None = None, watch_log: Path | None = No
         # The third submission stays in the foreground as the user-mode controller.
         watcher = cluster.spawn("-v", "sbatch", "--watch", "--gpus=2-4", "--gpu-step=2",
                                 f"--ckpt-dir={cluster.root / 'ckpt'}", "--job-name=elastic-c",
-                                f"--output={cluster.root / 'out'}/%j.out", str(cluster.root / "fake_trainer.sbatch"),
+                                f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append",
+                                str(cluster.root / "fake_trainer.sbatch"),
                                 log=watch_log, user=user,
                                 env={"SLURM_ELASTIC_INTERVAL": "2", "SLURM_ELASTIC_HYSTERESIS": "0",
                                      "SLURM_ELASTIC_ACK_TIMEOUT": "15"})
@@ -109,6 +111,14 @@ def _three_jobs(cluster, *, user: str | None = None, watch_log: Path | None = No
 
 
 def _lose_and_regain_n2(cluster, ids: list[int], journal_path: Path) -> None:
+    try:
+        _lose_and_regain(cluster, ids, journal_path)
+    except AssertionError:
+        print(cluster.job_outputs())
+        raise
+
+
+def _lose_and_regain(cluster, ids: list[int], journal_path: Path) -> None:
     full = cluster.wait_for(lambda: (g := _settled(cluster, ids)) and sum(g.values()) == 16 and g, 120, 0.5,
                             lambda: f"three jobs settled on 16 GPUs; last seen {LAST_SEEN}")
     assert sum(full.values()) == 16 and all(full.values()), full
@@ -193,22 +203,27 @@ def unprivileged(elastic_cluster):
     ent = pwd.getpwnam(TEST_USER)
     os.chown(state, ent.pw_uid, ent.pw_gid)
     mount = None
-    python = os.path.realpath(sys.executable)
+    python = sys.executable
     site_dir = sysconfig.get_paths()["purelib"]
     check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
-    if subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True).returncode != 0:
-        # Reach the same interpreter through a bind mount outside /root, for the test's duration only.
-        mount = elastic_cluster.root / "py"
-        mount.mkdir(exist_ok=True)
-        if subprocess.run(["mount", "--bind", sys.base_prefix, str(mount)], capture_output=True).returncode != 0:
-            pytest.skip(f"{TEST_USER} cannot run {python} and a bind mount is not possible here")
-        python = str(mount / os.path.relpath(python, sys.base_prefix))
-        site_dir = str(mount / os.path.relpath(site_dir, sys.base_prefix))
+    if subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True,
+                      cwd="/").returncode != 0:
+        # Reach the same interpreter through a READ-ONLY bind mount outside every directory a test
+        # deletes, for the test's duration only: nothing can be removed through it.
+        mount = Path(tempfile.mkdtemp(prefix="se-py-", dir="/tmp"))
+        os.chmod(mount, 0o755)
+        ok = (subprocess.run(["mount", "--bind", sys.prefix, str(mount)], capture_output=True).returncode == 0
+              and subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], capture_output=True).returncode == 0)
+        if not ok:
+            _unmount(mount)
+            pytest.skip(f"{TEST_USER} cannot run {python} and a read-only bind mount is not possible here")
+        python = str(mount / os.path.relpath(python, sys.prefix))
+        site_dir = str(mount / os.path.relpath(site_dir, sys.prefix))
         check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
         probe = subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True,
                                text=True, cwd="/")
         if probe.returncode != 0:
-            subprocess.run(["umount", str(mount)], check=False)
+            _unmount(mount)
             pytest.skip(f"{TEST_USER} cannot run slurm-elastic's Python even through a bind mount: "
                         f"{probe.stderr.strip()[-300:]}")
     elastic_cluster.user_site = site_dir
@@ -221,8 +236,26 @@ def unprivileged(elastic_cluster):
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
         elastic_cluster.user_python = None
         elastic_cluster.user_site = None
-        if mount is not None and subprocess.run(["umount", str(mount)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "--lazy", str(mount)], check=False)
+        if mount is not None:
+            for proc in elastic_cluster.procs:      # a watch still running keeps the mount busy
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+            _unmount(mount)
+
+
+def _unmount(mount: Path) -> None:
+    """Unmount, then remove only the empty mount point (never a recursive delete)."""
+    for _ in range(10):
+        if subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        subprocess.run(["umount", "--lazy", str(mount)], check=False)
+    try:
+        mount.rmdir()
+    except OSError:
+        pass
 
 
 def test_user_mode_watch_resizes_own_jobs_without_a_daemon(elastic_cluster, unprivileged, tmp_path):
