@@ -132,7 +132,7 @@ def test_a_pickle_bearing_checkpoint_is_refused_and_never_executed(tmp_path: Pat
 
 
 # -- live: a real unprivileged Linux user on the private cluster ----------------------------------------------
-from control.test_live import TEST_USER, unprivileged  # noqa: E402,F401  (the fixture that creates the user)
+from control.test_live import _allocator_agrees  # noqa: E402
 
 
 def _job_fields(cluster: Any, job_id: int) -> dict[str, Any]:
@@ -142,7 +142,7 @@ def _job_fields(cluster: Any, job_id: int) -> dict[str, Any]:
 
 
 @pytest.mark.slurm
-def test_unprivileged_user_cannot_act_on_other_users_jobs(elastic_cluster: Any, unprivileged: str, tmp_path: Path,
+def test_unprivileged_user_cannot_act_on_other_users_jobs(elastic_cluster: Any, plain_user: str, tmp_path: Path,
                                                           figures: Any) -> None:
     cluster = elastic_cluster
     cluster.cancel_all()
@@ -150,8 +150,15 @@ def test_unprivileged_user_cannot_act_on_other_users_jobs(elastic_cluster: Any, 
     victim = cluster.submit("--gpus=4-8", "--gpu-step=4", name="victim")
     cluster.wait_for(lambda: cluster.snapshot().job(victim).state.value == "RUNNING", 60, what="victim running")
     # The attacker's own elastic job.
-    own = cluster.submit("--gpus=1-2", name="attacker", user=unprivileged)
+    own = cluster.submit("--gpus=1-2", name="attacker", user=plain_user)
     cluster.wait_for(lambda: cluster.snapshot().job(own).state.value in ("RUNNING", "PENDING"), 60)
+
+    def settle() -> Any:
+        # root's legitimate cycles first: afterwards a cycle wants no change, so any change is the attacker's doing.
+        cluster.cli("admin", "rebalance", "--hysteresis", "0", "--ack-timeout", "5", timeout=180)
+        return _allocator_agrees(cluster, [victim, own])
+
+    cluster.wait_for(settle, 300, 2.0, "victim and attacker settled")
     before = _job_fields(cluster, victim)
     daemon_dir = Path(cluster.env["SLURM_ELASTIC_DAEMON_DIR"])
     journal_before = (daemon_dir / "journal.sqlite").stat().st_mtime if (daemon_dir / "journal.sqlite").exists() else None
@@ -159,26 +166,26 @@ def test_unprivileged_user_cannot_act_on_other_users_jobs(elastic_cluster: Any, 
 
     # 1. cluster-wide actions are refused
     for args in (("admin", "rebalance"), ("admin", "rebalance", "--job", str(victim)), ("admin", "daemon")):
-        proc = cluster.cli(*args, user=unprivileged, check=False, timeout=120)
+        proc = cluster.cli(*args, user=plain_user, check=False, timeout=120)
         refused[" ".join(args)] = proc.returncode
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr[-1000:])
         assert "only root, the SlurmUser" in proc.stderr or "belongs to" in proc.stderr, proc.stderr[-500:]
     # 2. user mode on someone else's job is refused
-    proc = cluster.cli("watch", "--job", str(victim), user=unprivileged, check=False, timeout=120)
+    proc = cluster.cli("watch", "--job", str(victim), user=plain_user, check=False, timeout=120)
     refused["watch --job <victim>"] = proc.returncode
     assert proc.returncode == 2 and "belongs to root" in proc.stderr, proc.stderr[-500:]
     # 3. a comment on their own job that claims to speak for the victim's job
     for comment in (f"elastic:v1 gpus=1-16 step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1 job={victim}",
-                    f"elastic:v1 gpus=1-16 step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1000000 "
+                    f"elastic:v1 gpus={victim}-{victim} step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1",
+                    f"elastic:v1 gpus=1-2 step=1 cpus-per-gpu=1 mem-per-gpu=1024M weight=1 "
                     f"ckpt={cluster.root / 'ckpt' / str(victim)}"):
-        upd = subprocess.run(["runuser", "-u", unprivileged, "--", "scontrol", "update", f"JobId={own}",
+        upd = subprocess.run(["runuser", "-u", plain_user, "--", "scontrol", "update", f"JobId={own}",
                               f"Comment={comment}"], env=cluster.env, capture_output=True, text=True, timeout=30)
-        refused[f"scontrol update Comment=... ({'job=' if 'job=' in comment else 'ckpt='})"] = upd.returncode
+        refused[f"scontrol update Comment={comment[:60]}..."] = upd.returncode
         # Whatever Slurm/job_submit.lua said, one controller cycle as root must leave the victim alone.
         cluster.cli("admin", "rebalance", "--hysteresis", "0", "--ack-timeout", "5", timeout=180)
         after = _job_fields(cluster, victim)
-        assert after["held"] is False and after["restarts"] == before["restarts"], (before, after)
-        assert after["comment"] == before["comment"]
+        assert after == before, (comment, before, after)
     # 4. the victim's checkpoint directory was neither read into nor written by the attacker's job
     victim_dir = cluster.root / "ckpt" / str(victim)
     if victim_dir.exists():
@@ -194,12 +201,13 @@ def test_unprivileged_user_cannot_act_on_other_users_jobs(elastic_cluster: Any, 
 TRAIN_JOB = """#!/bin/bash
 #SBATCH --time=5
 export PYTHONPATH={tests}:{repo}
-exec {python} -c "from reliability import ckpt_writer; ckpt_writer.train_forever('{root}', '$SLURM_JOB_ID', None, 2, steps=3)"
+cd /
+exec {python} -c "import site; site.addsitedir('{site}'); from reliability import ckpt_writer; ckpt_writer.train_forever('{root}', '$SLURM_JOB_ID', None, 2, steps=3)"
 """
 
 
 @pytest.mark.slurm
-def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, unprivileged: str, tmp_path: Path,
+def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, plain_user: str, tmp_path: Path,
                                                       figures: Any) -> None:
     cluster = elastic_cluster
     root = cluster.root / "ckpt" / "private"
@@ -208,9 +216,9 @@ def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, unpr
     script = cluster.root / "out" / "train-private.sbatch"
     repo = PACKAGE.parent
     script.write_text(TRAIN_JOB.format(tests=repo / "tests", repo=repo, python=cluster.user_python or sys.executable,
-                                       root=root))
+                                       site=getattr(cluster, "user_site", None) or "", root=root))
     script.chmod(0o755)
-    proc = subprocess.run(["runuser", "-u", unprivileged, "--", "sbatch", "--parsable", "--gres=gpu:1", "--mem=1G",
+    proc = subprocess.run(["runuser", "-u", plain_user, "--", "sbatch", "--parsable", "--gres=gpu:1", "--mem=1G",
                            f"--output={cluster.root / 'out'}/%j.out", str(script)], env=cluster.env,
                           capture_output=True, text=True, timeout=30, check=True)
     job_id = int(proc.stdout.strip().split(";")[0])
@@ -218,7 +226,7 @@ def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, unpr
     out = (cluster.root / "out" / f"{job_id}.out")
     state = cluster.snapshot().job(job_id).state.value
     assert state == "COMPLETED", f"{state}: {out.read_text()[-2000:] if out.exists() else ''}"
-    uid = pwd.getpwnam(unprivileged).pw_uid
+    uid = pwd.getpwnam(plain_user).pw_uid
     job_dir = root / str(job_id)
     dirs = [job_dir, *[p for p in job_dir.iterdir() if p.is_dir()]]
     assert len(dirs) >= 2, "no step directory was written"
