@@ -130,13 +130,13 @@ def plain_user(elastic_cluster: ElasticCluster) -> Iterator[str]:
         if result.returncode != 0:
             subprocess.run(["umount", str(SITE_MOUNT)], check=False)
             pytest.skip(f"{PLAIN_USER} cannot run {python} with slurm-elastic: {result.stderr.strip()[-300:]}")
-    state = elastic_cluster.root / "state" / "plain-user"
-    state.mkdir(exist_ok=True)
-    os.chown(state, ent.pw_uid, ent.pw_gid)
     saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
-    elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
-    elastic_cluster.user_python, elastic_cluster.user_site = python, site_dir
     try:
+        state = elastic_cluster.root / "state" / "plain-user"
+        state.mkdir(parents=True, exist_ok=True)
+        os.chown(state, ent.pw_uid, ent.pw_gid)
+        elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
+        elastic_cluster.user_python, elastic_cluster.user_site = python, site_dir
         yield PLAIN_USER
     finally:
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
