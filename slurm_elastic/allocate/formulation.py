@@ -139,11 +139,13 @@ class Formulation:
         if not live:
             return
         gcols = [self.cols[i].g for i in live]
+        # only nodes with GPUs count: CPUs or memory on a GPU-less node can serve no GPU job
+        usable = inst.cap[inst.cap[:, 0] > 0].sum(axis=0) if len(inst.nodes) else np.zeros(3)
         for r in range(3):
-            if inst.total[r] <= 0:
+            if usable[r] <= 0:
                 continue  # no job needing resource r has a candidate count then
             # sum_j rho[j,r] g_j <= Cap_r, scaled to 1 (memory in MB would make the row 1e8-sized)
-            mdl.add_row(gcols, (inst.rho[live, r] / inst.total[r]).tolist(), hi=1.0)
+            mdl.add_row(gcols, (inst.rho[live, r] / usable[r]).tolist(), hi=1.0)
 
     def _exact_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]

@@ -89,7 +89,7 @@ class Layout:
 def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
     """Place the counts a counts-only solve chose; returns the layout and the jobs placed lower than asked.
 
-    Order: jobs that keep their count keep their nodes when those still fit;
+    Order: must-run jobs; jobs that keep their count keep their nodes when those still fit;
     jobs that shrink shrink in place (freeing room); then the rest biggest
     first (spanning before single-node). A running job that cannot reach its
     new count where it is gets the best of: moving at the new count, growing
@@ -98,10 +98,21 @@ def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
     at or below the asked one that fits.
     """
     lay = Layout(inst)
+    lowered = []
+    # must-run jobs before everything, even before jobs keeping their nodes: they are a hard rule
+    must = [i for i, g in enumerate(counts) if g > 0 and inst.jobs[i].must_run]
+    for i in sorted(must, key=_pack_order(inst, counts)):
+        row = _best_row(inst, lay, i, counts[i])
+        if row:
+            lay.put(i, row)
+        if sum(lay.rows[i].values()) < counts[i]:
+            lowered.append(i)
     shrink, rest = [], []
     for i, g in enumerate(counts):
         cur = inst.current[i]
         g0 = sum(cur.values())
+        if inst.jobs[i].must_run:
+            continue
         if g > 0 and g == g0 and lay.fits(i, cur) and _keeps_shape(inst, cur):
             lay.put(i, cur)
         elif 0 < g < g0 and all(inst.cap[n, 0] > 0 for n in cur):
@@ -109,7 +120,6 @@ def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
         elif g > 0:
             rest.append(i)
     rest.sort(key=_pack_order(inst, counts))
-    lowered = []
     for i in shrink + rest:
         row = _best_row(inst, lay, i, counts[i])
         if row:
@@ -341,4 +351,11 @@ def kept(inst: Instance) -> Layout:
 
 def greedy(inst: Instance, *, from_current: bool) -> Layout:
     """Greedy allocation from nothing (the baseline) or from the current allocation (the fallback)."""
-    return improve(inst, kept(inst) if from_current else Layout(inst))
+    lay = kept(inst) if from_current else Layout(inst)
+    for i, job in enumerate(inst.jobs):
+        # must-run jobs at their smallest count first: marginal gain alone might never pick them
+        if job.must_run and not lay.rows[i] and inst.terms[i].candidates:
+            row = lay.find(i, inst.terms[i].candidates[0], inst.current[i])
+            if row is not None:
+                lay.put(i, row)
+    return improve(inst, lay)

@@ -149,6 +149,10 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
         notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
                      f"{moved} got room by moving others where that paid; a fill pass reused the rest")
     rows = improve(inst, lay).rows
+    dropped = [inst.jobs[i].key for i in range(len(rows)) if form.must_run and inst.jobs[i].must_run
+               and counts[i] and not rows[i]]
+    if dropped:
+        notes.append(f"must-run job(s) {', '.join(dropped)} found no room on any node after packing")
     notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
     return rows, res, fallback
 
