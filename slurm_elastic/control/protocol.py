@@ -29,6 +29,7 @@ class ProtocolSettings:
     ack_poll_s: float = 0.2
     settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
     settle_poll_s: float = 0.25
+    signal_quiet_s: float = 2.0      # no release sooner after the signal (see RequeueProtocol._release_after_signal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class RequeueProtocol:
         self._sleep = sleep
         self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
         self._crash = crash or _sigkill_self
+        self._signalled_at: dict[int, float] = {}
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
@@ -78,6 +80,7 @@ class RequeueProtocol:
         running = [r for r in records if r.plan.entry is PlanEntry.RUNNING]
         for rec in running:
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
+            self._signalled_at[rec.plan_id] = self._clock()
             try:
                 self.backend.signal(rec.job_id, self.settings.signal)
                 log.info("job %d: sent %s (plan %d)", rec.job_id, self.settings.signal, rec.plan_id)
@@ -148,6 +151,7 @@ class RequeueProtocol:
                     log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
                              plan.gpus_per_node)
                 else:
+                    self._release_after_signal(rec.plan_id)
                     self._release(rec.job_id, fresh=crash)
                     log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
                 if crash:
@@ -194,6 +198,20 @@ class RequeueProtocol:
                      job.state.value, job.gpus_per_node)
             self._sleep(self.settings.settle_poll_s)
         raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.nodes}x{plan.gpus_per_node}")
+
+    def _release_after_signal(self, plan_id: int) -> None:
+        """Keep a signalled job held until `signal_quiet_s` after its signal.
+
+        Slurm delivers `scancel --signal` asynchronously through slurmd; a delivery that arrives
+        after a quick requeue reaches the *new* batch shell before it can trap the signal, and the
+        job ends FAILED (seen live on the loopback cluster, only for jobs restarted within ~1 s).
+        """
+        sent = self._signalled_at.pop(plan_id, None)
+        if sent is None:
+            return
+        left = sent + self.settings.signal_quiet_s - self._clock()
+        if left > 0:
+            self._sleep(left)
 
     def _wait_until_requeued(self, job_id: int) -> None:
         """Until a requeued job has finished COMPLETING.
