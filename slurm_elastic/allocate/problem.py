@@ -7,6 +7,10 @@ Contract (the controller, the simulator and the benchmarks rely on it):
   from a Slurm snapshot (lives in `allocate/from_state.py`).
 - `slurm_elastic.allocate.solve(problem) -> Allocation`.
 - Job keys are strings (Slurm job ids as text, or simulator job names).
+- `Allocation.decisions[k].cause` is a machine-readable reason, `render_explanation`
+  (allocate/explain.py) the text `admin rebalance --dry-run --explain` prints.
+
+The formulation, the solve methods and their measured cost: docs/allocator.md.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ class JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Weights of the objective terms and the solver's limits (see docs/method.md)."""
+    """Weights of the objective terms and the solver's limits (see docs/allocator.md)."""
 
     alpha: float = 0.5        # L1 distance of allocated from demanded resource matrix
     beta: float = 0.002       # L1 restart cost, per second of kappa_j per GPU changed
