@@ -20,6 +20,7 @@ from typing import Callable
 
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import ClusterState, JobState
+from slurm_elastic.control.state_dir import daemon_dir, read_heartbeat
 from slurm_elastic.demo.live import DemoState
 from slurm_elastic.demo.recorder import TimelineRecorder
 from slurm_elastic.demo.report import ReportFiles, write_report
@@ -211,8 +212,9 @@ class Demo:
         else:
             self.recorder.action("cluster", text="starting the local Slurm cluster (4 nodes x 4 GPUs, 2 spares)")
             kwargs = {"port_base": self.options.port_base} if self.options.port_base else {}
-            self.started.cluster = True
+            # `up` stops whatever it started when it fails, so the cluster is ours to stop only once it is up.
             self.cluster.up(timeout=self.options.cluster_timeout_s, **kwargs)
+            self.started.cluster = True
         env = {**os.environ, **self.cluster.env()}
         self._env = env
         self._backend = CliBackend(env=env, timeout_s=30.0)
@@ -225,6 +227,11 @@ class Demo:
                             "restart it with `slurm-elastic cluster down` and let the demo start it")
         if self.options.spare is not None and self.options.spare not in layout.node_names:
             raise DemoError(f"--spare {self.options.spare}: no such node ({', '.join(layout.node_names)})")
+        other = read_heartbeat(daemon_dir())
+        if other is not None and other.fresh():
+            log.warning("a controller daemon (pid %d on %s, %s) is running; it acts on the demo's jobs too",
+                        other.pid, other.host, daemon_dir())
+            self.recorder.action("note", text=f"note: another controller daemon (pid {other.pid}) is running")
         busy = [j for j in self._backend.snapshot().jobs if not j.state.finished]
         if busy:
             log.warning("the cluster already runs %d job(s); the demo's jobs share what is left", len(busy))
