@@ -29,7 +29,7 @@ class ProtocolSettings:
     ack_poll_s: float = 0.2
     settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
     settle_poll_s: float = 0.25
-    signal_quiet_s: float = 2.0      # no release sooner after the signal (see RequeueProtocol._release_after_signal)
+    credential_gap_s: float = 1.5    # no release sooner after the requeue (see RequeueProtocol._credential_gap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +58,20 @@ class RequeueProtocol:
         self._sleep = sleep
         self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
         self._crash = crash or _sigkill_self
-        self._signalled_at: dict[int, float] = {}
+        self._requeued_at: dict[int, float] = {}
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
         """Run `plans` (all running jobs are signalled together, so their checkpoints overlap)."""
         records: list[PlanRecord] = []
+        seen = self._clock()  # Slurm's own requeues happened before the snapshot these plans come from
         for plan in plans:
             job = state.job(plan.job_id)
             plan_id = self.journal.open_plan(plan, restarts=job.restarts)
             self._maybe_crash("open")
             records.append(self._record(plan_id))
+            if plan.entry is PlanEntry.PENDING and plan.forced:
+                self._requeued_at[plan_id] = seen
         # Queued jobs are held first: GPUs that a shrinking job frees below must not let Slurm start
         # one of them at its old size between our hold and our update.
         held_first: dict[int, bool] = {}
@@ -80,7 +83,6 @@ class RequeueProtocol:
         running = [r for r in records if r.plan.entry is PlanEntry.RUNNING]
         for rec in running:
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
-            self._signalled_at[rec.plan_id] = self._clock()
             try:
                 self.backend.signal(rec.job_id, self.settings.signal)
                 log.info("job %d: sent %s (plan %d)", rec.job_id, self.settings.signal, rec.plan_id)
@@ -147,11 +149,11 @@ class RequeueProtocol:
                         self.journal.finish(rec.plan_id, ABANDONED, "job ended")
                         return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
                 elif step == "resize":
-                    self._resize(plan)
+                    self._resize(plan, rec.plan_id)
                     log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
                              plan.gpus_per_node)
                 else:
-                    self._release_after_signal(rec.plan_id)
+                    self._credential_gap(rec.plan_id)
                     self._release(rec.job_id, fresh=crash)
                     log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
                 if crash:
@@ -181,11 +183,12 @@ class RequeueProtocol:
         self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
         return True
 
-    def _resize(self, plan: Plan) -> None:
+    def _resize(self, plan: Plan, plan_id: int) -> None:
         """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
             self._wait_until_requeued(plan.job_id)
+            self._requeued_at.setdefault(plan_id, self._clock())
             self._settle(plan.job_id, lambda: self.backend.set_resources(
                 plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                 cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
@@ -199,17 +202,19 @@ class RequeueProtocol:
             self._sleep(self.settings.settle_poll_s)
         raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.nodes}x{plan.gpus_per_node}")
 
-    def _release_after_signal(self, plan_id: int) -> None:
-        """Keep a signalled job held until `signal_quiet_s` after its signal.
+    def _credential_gap(self, plan_id: int) -> None:
+        """Keep a requeued job held until `credential_gap_s` after its requeue.
 
-        Slurm delivers `scancel --signal` asynchronously through slurmd; a delivery that arrives
-        after a quick requeue reaches the *new* batch shell before it can trap the signal, and the
-        job ends FAILED (seen live on the loopback cluster, only for jobs restarted within ~1 s).
+        A requeue revokes the job's credential on its nodes, and slurmd refuses a new launch whose
+        credential is not newer than the revocation, at one-second resolution: a job released
+        within the same second lands on the same node, fails with "Job credential revoked" and
+        ends FAILED (seen live on 22.05). Slurm's own ~120 s BeginTime exists for this; a second
+        and a half is enough.
         """
-        sent = self._signalled_at.pop(plan_id, None)
-        if sent is None:
+        since = self._requeued_at.pop(plan_id, None)
+        if since is None:
             return
-        left = sent + self.settings.signal_quiet_s - self._clock()
+        left = since + self.settings.credential_gap_s - self._clock()
         if left > 0:
             self._sleep(left)
 
