@@ -139,3 +139,19 @@ def test_recovery_abandons_plans_of_jobs_that_ended(setup):
     slurm.cancel(job_id)
     [out] = _protocol(slurm, journal).recover(slurm.snapshot())
     assert out.status == ABANDONED and journal.open_plans() == []
+
+
+def test_release_waits_out_the_credential_revocation_second(setup):
+    slurm, job_id, journal = setup
+    proto = _protocol(slurm, journal)
+    at: dict[str, float] = {}
+    for verb in ("requeue_hold", "release"):
+        real = getattr(slurm, verb)
+
+        def spy(jid, _real=real, _verb=verb):
+            at[_verb] = proto._clock()
+            return _real(jid)
+        setattr(slurm, verb, spy)
+    [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == DONE
+    assert at["release"] - at["requeue_hold"] >= ProtocolSettings().credential_gap_s
