@@ -27,7 +27,7 @@ VARIANTS = {
     "no speed frontier": {"frontier": False},
     "no 2x cap": {"max_scale": None},
     "re-solve every quiet tick": {"quiet_every": 1},
-    "allocator's 1 % gap": {"policy": Policy(time_limit_s=SIM_POLICY.time_limit_s, threads=1)},
+    "0.5 % MIP gap": {"policy": Policy(time_limit_s=SIM_POLICY.time_limit_s, mip_rel_gap=0.005, threads=1)},
 }
 
 

@@ -25,10 +25,10 @@ WEIGHT_RANGE = (0.01, 100.0)
 # throughput term lost over an allocation held HOLD_S seconds (linear-speed approximation), so the
 # restart term and the throughput term are in the same units whatever the weight.
 HOLD_S = 60.0
-# The allocator's defaults except: a 2 s limit and one thread (the simulator solves ~1,000 times per
-# trace), and a 0.5 % gap, since at the default 1 % the incumbent may differ from the current
-# allocation by more than a restart costs, and jobs would churn between equally good answers.
-SIM_POLICY = Policy(time_limit_s=2.0, mip_rel_gap=0.005, threads=1)
+# The allocator's defaults except a 2 s limit and one thread: the simulator solves ~500 times per
+# trace on a shared machine. (A 0.5 % gap was tried: no better, and slower; see
+# benchmarks/simulate_l1_ablation.py.)
+SIM_POLICY = Policy(time_limit_s=2.0, threads=1)
 
 
 class L1Policy:
