@@ -92,7 +92,7 @@ if ! "$vpy" -c 'import torch' >/dev/null 2>&1; then
     changed=1
 fi
 
-extras="train,sim,daemon"
+extras="train,sim,daemon,examples"
 [ "$dev" = 1 ] && extras="$extras,dev"
 version=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$here/slurm_elastic/__init__.py")
 [ -n "$version" ] || die "cannot read the version from slurm_elastic/__init__.py"

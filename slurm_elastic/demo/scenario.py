@@ -509,10 +509,10 @@ def daemon_args(options: DemoOptions) -> list[str]:
 
 
 def job_template(name: str) -> Path:
-    """A template from job_templates/: in the source tree next to the package (editable install), beside the
-    virtual environment (`./install.sh` makes .venv inside the clone), or in the current directory."""
+    """A template from job_templates/: in the source tree next to the package (editable install), where a
+    copy install puts it (`<prefix>/share/slurm-elastic/job_templates`), or in the current directory."""
     package = Path(__file__).resolve().parent.parent
-    roots = (package.parent, Path(sys.prefix).resolve().parent, Path.cwd())
+    roots = (package.parent, Path(sys.prefix) / "share" / "slurm-elastic", Path.cwd())
     for root in roots:
         if (root / "job_templates" / name).is_file():
             return root / "job_templates" / name
