@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -359,18 +360,26 @@ def write_safetensors(path: str, tensors: Mapping[str, torch.Tensor]) -> tuple[i
     sha = hashlib.sha256(prefix)
     tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    # Hashing runs in a second thread, in order, while this one writes: the file
+    # costs max(hash, write) instead of their sum (both release the GIL).
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="ckpt-sha256")
     try:
         _write_all(fd, memoryview(prefix))
+        pending = []
         for buf in buffers:
             for start in range(0, len(buf), _WRITE_CHUNK):
                 chunk = buf[start:start + _WRITE_CHUNK]
-                sha.update(chunk)
+                pending.append(hasher.submit(sha.update, chunk))
                 _write_all(fd, chunk)
+        for fut in pending:
+            fut.result()
         os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(tmp)
         raise
+    finally:
+        hasher.shutdown(wait=True)
     os.close(fd)
     try:
         os.replace(tmp, path)
