@@ -15,7 +15,7 @@ _EXPORTS = {
     "JobEnvironment": "slurm_elastic.train.environment",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["BatchGeometry", "CheckpointStore", "ElasticSampler", "ElasticSession", "JobEnvironment", "LayerCheckpointer"]
 
 
 def __getattr__(name: str) -> Any:

@@ -6,9 +6,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -470,7 +471,7 @@ def _host_copy_now(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
-def _encode_scalar(value: bool | int | float) -> torch.Tensor:
+def _encode_scalar(value: bool | float) -> torch.Tensor:
     if isinstance(value, bool):
         return torch.tensor(value, dtype=torch.bool)
     if isinstance(value, int):

@@ -6,8 +6,8 @@ import logging
 import os
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from slurm_elastic.errors import ElasticError
 

@@ -9,7 +9,8 @@ import os
 import signal as signal_module
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,13 +18,24 @@ from torch import nn
 
 from slurm_elastic.errors import CheckpointError, ElasticError
 from slurm_elastic.train import protocol
-from slurm_elastic.train.checkpointer import (DEFAULT_GROUP_BYTES, FinishedSnapshot, LayerCheckpointer,
-                                              load_into, merge_shards, model_fingerprint, optimizer_groups_json,
-                                              unwrap)
+from slurm_elastic.train.checkpointer import (
+    DEFAULT_GROUP_BYTES,
+    FinishedSnapshot,
+    LayerCheckpointer,
+    load_into,
+    merge_shards,
+    model_fingerprint,
+    optimizer_groups_json,
+)
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.rng import capture_rng, restore_rng
-from slurm_elastic.train.sampler import (BatchGeometry, BatchGeometryError, ElasticSampler,
-                                         nearest_valid_world_size, valid_world_sizes)
+from slurm_elastic.train.sampler import (
+    BatchGeometry,
+    BatchGeometryError,
+    ElasticSampler,
+    nearest_valid_world_size,
+    valid_world_sizes,
+)
 from slurm_elastic.train.store import CheckpointStore, atomic_write, make_private_dirs
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import load as safetensors_load

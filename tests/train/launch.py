@@ -6,7 +6,7 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def free_port() -> int:

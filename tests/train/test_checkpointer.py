@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train.checkpointer import LayerCheckpointer, _build_groups, _build_slots, decode_state, load_into
+from slurm_elastic.train.checkpointer import (
+    LayerCheckpointer,
+    _build_groups,
+    _build_slots,
+    decode_state,
+    load_into,
+)
 from slurm_elastic.train.store import CheckpointStore
 
 

@@ -6,7 +6,12 @@ import pytest
 
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.train import protocol
-from slurm_elastic.train.environment import JobEnvironment, derived_port, first_hostname, node_address
+from slurm_elastic.train.environment import (
+    JobEnvironment,
+    derived_port,
+    first_hostname,
+    node_address,
+)
 
 
 def test_slurm_variables() -> None:

@@ -12,8 +12,13 @@ from hypothesis import strategies as st
 
 from slurm_elastic.errors import ElasticError
 from slurm_elastic.train import protocol
-from slurm_elastic.train.sampler import (BatchGeometry, BatchGeometryError, ElasticSampler,
-                                         nearest_valid_world_size, valid_world_sizes)
+from slurm_elastic.train.sampler import (
+    BatchGeometry,
+    BatchGeometryError,
+    ElasticSampler,
+    nearest_valid_world_size,
+    valid_world_sizes,
+)
 
 from .launch import run_ranks
 

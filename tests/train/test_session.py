@@ -111,8 +111,8 @@ def test_full_disk_keeps_training_and_previous_checkpoint(tiny_fs: Path, caplog:
     # width 160: about 30 KiB of parameters + 30 KiB of momentum per checkpoint, so
     # one fits in 96 KiB and a second one does not.
     caplog.set_level(logging.ERROR)
-    _, ref_model, ref = _train(tiny_fs.parent / "ref", 9, width=160)
-    s, model, losses = _train(tiny_fs, 9, every=3, width=160)
+    _, _, ref = _train(tiny_fs.parent / "ref", 9, width=160)
+    s, _, losses = _train(tiny_fs, 9, every=3, width=160)
     assert losses == pytest.approx(ref, rel=1e-12)       # training carried on unharmed
     assert any("No space left" in r.getMessage() or "not committed" in r.getMessage() for r in caplog.records)
     assert s.last_committed_step == 3

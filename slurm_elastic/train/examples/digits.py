@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
