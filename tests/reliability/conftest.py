@@ -16,9 +16,10 @@ from typing import Any, Iterator
 
 import pytest
 
-# The controller tests' private 4-node x 4-GPU cluster (with job_submit.lua) is reused, not rebuilt:
-# the daemon acts on every elastic job of a cluster, so these tests cannot share `slurm_cluster`.
-from control.conftest import ElasticCluster, elastic_cluster  # noqa: F401  (a fixture, re-exported)
+# The controller tests' private 4-node x 4-GPU cluster (with job_submit.lua) and its helpers: the daemon
+# acts on every elastic job of a cluster, so these tests cannot share `slurm_cluster`.
+from control import conftest as control_conftest
+from control.conftest import ElasticCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_ENV = "SLURM_ELASTIC_RELIABILITY_RESULTS"
@@ -83,6 +84,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     rep = outcome.get_result()
     if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
         item._reliability_outcome = rep.outcome  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def elastic_cluster() -> Iterator[ElasticCluster]:
+    """tests/control's private cluster, but rooted in /var/tmp/slurm-elastic-reliability-*.
+
+    Scratch directories named /tmp/se-* were seen removed by hand while tests ran on this shared
+    machine; a root of our own keeps a long run's cluster alive.
+    """
+    import tempfile
+
+    original = tempfile.mkdtemp
+
+    def mkdtemp(suffix: str | None = None, prefix: str | None = None, dir: str | None = None) -> str:
+        if prefix == "se-ctl-":
+            prefix, dir = "slurm-elastic-reliability-", "/var/tmp"
+        return original(suffix, prefix, dir)
+
+    tempfile.mkdtemp = mkdtemp  # type: ignore[assignment]
+    try:
+        generator = control_conftest.elastic_cluster.__wrapped__()  # type: ignore[attr-defined]
+        cluster = next(generator)
+    finally:
+        tempfile.mkdtemp = original  # type: ignore[assignment]
+    try:
+        yield cluster
+    finally:
+        next(generator, None)
 
 
 PLAIN_USER = "se-elastic-test"

@@ -21,6 +21,7 @@ import pytest
 
 from slurm_elastic.cluster.model import JobState
 from slurm_elastic.control.journal import Journal
+from slurm_elastic.spec import ElasticSpec
 
 pytestmark = pytest.mark.slurm
 
@@ -56,6 +57,17 @@ def _plans_total(cluster: Any, job_ids: list[int]) -> dict[str, int]:
                 "open": len(journal.open_plans())}
     finally:
         journal.close()
+
+
+def _submit_small(cluster: Any, spec: ElasticSpec, gpus: int, *, step_s: str = "0.2") -> int:
+    """An elastic job started below its allocation (raw sbatch, `gpus` GPUs), so the daemon has a plan to make."""
+    proc = subprocess.run(
+        ["sbatch", "--parsable", f"--comment={spec.to_comment()}", "-N1", f"--gres=gpu:{gpus}", "--cpus-per-gpu=1",
+         "--mem-per-gpu=1024M", "--requeue", f"--output={cluster.root / 'out'}/%j.out",
+         str(cluster.root / "fake_trainer.sbatch")],
+        env={**cluster.env, "SLURM_ELASTIC_CKPT_DIR": spec.ckpt_dir or "", "FAKE_STEP_S": step_s},
+        capture_output=True, text=True, check=True, timeout=30)
+    return int(proc.stdout.strip().split(";")[0])
 
 
 def _after_each(cluster: Any, ids: list[int]) -> None:
@@ -102,8 +114,8 @@ def test_external_sigkill_when_the_journal_shows_each_step(elastic_cluster: Any,
     cluster.cancel_all()
     order = ["open", "signal", "ack", "hold", "resize", "release"]
     # A slow trainer (5 s steps) keeps the plan at 'signal' long enough to aim at it.
-    job = cluster.submit("--gpus=4-8", "--gpu-step=4", name="victim", extra_env={"FAKE_STEP_S": "5"},
-                         sbatch_flags=("--gres=gpu:4",) if False else ())
+    job = _submit_small(cluster, ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(cluster.root / "ckpt")), 4,
+                        step_s="5")
     cluster.wait_for(lambda: cluster.snapshot().job(job).state is JobState.RUNNING, 60, what="job running")
     log = tmp_path / "daemon.log"
     daemon = cluster.spawn(*DAEMON, log=log)
@@ -182,7 +194,7 @@ def test_node_lost_while_a_plan_is_open(elastic_cluster: Any, tmp_path: Path, fi
     cluster.cancel_all()
     log = tmp_path / "daemon.log"
     # Slow trainers: a plan sits at 'signal' waiting for the ACK for a few seconds.
-    a = cluster.submit("--gpus=4-8", "--gpu-step=4", name="mid-a", extra_env={"FAKE_STEP_S": "4"})
+    a = _submit_small(cluster, ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(cluster.root / "ckpt")), 4, step_s="4")
     cluster.wait_for(lambda: cluster.snapshot().job(a).state is JobState.RUNNING, 60, what="job running")
     daemon = cluster.spawn(*DAEMON, log=log)
     try:
