@@ -122,7 +122,9 @@ class CheckpointStore:
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
         line = json.dumps(dict(row), sort_keys=True) + "\n"
-        with open(os.path.join(self.job_dir, protocol.METRICS_FILE), "a", encoding="utf-8") as f:
+        # 0600 like every other file of the job: the umask would leave it readable by others.
+        with open(os.path.join(self.job_dir, protocol.METRICS_FILE), "a", encoding="utf-8",
+                  opener=lambda path, flags: os.open(path, flags, 0o600)) as f:
             f.write(line)
 
     # -- reading ---------------------------------------------------------------------
