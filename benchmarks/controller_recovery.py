@@ -135,6 +135,11 @@ def main() -> None:
             node = wait(lambda: (j := backend.snapshot().job(job)).state is JobState.RUNNING and j.nodes[0], 60,
                         "plain job running")
             rows.append({"case": "plain-requeue", **time_recovery(local, backend, [job, filler], node, 400)})
+    except SystemExit:
+        log = root / "daemon.log"
+        if log.exists():
+            print(log.read_text()[-4000:], file=sys.stderr)
+        raise
     finally:
         if daemon is not None:
             daemon.kill()

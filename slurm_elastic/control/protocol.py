@@ -64,14 +64,11 @@ class RequeueProtocol:
     def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
         """Run `plans` (all running jobs are signalled together, so their checkpoints overlap)."""
         records: list[PlanRecord] = []
-        seen = self._clock()  # Slurm's own requeues happened before the snapshot these plans come from
         for plan in plans:
             job = state.job(plan.job_id)
             plan_id = self.journal.open_plan(plan, restarts=job.restarts)
             self._maybe_crash("open")
             records.append(self._record(plan_id))
-            if plan.entry is PlanEntry.PENDING and plan.forced:
-                self._requeued_at[plan_id] = seen
         # Queued jobs are held first: GPUs that a shrinking job frees below must not let Slurm start
         # one of them at its old size between our hold and our update.
         held_first: dict[int, bool] = {}
@@ -188,7 +185,9 @@ class RequeueProtocol:
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
             self._wait_until_requeued(plan.job_id)
-            self._requeued_at.setdefault(plan_id, self._clock())
+            if plan.entry is PlanEntry.RUNNING or plan.forced:
+                # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
+                self._requeued_at[plan_id] = self._clock()
             self._settle(plan.job_id, lambda: self.backend.set_resources(
                 plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                 cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
