@@ -91,7 +91,19 @@ def wait_job(slurm_cluster, backend: Backend, job_id: int, pred: Callable[[Job],
 
 def wait_for_job(slurm_cluster, read: Callable[[], Job], pred: Callable[[Job], bool], what: str,
                  timeout: float = 60) -> Job:
-    return slurm_cluster.wait_for(lambda: (lambda j: j if pred(j) else None)(read()), timeout, what=what)
+    last: list[Job] = []
+
+    def check() -> Job | None:
+        job = read()
+        last[:] = [job]
+        return job if pred(job) else None
+
+    try:
+        return slurm_cluster.wait_for(check, timeout, what=what)
+    except AssertionError as exc:
+        seen = last[0] if last else None
+        detail = f"{seen.state.value} reason={seen.reason!r} held={seen.held}" if seen else "never read"
+        raise AssertionError(f"{exc}; job was {detail}") from None
 
 
 def output(tmp_path: Path, job_id: int) -> str:
@@ -164,10 +176,15 @@ def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
 
         backend.requeue_hold(jid)
         job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.PENDING and j.held, "held")
+        requeued_at = time.monotonic()
         assert job.restarts == 1
         backend.set_resources(jid, nodes=1, gpus_per_node=3, cpus_per_gpu=1, mem_per_gpu_mb=500)
         job = job_now()
         assert (job.num_nodes, job.gpus_per_node, job.held) == (1, 3, True)
+        # Slurm refuses a launch within the second of the requeue that revoked the job's credential
+        # ("Job credential revoked", the job ends FAILED); the controller keeps the same gap
+        # (RequeueProtocol._credential_gap).
+        time.sleep(max(0.0, requeued_at + 1.5 - time.monotonic()))
         backend.release(jid)
         job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.RUNNING, "running again", 30)
         assert (len(job.nodes), job.num_nodes, job.gpus_per_node, job.restarts) == (1, 1, 3, 1)
