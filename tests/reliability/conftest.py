@@ -83,7 +83,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     rep = outcome.get_result()
     if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
-        item._reliability_outcome = rep.outcome  # type: ignore[attr-defined]
+        item._reliability_outcome = "xfailed" if hasattr(rep, "wasxfail") else rep.outcome  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
