@@ -118,6 +118,7 @@ def render(run: dict[str, Any]) -> str:
         "- short run (CI, every push): `python3 -m pytest tests/reliability -q`; "
         "long run: `python3 -m pytest tests/reliability -q --long`",
         "- replay the random faults of a run: `SLURM_ELASTIC_RELIABILITY_SEED=<seed>` (each test records its seed)",
+        *[f"- note: {n}" for n in run.get("notes", [])],
         "",
         "Live tests (marked `slurm`) run on a private 4-node x 4-GPU Slurm 22.05 on loopback with "
         "`job_submit.lua` (the controller tests' `elastic_cluster`), as root; they are skipped where that "
@@ -155,6 +156,10 @@ def render(run: dict[str, Any]) -> str:
                 lines.append("")
             lines += [f"Command: `python3 -m pytest '{group[0]['test'].split('[')[0]}'"
                       f"{' --long' if run['long'] else ''}`", ""]
+            for r in group:
+                if r.get("rerun_command"):
+                    lines += [f"These figures come from a separate rerun after the main run: `{r['rerun_command']}` "
+                              f"(the main run's row was replaced).", ""]
     lines += ["## Findings", "", "| found | fix |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in FINDINGS]
     lines += ["", "## Safeguards removed on purpose", "",
@@ -167,16 +172,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--out", type=Path, default=DEFAULT_DOC)
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="results of a separate rerun whose rows replace the same tests' rows (said so in the doc)")
+    parser.add_argument("--note", action="append", default=[], help="a line about the run, printed under its summary")
     parser.add_argument("--json", action="store_true", help="print one JSON row per test instead")
     args = parser.parse_args(argv)
     if not args.results.exists():
         print(f"{args.results}: no results; run python3 -m pytest tests/reliability first", file=sys.stderr)
         return 2
     run = json.loads(args.results.read_text())
+    for extra in args.merge:
+        rerun = json.loads(extra.read_text())
+        fresh = {r["test"]: {**r, "rerun_command": rerun["command"]} for r in rerun["tests"]}
+        run["tests"] = [fresh.pop(r["test"], r) for r in run["tests"]] + list(fresh.values())
     if args.json:
         print(json.dumps([{"test": r["test"], "outcome": r["outcome"], "duration_s": r.get("duration_s"),
                            **r["figures"]} for r in run["tests"]], indent=1, default=str))
         return 0
+    run["notes"] = args.note
     args.out.write_text(render(run))
     print(f"wrote {args.out} from {args.results} ({len(run['tests'])} tests, "
           f"{'long' if run['long'] else 'short'} run)")
