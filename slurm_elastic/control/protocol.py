@@ -18,6 +18,8 @@ from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
 
+_STEPS = ("hold", "resize", "release")   # steps 3-5, after signal and ACK
+
 CRASH_ENV = "SLURM_ELASTIC_CRASH_AFTER"
 """Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
 
@@ -94,16 +96,30 @@ class RequeueProtocol:
             if not acked.get(rec.plan_id):
                 log.warning("job %d: %s; the last periodic checkpoint is the resume point", rec.job_id, note)
             self._maybe_crash("ack")
+        # Steps 3-5 go phase by phase across all plans, not plan by plan: Slurm finishes the
+        # requeues (and the credential gaps run out) side by side, so a cycle with many plans
+        # costs about one plan's waits, and every shrink is in place before any job is released.
+        finished: dict[int, Outcome] = {}
+        starts: dict[int, str] = {}
+        for rec in records:
+            if rec.plan.entry is PlanEntry.PENDING and not held_first[rec.plan_id]:
+                self.journal.finish(rec.plan_id, ABANDONED, "job ended")
+                finished[rec.plan_id] = Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
+            else:
+                starts[rec.plan_id] = "resize" if rec.plan.entry is PlanEntry.PENDING else "hold"
+        for step in _STEPS:
+            for rec in records:
+                if rec.plan_id in finished or _STEPS.index(step) < _STEPS.index(starts[rec.plan_id]):
+                    continue
+                outcome = self._step(rec, step, crash=True)
+                if outcome is not None:
+                    finished[rec.plan_id] = outcome
         outcomes = []
         for rec in records:
-            if rec.plan.entry is PlanEntry.PENDING:
-                if not held_first[rec.plan_id]:
-                    self.journal.finish(rec.plan_id, ABANDONED, "job ended")
-                    outcomes.append(Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended"))
-                    continue
-                outcome = self._from_hold(rec, start="resize", crash=True)
-            else:
-                outcome = self._from_hold(rec, crash=True)
+            outcome = finished.get(rec.plan_id)
+            if outcome is None:
+                self.journal.finish(rec.plan_id, DONE)
+                outcome = Outcome(rec.plan_id, rec.job_id, DONE)
             outcomes.append(Outcome(outcome.plan_id, outcome.job_id, outcome.status, outcome.note,
                                     acked.get(rec.plan_id) if rec.plan.entry is PlanEntry.RUNNING else None))
         return outcomes
@@ -136,29 +152,35 @@ class RequeueProtocol:
     # -- steps 3-5 -----------------------------------------------------------------------------
     def _from_hold(self, rec: PlanRecord, *, start: str = "hold", crash: bool) -> Outcome:
         # `crash` is True on the forward path (test hook armed, plan entry trusted), False on recovery.
-        plan = rec.plan
-        order = ("hold", "resize", "release")
-        try:
-            for step in order[order.index(start):]:
-                self.journal.record(rec.plan_id, step)
-                if step == "hold":
-                    if not self._hold(rec, fresh=crash):
-                        self.journal.finish(rec.plan_id, ABANDONED, "job ended")
-                        return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
-                elif step == "resize":
-                    self._resize(plan, rec.plan_id)
-                    log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
-                             plan.gpus_per_node)
-                else:
-                    self._credential_gap(rec.plan_id)
-                    self._release(rec.job_id, fresh=crash)
-                    log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
-                if crash:
-                    self._maybe_crash(step)
-        except SlurmError as exc:
-            return self._roll_back(rec, f"{exc}")
+        for step in _STEPS[_STEPS.index(start):]:
+            outcome = self._step(rec, step, crash=crash)
+            if outcome is not None:
+                return outcome
         self.journal.finish(rec.plan_id, DONE)
         return Outcome(rec.plan_id, rec.job_id, DONE)
+
+    def _step(self, rec: PlanRecord, step: str, *, crash: bool) -> Outcome | None:
+        """Journal and take one of steps 3-5 for one plan; an Outcome when the plan ends early."""
+        plan = rec.plan
+        try:
+            self.journal.record(rec.plan_id, step)
+            if step == "hold":
+                if not self._hold(rec, fresh=crash):
+                    self.journal.finish(rec.plan_id, ABANDONED, "job ended")
+                    return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
+            elif step == "resize":
+                self._resize(plan, rec.plan_id)
+                log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
+                         plan.gpus_per_node)
+            else:
+                self._credential_gap(rec.plan_id)
+                self._release(rec.job_id, fresh=crash)
+                log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
+            if crash:
+                self._maybe_crash(step)
+        except SlurmError as exc:
+            return self._roll_back(rec, f"{exc}")
+        return None
 
     def _hold(self, rec: PlanRecord, *, fresh: bool) -> bool:
         """Requeue-hold a running job or hold a pending one; False when the job is gone.

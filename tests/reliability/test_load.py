@@ -26,10 +26,6 @@ pytestmark = pytest.mark.slurm
 SLEEP_JOB = "#!/bin/bash\ntrap '' USR2\nsleep 3600\n"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open finding: a cycle carries out its plans one after another (requeuehold, wait out COMPLETING, update, "
-    "release: 1-2 s per plan here), so the first cycle after a burst of submissions exceeds the interval; "
-    "observe+solve alone stay far below it. See docs/reliability.md."))
 def test_reconcile_loop_under_many_elastic_jobs(elastic_cluster: Any, tmp_path: Path, long_run: bool,
                                                 figures: Any) -> None:
     cluster = elastic_cluster
