@@ -146,6 +146,9 @@ class RequeueProtocol:
             # 'signal' on the plan is finished, not undone.
             start = {"signal": "hold", "ack": "hold", "hold": "hold", "resize": "resize",
                      "release": "release"}[rec.step]
+            if start == "release":
+                # When the requeue ended is not known after a crash: keep the whole credential gap.
+                self._requeued_at[rec.plan_id] = self._clock()
             outcomes.append(self._from_hold(rec, start=start, crash=False))
         return outcomes
 

@@ -149,7 +149,12 @@ def test_external_sigkill_when_the_journal_shows_each_step(elastic_cluster: Any,
                      "--max-cycles", "1", check=False, timeout=180)
     assert rc.returncode == 0, rc.stderr[-2000:]
     recovery_s = time.monotonic() - t0
-    got = cluster.wait_for(lambda: _settled(cluster, [job]), 90, 0.5, "job at its allocation")
+    try:
+        got = cluster.wait_for(lambda: _settled(cluster, [job]), 90, 0.5, "job at its allocation")
+    except AssertionError as exc:
+        seen = cluster.snapshot().job(job)
+        raise AssertionError(f"{exc}; job {job} is {seen.state.value} reason={seen.reason!r} held={seen.held} "
+                             f"gpus={seen.gpus}; recovery cycle said: {rc.stderr[-1500:]}") from None
     _after_each(cluster, [job])
     figures.put(aimed_at=step, killed_at=landed, recovery_cycle_s=round(recovery_s, 2), job_gpus_after=got[job],
                 jobs_held=0, jobs_lost=0, open_plans=0)
