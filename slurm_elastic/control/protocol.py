@@ -209,7 +209,7 @@ class RequeueProtocol:
         """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
-            self._wait_until_requeued(plan.job_id)
+            self._wait_until_requeued(plan.job_id, requeued=plan.entry is PlanEntry.RUNNING or plan.forced)
             if plan.entry is PlanEntry.RUNNING or plan.forced:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
@@ -242,7 +242,7 @@ class RequeueProtocol:
         if left > 0:
             self._sleep(left)
 
-    def _wait_until_requeued(self, job_id: int) -> None:
+    def _wait_until_requeued(self, job_id: int, *, requeued: bool = True) -> None:
         """Until a requeued job has finished COMPLETING.
 
         Slurm sets BeginTime = now + ~120 s again when the requeue completes (batch_requeue_fini),
@@ -253,6 +253,10 @@ class RequeueProtocol:
             job = self._observe(job_id)
             if job is None or job.state.finished or job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
                 return
+            if not requeued and job.state is JobState.RUNNING:
+                # A queued job Slurm started between the snapshot and our hold: nothing will requeue
+                # it, so waiting is pointless; roll back and let the next cycle plan it as running.
+                raise SlurmError(f"job {job_id} started before it could be held; the next cycle plans it again")
             if self._clock() >= deadline:
                 log.warning("job %d: still %s after %gs; resizing anyway", job_id, job.state.value,
                             self.settings.settle_timeout_s)

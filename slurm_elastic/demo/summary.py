@@ -234,7 +234,9 @@ def _job_summary(timeline: Timeline, job: str, name: str, min_gpus: int, max_gpu
     restarts = []
     for i in range(1, len(runs)):
         before, after = runs[i - 1], runs[i]
-        reached = [row.step for run in runs[:i] for row in run.rows]
+        # Progress at the stop is what the run just before reached; a run that restarted from an
+        # older checkpoint rolled back anything earlier runs had reached beyond it.
+        reached = [row.step for row in before.rows] or [row.step for run in runs[:i] for row in run.rows]
         stopped_at = before.rows[-1].t if before.rows else (before.end if before.end is not None else before.start)
         ack = next((a for a in acks if before.restarts is not None and a.restart == before.restarts
                     and before.start - _START_SLACK_S <= a.t <= after.start + _START_SLACK_S), None)

@@ -108,3 +108,23 @@ def test_a_job_that_never_trained_is_a_problem():
     t = demo_timeline()
     t = dataclasses.replace(t, events=tuple(e for e in t.events if not (isinstance(e, Progress) and e.job == "13")))
     assert "digits-c: never trained" in summarize(t).problems()
+
+
+def test_a_signalled_restart_after_a_rollback_counts_from_the_run_just_before():
+    """Seen in CI: a node-loss restart rolled a job back to step 0; its later signalled restart lost
+    nothing, but counting from the highest step of *all* earlier runs reported 1 step lost."""
+    from slurm_elastic.demo.timeline import Acked
+    from tests.demo.timelines import demo_timeline as base
+
+    t = base()
+    kept = [e for e in t.events if not (isinstance(e, Progress) and e.job == "11" and e.t >= 80.0)]
+    extra = [*rows("11", 80.0, 82.0, 1, 4),                        # restarted from scratch: steps 1-5
+             Acked(t=83.0, job="11", restart=1, step=5),
+             JobSeen(t=84.0, job="11", state="PENDING", gpus=4, restarts=2, held=True, reason="JobHeldUser"),
+             JobSeen(t=85.0, job="11", state="RUNNING", gpus=8, nodes=("n1", "n2"), restarts=2, start=85.0),
+             *rows("11", 90.0, 100.0, 6, 8)]
+    t = dataclasses.replace(t, events=tuple(sorted([*kept, *extra], key=lambda e: e.t)))
+    first, second = _job(summarize(t), "digits-a").restarts
+    assert (first.last_step, first.resumed_from, first.steps_lost) == (58, 0, 58)
+    assert second.signalled and second.ack_step == 5
+    assert (second.last_step, second.resumed_from, second.steps_lost) == (5, 5, 0)
