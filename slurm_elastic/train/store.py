@@ -128,6 +128,14 @@ class CheckpointStore:
             f.write(line)
 
     # -- reading ---------------------------------------------------------------------
+    def _check_model(self, step: int, manifest: dict, model_fingerprint: str | None) -> None:
+        """A checkpoint of another model is an error, never a silent fallback to an older step."""
+        if model_fingerprint is not None and manifest["model_fingerprint"] != model_fingerprint:
+            raise CheckpointError(
+                f"{self.step_path(step)} was written by a different model (fingerprint "
+                f"{manifest['model_fingerprint'][:12]} != {model_fingerprint[:12]}); point "
+                f"{protocol.CKPT_DIR_ENV} elsewhere or remove that directory")
+
     def committed_steps(self) -> list[int]:
         """Steps with a manifest, newest first (checksums not yet verified)."""
         return sorted((s for s, name in self._step_dirs()
@@ -173,11 +181,7 @@ class CheckpointStore:
             except CheckpointError as exc:
                 log.warning("skipping damaged checkpoint: %s", exc)
                 continue
-            if model_fingerprint is not None and manifest["model_fingerprint"] != model_fingerprint:
-                raise CheckpointError(
-                    f"{self.step_path(step)} was written by a different model (fingerprint "
-                    f"{manifest['model_fingerprint'][:12]} != {model_fingerprint[:12]}); point "
-                    f"{protocol.CKPT_DIR_ENV} elsewhere or remove that directory")
+            self._check_model(step, manifest, model_fingerprint)
             return CompleteStep(step=step, path=self.step_path(step), manifest=manifest)
         return None
 
@@ -199,11 +203,7 @@ class CheckpointStore:
             except CheckpointError as exc:
                 log.warning("skipping damaged checkpoint: %s", exc)
                 continue
-            if model_fingerprint is not None and manifest["model_fingerprint"] != model_fingerprint:
-                raise CheckpointError(
-                    f"{self.step_path(step)} was written by a different model (fingerprint "
-                    f"{manifest['model_fingerprint'][:12]} != {model_fingerprint[:12]}); point "
-                    f"{protocol.CKPT_DIR_ENV} elsewhere or remove that directory")
+            self._check_model(step, manifest, model_fingerprint)
             out.append(step)
         return out
 
