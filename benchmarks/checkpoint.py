@@ -1,6 +1,7 @@
 """Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save.
 
 Every mode checkpoints after every optimizer step (layer.skip: whenever its writer is free).
+layer uses the store's default checksum (xxh3-128), layer.sha256 the same with sha256.
 Modes run one after another; the baseline runs first and last. Reported per mode: mean
 step time, overhead against no checkpointing, training stall per checkpoint
 (time the training thread spends on it), bytes written per second against
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -98,8 +100,10 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
     restore: Callable[[], float] = lambda: float("nan")
 
     waits: list[float] = []                   # part of the stall spent waiting for an earlier write
-    if mode in ("layer", "layer.skip"):
-        store = CheckpointStore(os.path.join(work, "job"), keep=1)
+    copied: list[int] = []                    # live bytes copied at optimizer.step (writer behind)
+    if mode in ("layer", "layer.skip", "layer.sha256"):
+        store = CheckpointStore(os.path.join(work, "job"), keep=1,
+                                checksum="sha256" if mode == "layer.sha256" else "xxh3_128")
         ck = LayerCheckpointer(model, opt, store, group_bytes=args.group_mb << 20)
         committed: list[int] = []
 
@@ -107,6 +111,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
             got = ck.drain() if block else ck.poll()
             for f in got:
                 stalls.append(f.stall_s)
+                copied.append(f.copied_bytes)
                 writes.append((sum(r.size for r in f.records), f.write_s))
                 store.commit(f.step, {"samples_consumed": 0, "world_size": 1, "global_batch": 1,
                                       "model_fingerprint": "bench", "files": [r.to_json() for r in f.records]})
@@ -125,8 +130,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
             ck.arm(step)
 
         def finish_layer() -> None:
-            ck.wait_for_copies()
-            settle(block=True)
+            settle(block=True)      # drains: no optimizer step follows, so nothing is copied
             ck.close()
 
         def restore_layer() -> float:
@@ -200,11 +204,14 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
 
         after_step, finish, restore = after_dcp, lambda: (wait_prev(), None)[1], restore_dcp
 
+    cpu0 = 0.0
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             stalls.clear()
             writes.clear()
             waits.clear()
+            copied.clear()
+            cpu0 = _cpu_s()
         t0 = time.monotonic()
         before_step(step)
         train_step(model, opt, args, step)
@@ -212,6 +219,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         if step >= args.warmup:
             step_times.append(time.monotonic() - t0)
         yield None
+    cpu_s = _cpu_s() - cpu0
     finish()
     written = sum(b for b, _ in writes)
     write_s = sum(s for _, s in writes)
@@ -220,23 +228,45 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "steps": len(step_times),
         "step_ms": 1000 * sum(step_times) / len(step_times),
+        "cpu_s_per_step": cpu_s / len(step_times),
         "stall_ms": 1000 * sum(stalls) / len(stalls) if stalls else 0.0,
         "write_wait_ms": 1000 * sum(waits) / len(stalls) if stalls else 0.0,
         "checkpoints": len(writes),
         "checkpoint_mb": written / len(writes) / 1e6 if writes else 0.0,
+        "copied_mb": sum(copied) / len(copied) / 1e6 if copied else None,
         "write_mb_per_s": written / write_s / 1e6 if write_s else None,
+        "restore_cache": (_drop_caches(args) if mode != "none" else None),
         "restore_s": restore() if mode != "none" else None,
     }
     shutil.rmtree(work, ignore_errors=True)
     yield row
 
 
-def dd_mb_per_s(directory: str, nbytes: int) -> float:
+def _drop_caches(args: argparse.Namespace) -> str:
+    """A restarted job reads its checkpoint cold (another node, or long after the write): drop
+    the page cache first, so torch.save's page-cached file and our O_DIRECT one compare fairly."""
+    if args.warm_restore:
+        return "warm"
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError:
+        return "warm (cannot drop caches: needs root)"
+    return "cold"
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)   # all threads: training and the writer
+    return r.ru_utime + r.ru_stime
+
+
+def dd_mb_per_s(directory: str, nbytes: int, *, direct: bool = False) -> float:
     path = os.path.join(directory, "dd.bin")
     count = max(1, nbytes // (8 << 20))
     t0 = time.monotonic()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=8M", f"count={count}", "conv=fsync"],
-                   check=True, capture_output=True)
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=8M", f"count={count}", "conv=fsync",
+                    *(["oflag=direct"] if direct else [])], check=True, capture_output=True)
     dt = time.monotonic() - t0
     os.unlink(path)
     return count * (8 << 20) / dt / 1e6
@@ -254,9 +284,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--group-mb", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--modes", default="none,layer,layer.skip,torch.save,dcp.async_save,none",
+    p.add_argument("--modes", default="none,layer,layer.sha256,layer.skip,torch.save,dcp.async_save,none",
                    help="layer: LayerCheckpointer every step, waiting for the previous write when it lags; "
                         "layer.skip: skip a step's snapshot while the previous one is still written")
+    p.add_argument("--warm-restore", action="store_true",
+                   help="restore from the page cache (default: drop caches first when root)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -275,6 +307,7 @@ def main() -> None:
         rows = [row for m in args.modes.split(",") for row in run_mode(m, args, root) if row is not None]
         ckpt_bytes = int(max(r["checkpoint_mb"] for r in rows) * 1e6) or (1 << 30)
         dd = dd_mb_per_s(root, ckpt_bytes)
+        dd_direct = dd_mb_per_s(root, ckpt_bytes, direct=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     nones = [r["step_ms"] for r in rows if r["mode"] == "none"]
@@ -284,14 +317,14 @@ def main() -> None:
         r["overhead_pct"] = 100 * (r["step_ms"] / base - 1) if base else None
         r["stall_vs_torch_save_pct"] = 100 * r["stall_ms"] / save_stall if save_stall and r["mode"] != "none" else None
         r["dd_mb_per_s"] = dd
+        r["dd_direct_mb_per_s"] = dd_direct
         r["cpus"] = os.cpu_count()
         r["torch_threads"] = torch.get_num_threads()
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    cols = ["mode", "step_ms", "overhead_pct", "stall_ms", "write_wait_ms", "stall_vs_torch_save_pct", "checkpoints",
-            "checkpoint_mb",
-            "write_mb_per_s", "dd_mb_per_s", "restore_s"]
+    cols = ["mode", "step_ms", "overhead_pct", "cpu_s_per_step", "stall_ms", "write_wait_ms", "stall_vs_torch_save_pct",
+            "checkpoints", "checkpoint_mb", "copied_mb", "write_mb_per_s", "dd_mb_per_s", "dd_direct_mb_per_s", "restore_s"]
     print(f"{rows[0]['params_m']:.1f}M parameters, {args.steps} measured steps per mode, "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
     print("  ".join(f"{c[:14]:>14}" for c in cols))

@@ -7,7 +7,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train.store import CheckpointStore, FileRecord
+from slurm_elastic.train.store import CheckpointStore, FileRecord, TensorSource
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class FinishedSnapshot:
     error: str | None
     stall_s: float           # time the training thread spent on this snapshot (hooks + waits)
     write_s: float
+    copied_bytes: int = 0    # live host state the writer had not read when optimizer.step() came
 
 
 @dataclass
@@ -71,25 +73,103 @@ class _Snapshot:
     stall_s: float = 0.0
     write_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
+    # Host tensors the writer reads in place: key -> (tensor, its version counter at capture).
+    # `freeze` (before optimizer.step) replaces the ones not read yet by copies. The lock
+    # guards these fields only; the writer copies a chunk outside it, with `reading` set,
+    # so hooks never wait for a copy and `freeze` waits for at most one chunk.
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    live: dict[str, tuple[torch.Tensor, int]] = field(default_factory=dict)
+    frozen: dict[str, torch.Tensor] = field(default_factory=dict)
+    read: set[str] = field(default_factory=set)
+    reading: bool = False
+    copied_bytes: int = 0
+    torn: str | None = None
+
+    def freeze(self) -> None:
+        """The optimizer is about to update the live state: copy what the writer has not read,
+        and let no chunk copy from live memory still be running when this returns."""
+        with self.lock:
+            for key, (t, version) in self.live.items():
+                if key in self.read:
+                    continue
+                if t._version != version and self.torn is None:
+                    self.torn = _torn_message(key)
+                self.frozen[key] = t.clone()     # reading alongside the writer's copy is fine
+                self.copied_bytes += t.numel() * t.element_size()
+            self.live.clear()
+            while self.reading:
+                self.lock.wait()
+
+
+def _torn_message(key: str) -> str:
+    return (f"{key} was changed in place outside optimizer.step() while its checkpoint was taken; "
+            f"the checkpointer only knows optimizer.step() as the point where state changes")
+
+
+class _SnapshotSource(TensorSource):
+    """A group file's tensors: live host state is read in place until `freeze` copies it."""
+
+    def __init__(self, snap: _Snapshot, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__(tensors)
+        self.snap = snap
+
+    @contextmanager
+    def hold(self, key: str) -> Iterator[torch.Tensor]:
+        snap = self.snap
+        with snap.lock:
+            if snap.torn is not None:
+                raise CheckpointError(snap.torn)
+            entry = snap.live.get(key)
+            if entry is None:
+                source = snap.frozen.get(key, self._tensors[key])
+            else:
+                self._check_version(key, *entry)
+                source = entry[0]
+                snap.reading = True
+        if entry is None:
+            yield source
+            return
+        try:
+            yield source
+        finally:
+            with snap.lock:
+                snap.reading = False
+                snap.lock.notify_all()
+                # Changed while copied: only something other than the optimizer can do that,
+                # since freeze() holds optimizer.step() back until this copy is done.
+                self._check_version(key, *entry)
+
+    def _check_version(self, key: str, t: torch.Tensor, version: int) -> None:
+        if t._version != version:
+            self.snap.torn = self.snap.torn or _torn_message(key)
+            raise CheckpointError(self.snap.torn)
+
+    def release(self, key: str) -> None:
+        with self.snap.lock:
+            self.snap.read.add(key)
+            self.snap.frozen.pop(key, None)
 
 
 class LayerCheckpointer:
-    """Forward pre-hooks that copy each layer's post-step state to the host, and a writer thread.
+    """Forward pre-hooks that take each layer's post-step state, and a writer thread.
 
     After optimizer.step() of step t, `arm(t)` marks every layer this rank
     owns as pending. The forward pass of step t+1 reaches each layer; its
-    pre-hook copies the layer's parameters, buffers and optimizer state
-    (unchanged since step t) to host memory - on CPU in a copier thread,
-    on GPU as a non-blocking copy on a side stream - and hands full layer
-    groups to the writer thread. optimizer.step() of t+1 (through a step
-    pre-hook) first waits for the copies still outstanding, never for the
-    writes. Each data-parallel rank owns some layer groups, so ranks write
-    in parallel and every byte is written once.
+    pre-hook takes the layer's parameters, buffers and optimizer state
+    (unchanged since step t) and hands full layer groups to the writer
+    thread. On GPU the hook starts a non-blocking copy to pinned host memory
+    on a side stream. On CPU the state already is host memory: the writer
+    reads it in place (copy-on-write), and optimizer.step() of t+1, through
+    a step pre-hook, copies only what the writer has not read yet. So
+    optimizer.step() waits for copies still outstanding, never for writes,
+    and a writer that keeps up costs training no copy at all. Each
+    data-parallel rank owns some layer groups, so ranks write in parallel
+    and every byte is written once.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, store: CheckpointStore, *,
                  rank: int = 0, world_size: int = 1, layers: Sequence[nn.Module] | None = None,
-                 group_bytes: int = DEFAULT_GROUP_BYTES, async_copy: bool = True,
+                 group_bytes: int = DEFAULT_GROUP_BYTES,
                  before_write: Callable[[int, LayerGroup], None] | None = None) -> None:
         self.model = unwrap(model)
         self.optimizer = optimizer
@@ -106,7 +186,6 @@ class LayerCheckpointer:
         self._check_optimizer()
         self._before_write = before_write   # test seam: runs in the writer thread before each file
         self._snap: _Snapshot | None = None
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckpt-copy") if async_copy else None
         self._cuda_stream: Any = None
         self._work: queue.Queue[tuple[_Snapshot, LayerGroup] | tuple[_Snapshot, None] | None] = queue.Queue()
         self._finished: queue.Queue[FinishedSnapshot] = queue.Queue()
@@ -165,10 +244,18 @@ class LayerCheckpointer:
         snap.stall_s += time.monotonic() - t0
 
     def wait_for_copies(self) -> None:
-        """Runs before optimizer.step(): take layers the forward did not reach, wait for all copies."""
+        """Runs before optimizer.step(): take layers the forward did not reach, finish the
+        device copies, and copy the host state the writer has not read yet."""
+        snap = self._take_rest()
+        if snap is not None:
+            t0 = time.monotonic()
+            snap.freeze()
+            snap.stall_s += time.monotonic() - t0
+
+    def _take_rest(self) -> _Snapshot | None:
         snap = self._snap
         if snap is None:
-            return
+            return None
         t0 = time.monotonic()
         for s in sorted(snap.pending):
             self._capture(snap, s)
@@ -176,6 +263,7 @@ class LayerCheckpointer:
             fut.result()
         self._snap = None
         snap.stall_s += time.monotonic() - t0
+        return snap
 
     def poll(self) -> list[FinishedSnapshot]:
         """Snapshots whose files are all written (or failed) since the last call."""
@@ -189,8 +277,9 @@ class LayerCheckpointer:
         return out
 
     def drain(self) -> list[FinishedSnapshot]:
-        """Block until every armed snapshot is copied and written."""
-        self.wait_for_copies()
+        """Block until every armed snapshot is written. No copy-on-write: nothing can
+        step the optimizer while the training thread waits here."""
+        self._take_rest()
         out = []
         while self._in_flight > len(out):
             out.append(self._finished.get())
@@ -203,8 +292,6 @@ class LayerCheckpointer:
         self._handles.clear()
         self._work.put(None)
         self._writer.join()
-        if self._copier is not None:
-            self._copier.shutdown(wait=True)
 
     # -- capture ---------------------------------------------------------------------------
     def _make_hook(self, slot: int) -> Callable[..., None]:
@@ -238,21 +325,28 @@ class LayerCheckpointer:
                 else:
                     raise CheckpointError(f"optimizer state {key!r} of {fqn} is a {type(value).__name__}; "
                                           f"only tensors and numbers can be checkpointed")
-        snap.copies[slot_index] = self._copy_async(live, eager)
+        snap.copies[slot_index] = self._take(snap, live, eager)
         g = self._group_of[slot_index]
         snap.group_left[g] -= 1
         if snap.group_left[g] == 0:
             self._work.put((snap, self.groups[g]))
 
-    def _copy_async(self, live: dict[str, torch.Tensor], done: dict[str, torch.Tensor]) -> Future:
-        on_gpu = any(t.device.type == "cuda" for t in live.values())
-        if on_gpu:
+    def _take(self, snap: _Snapshot, live: dict[str, torch.Tensor], done: dict[str, torch.Tensor]) -> Future:
+        if any(t.device.type == "cuda" for t in live.values()):
             return self._copy_cuda(live, done)
-        if self._copier is None:
-            fut: Future = Future()
-            fut.set_result({**done, **{k: t.clone() for k, t in live.items()}})
-            return fut
-        return self._copier.submit(lambda: {**done, **{k: t.clone() for k, t in live.items()}})
+        # Host state: the writer reads it where it is; freeze() copies what is left of it
+        # when optimizer.step() comes. A non-contiguous tensor is copied now (rare).
+        out = dict(done)
+        with snap.lock:
+            for k, t in live.items():
+                if not t.is_contiguous():
+                    out[k] = t.contiguous()
+                    continue
+                snap.live[k] = (t, t._version)
+                out[k] = t
+        fut: Future = Future()
+        fut.set_result(out)
+        return fut
 
     def _copy_cuda(self, live: dict[str, torch.Tensor], done: dict[str, torch.Tensor]) -> Future:
         # Not exercised on the CPU-only development machine; follows the usual
@@ -297,7 +391,8 @@ class LayerCheckpointer:
                         tensors.update(snap.copies[s].result())
                     if self._before_write is not None:
                         self._before_write(snap.step, group)
-                    snap.records.append(self.store.write_tensors(snap.step, self.file_name(group), tensors,
+                    source = _SnapshotSource(snap, tensors)
+                    snap.records.append(self.store.write_tensors(snap.step, self.file_name(group), source,
                                                                  rank=self.rank))
                 except Exception as exc:   # a full disk must not stop training: report, keep going
                     snap.error = f"{type(exc).__name__}: {exc}"
@@ -306,8 +401,11 @@ class LayerCheckpointer:
             left[id(snap)] -= 1
             if left[id(snap)] == 0:
                 del left[id(snap)]
+                with snap.lock:
+                    snap.live.clear()       # the writer is done: drop the references to live state
+                    snap.frozen.clear()
                 self._finished.put(FinishedSnapshot(snap.step, snap.error is None, tuple(snap.records),
-                                                    snap.error, snap.stall_s, snap.write_s))
+                                                    snap.error, snap.stall_s, snap.write_s, snap.copied_bytes))
 
     def _check_optimizer(self) -> None:
         if self.optimizer is None:

@@ -131,8 +131,7 @@ class ElasticSession:
             if self._exit_after_snapshot:
                 # The loop ended between the signal and the checkpoint pass: take it now.
                 self._finish_signalled_stop()
-            self._ckpt.wait_for_copies()
-            self._settle(block=True)
+            self._settle(block=True)          # drains: no copy-on-write, nothing steps meanwhile
         t0 = time.monotonic()
         if self._ckpt is not None:
             self._ckpt.close()
@@ -305,7 +304,6 @@ class ElasticSession:
         assert self._ckpt is not None
         self._settle(block=True)
         self._arm()
-        self._ckpt.wait_for_copies()
         self._settle(block=True)
 
     # -- internals ------------------------------------------------------------------------------------
@@ -411,7 +409,6 @@ class ElasticSession:
 
     def _finish_signalled_stop(self) -> None:
         assert self._ckpt is not None
-        self._ckpt.wait_for_copies()
         self._settle(block=True)
         if self.env.is_main:
             ack = {"step": self.last_committed_step, "time": time.time(),

@@ -31,7 +31,7 @@ from slurm_elastic.cluster.slurm_values import spec_from_comment
 from slurm_elastic.errors import CheckpointError, SpecError
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol
-from slurm_elastic.train.store import CheckpointStore
+from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 SLURM_COMMANDS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo", "strigger", "sacctmgr", "srun", "salloc")
 SCRIPT = "#!/bin/bash\n#SBATCH --time=5\nsrun python train.py\n"
@@ -258,7 +258,8 @@ def _mutations() -> dict[str, Callable[[dict[str, Any]], None]]:
         "name-nul": files(lambda r: r.update(name="a\x00.safetensors")),
         "size-string": files(lambda r: r.update(size="123")),
         "size-huge": files(lambda r: r.update(size=10**30)),
-        "sha-number": files(lambda r: r.update(sha256=0)),
+        "checksum-number": files(lambda r: r.update({k: 0 for k in CHECKSUMS if k in r})),
+        "checksum-missing": files(lambda r: [r.pop(k) for k in CHECKSUMS if k in r]),
         "duplicate-file": lambda m: m["files"].append(dict(m["files"][0])),
         "not-an-object": lambda m: (m.clear(), m.update({"__list__": True})),
     }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import os
 import pickle
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 from slurm_elastic.train import protocol
-from slurm_elastic.train.store import CheckpointStore
+from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 from . import ckpt_writer
 
@@ -120,7 +119,7 @@ def test_a_pickle_bearing_checkpoint_is_refused_and_never_executed(tmp_path: Pat
     for rec in manifest["files"]:
         data = pickle.dumps({"w": Payload()})
         (step_dir / rec["name"]).write_bytes(data)
-        rec.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())  # the checksums are forged too
+        rec.update(size=len(data), **{k: CHECKSUMS[k](data).hexdigest() for k in CHECKSUMS if k in rec})  # forged too
         planted += 1
     (step_dir / protocol.MANIFEST_FILE).write_text(json.dumps(manifest))
     # A fresh training process restores: it must fall back to step 1 and never run the payload.

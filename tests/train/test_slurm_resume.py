@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from .test_exact_resume import _final, _flat, _losses
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
 STEPS = 60
-TRAIN = ["python3", "-m", "slurm_elastic.train.examples.digits", "--steps", str(STEPS), "--every-steps", "10",
+# This interpreter, not whatever `python3` the job's PATH finds: the package and its
+# dependencies are installed here.
+TRAIN = [sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", str(STEPS), "--every-steps", "10",
          "--step-sleep", "0.15"]
 
 

@@ -11,7 +11,7 @@ import torch
 
 from slurm_elastic.errors import CheckpointError
 from slurm_elastic.train import protocol
-from slurm_elastic.train.store import CheckpointStore, check_file_name
+from slurm_elastic.train.store import CHECKSUMS, CheckpointStore, check_file_name
 
 
 def _commit(store: CheckpointStore, step: int, fingerprint: str = "fp") -> None:
@@ -109,14 +109,13 @@ def test_pickle_payload_is_never_loaded(tmp_path: Path) -> None:
     _commit(store, 1)
     step_dir = tmp_path / "job" / protocol.step_dir_name(1)
     evil = step_dir / "group-00000.safetensors"
-    import hashlib
     import pickle
 
     payload = pickle.dumps({"w": torch.zeros(4)})
     evil.write_bytes(payload)
     mpath = step_dir / protocol.MANIFEST_FILE
     manifest = json.loads(mpath.read_text())
-    manifest["files"][0].update(size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    manifest["files"][0].update(size=len(payload), xxh3_128=CHECKSUMS["xxh3_128"](payload).hexdigest())
     mpath.write_text(json.dumps(manifest))
     # The checksums match, but the bytes are not safetensors: the step is not complete.
     assert store.newest_complete(model_fingerprint="fp") is None
@@ -132,8 +131,58 @@ def test_candidates_check_sizes_without_reading(tmp_path: Path) -> None:
     data = tmp_path / "job" / protocol.step_dir_name(3) / "group-00000.safetensors"
     data.write_bytes(data.read_bytes()[:-1])
     raw = bytearray((tmp_path / "job" / protocol.step_dir_name(2) / "group-00000.safetensors").read_bytes())
-    raw[-1] ^= 1     # same size, wrong content: only the sha256 at load time catches it
+    raw[-1] ^= 1     # same size, wrong content: only the checksum at load time catches it
     (tmp_path / "job" / protocol.step_dir_name(2) / "group-00000.safetensors").write_bytes(bytes(raw))
     assert store.candidates(model_fingerprint="fp") == [2, 1]
-    with pytest.raises(CheckpointError, match="sha256"):
+    with pytest.raises(CheckpointError, match="xxh3_128 mismatch"):
         store.read_tensors(2, store.read_manifest(2)["files"][0])
+
+
+@pytest.mark.parametrize("checksum", ["xxh3_128", "sha256"])
+def test_files_are_written_with_o_direct_and_verified_by_their_named_checksum(tmp_path: Path, checksum: str) -> None:
+    """Sizes that are not a multiple of the staging buffer or of a block: the unaligned tail."""
+    import hashlib
+
+    store = CheckpointStore(str(tmp_path / "job"), checksum=checksum)
+    store.ensure_job_dir()
+    store.begin_step(1)
+    big = torch.arange((9 << 20) // 8 + 3, dtype=torch.float64)        # spans two staging buffers
+    odd = torch.arange(7, dtype=torch.int16).reshape(7, 1).t()           # not contiguous
+    rec = store.write_tensors(1, "group-00000.safetensors", {"big": big, "odd": odd, "empty": torch.zeros(0)},
+                              rank=0)
+    data = (tmp_path / "job" / protocol.step_dir_name(1) / "group-00000.safetensors").read_bytes()
+    assert rec.checksum == checksum and rec.size == len(data)
+    want = hashlib.sha256(data).hexdigest() if checksum == "sha256" else CHECKSUMS["xxh3_128"](data).hexdigest()
+    assert rec.digest == want and rec.to_json()[checksum] == want
+    got = store.read_tensors(1, rec.to_json())
+    assert torch.equal(got["big"], big) and torch.equal(got["odd"], odd) and got["empty"].numel() == 0
+
+
+def test_a_filesystem_without_o_direct_is_written_through_the_page_cache_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import subprocess
+
+    # ramfs refuses O_DIRECT at open (tmpfs takes it since Linux 6.6).
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a ramfs")
+    try:
+        store = CheckpointStore(str(mnt / "job"))
+        store.ensure_job_dir()
+        store.begin_step(1)
+        t = torch.arange(100_003, dtype=torch.float32)
+        with caplog.at_level("WARNING"):
+            rec = store.write_tensors(1, "group-00000.safetensors", {"w": t}, rank=0)
+            store.write_tensors(1, "group-00001.safetensors", {"w": t}, rank=0)
+        assert torch.equal(store.read_tensors(1, rec.to_json())["w"], t)
+        warnings = [r.getMessage() for r in caplog.records if "O_DIRECT" in r.getMessage()]
+        assert len(warnings) == 1 and "page cache" in warnings[0] and str(mnt / "job") in warnings[0]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_unknown_checksum_is_refused() -> None:
+    with pytest.raises(CheckpointError, match="unknown checksum 'md5'"):
+        CheckpointStore("/nonexistent", checksum="md5")
