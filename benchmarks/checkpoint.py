@@ -10,6 +10,7 @@ step time, overhead against no checkpointing, training stall per checkpoint
     python3 benchmarks/checkpoint.py                 # table
     python3 benchmarks/checkpoint.py --json          # one JSON object per mode
     python3 benchmarks/checkpoint.py --steps 3 --layers 4 --dir /lustre/scratch/me
+    python3 benchmarks/checkpoint.py --modes none,layer,none --repeat 5 --threads 1
 
 Keep runs short on shared machines: every mode writes a full checkpoint
 (parameters + AdamW state, ~1.2 GB at 100M parameters) per step.
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import shutil
 import subprocess
 import tempfile
@@ -287,6 +289,9 @@ def main() -> None:
     p.add_argument("--modes", default="none,layer,layer.sha256,layer.skip,torch.save,dcp.async_save,none",
                    help="layer: LayerCheckpointer every step, waiting for the previous write when it lags; "
                         "layer.skip: skip a step's snapshot while the previous one is still written")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole mode list this many times; overheads are against each repeat's "
+                        "own baselines, and a median line per mode is printed")
     p.add_argument("--warm-restore", action="store_true",
                    help="restore from the page cache (default: drop caches first when root)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
@@ -304,18 +309,29 @@ def main() -> None:
         # Modes run one after another: a mode's background writer must not slow the
         # next mode's steps. The baseline runs first and last, to show the drift of a
         # shared machine's load over the run.
-        rows = [row for m in args.modes.split(",") for row in run_mode(m, args, root) if row is not None]
+        rows = []
+        for rep in range(args.repeat):
+            for m in args.modes.split(","):
+                for row in run_mode(m, args, root):
+                    if row is not None:
+                        rows.append({"repeat": rep, **row})
         ckpt_bytes = int(max(r["checkpoint_mb"] for r in rows) * 1e6) or (1 << 30)
         dd = dd_mb_per_s(root, ckpt_bytes)
         dd_direct = dd_mb_per_s(root, ckpt_bytes, direct=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    nones = [r["step_ms"] for r in rows if r["mode"] == "none"]
-    base = sum(nones) / len(nones) if nones else None
-    save_stall = next((r["stall_ms"] for r in rows if r["mode"] == "torch.save"), None)
+    for rep in range(args.repeat):
+        # Overheads against this repeat's own baselines: a shared machine's load drifts
+        # between repeats more than a checkpoint costs.
+        mine = [r for r in rows if r["repeat"] == rep]
+        nones = [r["step_ms"] for r in mine if r["mode"] == "none"]
+        base = sum(nones) / len(nones) if nones else None
+        save_stall = next((r["stall_ms"] for r in mine if r["mode"] == "torch.save"), None)
+        for r in mine:
+            r["overhead_pct"] = 100 * (r["step_ms"] / base - 1) if base else None
+            r["stall_vs_torch_save_pct"] = (100 * r["stall_ms"] / save_stall
+                                            if save_stall and r["mode"] != "none" else None)
     for r in rows:
-        r["overhead_pct"] = 100 * (r["step_ms"] / base - 1) if base else None
-        r["stall_vs_torch_save_pct"] = 100 * r["stall_ms"] / save_stall if save_stall and r["mode"] != "none" else None
         r["dd_mb_per_s"] = dd
         r["dd_direct_mb_per_s"] = dd_direct
         r["cpus"] = os.cpu_count()
@@ -330,6 +346,14 @@ def main() -> None:
     print("  ".join(f"{c[:14]:>14}" for c in cols))
     for r in rows:
         print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
+    if args.repeat > 1:
+        print(f"\nmedian over {args.repeat} repeats (overhead against each repeat's own baseline):")
+        for mode in dict.fromkeys(r["mode"] for r in rows if r["mode"] != "none"):
+            over = sorted(r["overhead_pct"] for r in rows if r["mode"] == mode and r["overhead_pct"] is not None)
+            stall = sorted(r["stall_ms"] for r in rows if r["mode"] == mode)
+            if over:
+                print(f"  {mode:>14}: overhead {statistics.median(over):+.1f} % (range {over[0]:+.1f} .. "
+                      f"{over[-1]:+.1f}), stall {statistics.median(stall):.1f} ms")
 
 
 def _fmt(v: Any) -> str:

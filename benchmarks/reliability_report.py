@@ -32,7 +32,8 @@ GUARDS = {
         "(manifest first) before deleting it and runs only after the new manifest; temp files of killed "
         "writers collected; restore picks the newest verified step",
     "test_random_bit_flips_and_truncations_are_detected":
-        "sha256 and size of every shard checked on restore, safetensors layout check, fallback to the previous step",
+        "checksum (xxh3-128, or sha256) and size of every shard checked on restore, safetensors layout check, "
+        "fallback to the previous step",
     "test_full_filesystem_during_writes_keeps_training_and_the_previous_step":
         "a failed shard/manifest write is logged and discarded, training continues, the previous step is kept",
     "test_two_jobs_with_the_same_name_and_root_never_mix":
@@ -83,7 +84,7 @@ FINDINGS = [
 ]
 
 SAFEGUARD_CHECKS = [
-    ("sha256 check in CheckpointStore._read_verified removed",
+    ("checksum check in CheckpointStore._read_verified removed",
      "test_random_bit_flips_and_truncations_are_detected fails (a zero-filled shard is restored)"),
     ("manifest-first un-commit in CheckpointStore.apply_retention removed",
      "test_sigkill_at_random_points_never_loses_a_committed_step fails (committed step with a missing shard)"),
