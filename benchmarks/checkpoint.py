@@ -140,7 +140,7 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
             t0 = time.monotonic()
             step = store.candidates()[0]
             manifest = store.read_manifest(step)
-            load_into(m2, o2, [kv for rec in manifest["files"] for kv in store.read_tensors(step, rec).items()], None)
+            load_into(m2, o2, [kv for t in store.read_files(step, manifest["files"]) for kv in t.items()], None)
             return time.monotonic() - t0
 
         after_step, finish, restore = after_layer, finish_layer, restore_layer

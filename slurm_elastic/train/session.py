@@ -240,11 +240,12 @@ class ElasticSession:
             raise CheckpointError(f"checkpoint step {step} used global batch {manifest['global_batch']}, this run "
                                   f"{self.geometry.global_batch}; exact resume needs the same global batch")
         if manifest.get("sharded"):
+            records = sorted(manifest["files"], key=lambda r: (r.get("rank", 0), r["name"]))
             by_rank: dict[int, list] = {}
-            for rec in sorted(manifest["files"], key=lambda r: (r.get("rank", 0), r["name"])):
-                by_rank.setdefault(rec.get("rank", 0), []).extend(self.store.read_tensors(step, rec).items())
+            for rec, tensors in zip(records, self.store.read_files(step, records)):
+                by_rank.setdefault(rec.get("rank", 0), []).extend(tensors.items())
             return manifest, list(merge_shards([by_rank[r] for r in sorted(by_rank)]))
-        return manifest, [kv for rec in manifest["files"] for kv in self.store.read_tensors(step, rec).items()]
+        return manifest, [kv for tensors in self.store.read_files(step, manifest["files"]) for kv in tensors.items()]
 
     def _apply(self, step: int, manifest: dict[str, Any], tensors: list[tuple[str, torch.Tensor]],
                model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

@@ -186,3 +186,19 @@ def test_a_filesystem_without_o_direct_is_written_through_the_page_cache_with_a_
 def test_unknown_checksum_is_refused() -> None:
     with pytest.raises(CheckpointError, match="unknown checksum 'md5'"):
         CheckpointStore("/nonexistent", checksum="md5")
+
+
+def test_read_files_returns_every_file_in_order_and_raises_on_damage(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "job"))
+    store.ensure_job_dir()
+    store.begin_step(1)
+    recs = [store.write_tensors(1, f"group-{i:05d}.safetensors", {"w": torch.full((1000,), float(i))}, rank=0).to_json()
+            for i in range(6)]
+    got = store.read_files(1, recs, workers=3)
+    assert [float(t["w"][0]) for t in got] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    path = tmp_path / "job" / protocol.step_dir_name(1) / "group-00004.safetensors"
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="group-00004.safetensors: xxh3_128 mismatch"):
+        store.read_files(1, recs, workers=3)
