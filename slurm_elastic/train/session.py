@@ -36,7 +36,7 @@ from slurm_elastic.train.sampler import (
     nearest_valid_world_size,
     valid_world_sizes,
 )
-from slurm_elastic.train.store import CheckpointStore, atomic_write, make_private_dirs
+from slurm_elastic.train.store import DEFAULT_CHECKSUM, CheckpointStore, atomic_write, make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class ElasticSession:
 
     def __init__(self, *, ckpt_dir: str | None = None, job_key: str | None = None, signal: str | None = None,
                  every_steps: int | None = None, every_seconds: float | None = None, keep: int = 2,
+                 checksum: str = DEFAULT_CHECKSUM,
                  wait_for_previous: bool = False, fast_exit: bool = True,
                  backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
                  env: JobEnvironment | None = None) -> None:
@@ -80,7 +81,7 @@ class ElasticSession:
         self.backend = backend
         self.timeout_s = timeout_s
         self.metrics_every_s = metrics_every_s
-        self.store = CheckpointStore(self.job_dir, keep=keep)
+        self.store = CheckpointStore(self.job_dir, keep=keep, checksum=checksum)
         self.step = 0
         self.restored_step: int | None = None
         self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest

@@ -145,3 +145,22 @@ def test_checkpoint_now_commits_the_current_step(tmp_path: Path) -> None:
         assert s2.user_state == {"note": "kept"}
     for a, b in zip(model.parameters(), m2.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_session_writes_the_chosen_checksum_and_a_default_session_restores_it(tmp_path: Path) -> None:
+    model = _model()
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False, checksum="sha256") as s:
+        s.attach(model, torch.optim.SGD(model.parameters(), lr=0.05), global_batch=16, micro_batch=16,
+                 dataset_size=len(X))
+        for idx in s.micro_batches():
+            (model(X[idx]) - Y[idx]).pow(2).mean().backward()
+        s.optimizer_step()
+        s.checkpoint_now()
+    manifest = json.loads((tmp_path / "55" / protocol.step_dir_name(1) / protocol.MANIFEST_FILE).read_text())
+    assert all("sha256" in f and "xxh3_128" not in f for f in manifest["files"])
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False) as s2:
+        m2 = _model()
+        assert s2.attach(m2, torch.optim.SGD(m2.parameters(), lr=0.05), global_batch=16, micro_batch=16,
+                         dataset_size=len(X)) == 1
+    for a, b in zip(model.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
