@@ -423,7 +423,7 @@ def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAUL
     O_DIRECT keeps checkpoints out of the page cache: a checkpoint every step would
     otherwise dirty gigabytes of cache per step, and the kernel's reclaim and
     writeback of it cost training several times the copy into the buffer. A
-    filesystem that refuses O_DIRECT (tmpfs, some FUSE mounts) is written through
+    filesystem that refuses O_DIRECT (ramfs, tmpfs before Linux 6.6, some FUSE mounts) is written through
     the page cache, with a warning once per directory. The copies into the buffer,
     os.write and the hash all release the GIL.
     """
@@ -494,12 +494,12 @@ class _Staging(threading.local):
     """One page-aligned buffer per writing thread, kept: mapping (and faulting in) a fresh
     one per file would cost more than the copies into it."""
 
-    def get(self) -> tuple[mmap.mmap, memoryview, int]:
+    def get(self) -> tuple[memoryview, int]:
         if not hasattr(self, "buf"):
             self.buf = mmap.mmap(-1, _WRITE_CHUNK)      # anonymous maps are page-aligned
             self.view = memoryview(self.buf)
             self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self.buf))
-        return self.buf, self.view, self.addr
+        return self.view, self.addr
 
 
 _STAGING = _Staging()
@@ -512,7 +512,7 @@ class _StagedFile:
         self.fd = fd
         self.digest = digest
         self.path = path
-        _, self.view, self.addr = _STAGING.get()
+        self.view, self.addr = _STAGING.get()
         self.fill = 0
         self.direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
 
