@@ -36,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -302,3 +303,32 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
                 if stop_at_end and _started_by_tests(local, marker) and not _live_users(users):
                     local.down()
                     marker.unlink(missing_ok=True)
+
+
+# -- acting as real unprivileged users ----------------------------------------------------------------------
+INSTALLED_CLI = Path(sys.executable).parent / "slurm-elastic"   # the entry point of the venv running the tests
+
+
+@pytest.fixture(scope="session")
+def user_pythons() -> Iterator[Callable[[str], "UserPython"]]:
+    """`user_pythons(name)`: that real user (created if missing) and an interpreter it can run; see tests/users.py."""
+    from users import UserPython, runnable_as_user, user_python
+
+    why = runnable_as_user()
+    made: dict[str, UserPython] = {}
+
+    def get(name: str) -> UserPython:
+        if why:
+            pytest.skip(why)
+        if name not in made:
+            try:
+                made[name] = user_python(name)
+            except RuntimeError as exc:
+                pytest.fail(f"cannot run tests as {name}: {exc}")
+        return made[name]
+
+    try:
+        yield get
+    finally:
+        for entry in made.values():
+            entry.close()

@@ -14,8 +14,6 @@ import pwd
 import signal
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import time
 from pathlib import Path
 
@@ -192,42 +190,15 @@ def test_daemon_resizes_on_node_loss_and_grows_back(elastic_cluster, tmp_path):
 
 
 @pytest.fixture
-def unprivileged(elastic_cluster):
-    """A plain Linux user who can run slurm-elastic (the interpreter lives under /root, mode 700)."""
-    try:
-        pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", TEST_USER], check=True)
+def unprivileged(elastic_cluster, user_pythons):
+    """A plain Linux user who can run slurm-elastic (tests/users.py: the interpreter may be private to root)."""
+    runner = user_pythons(TEST_USER)
     state = elastic_cluster.root / "state" / "user"
     state.mkdir(exist_ok=True)
     ent = pwd.getpwnam(TEST_USER)
     os.chown(state, ent.pw_uid, ent.pw_gid)
-    mount = None
-    python = sys.executable
-    site_dir = sysconfig.get_paths()["purelib"]
-    check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
-    if subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True,
-                      cwd="/").returncode != 0:
-        # Reach the same interpreter through a READ-ONLY bind mount outside every directory a test
-        # deletes, for the test's duration only: nothing can be removed through it.
-        mount = Path(tempfile.mkdtemp(prefix="se-py-", dir="/tmp"))
-        os.chmod(mount, 0o755)
-        ok = (subprocess.run(["mount", "--bind", sys.prefix, str(mount)], capture_output=True).returncode == 0
-              and subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], capture_output=True).returncode == 0)
-        if not ok:
-            _unmount(mount)
-            pytest.skip(f"{TEST_USER} cannot run {python} and a read-only bind mount is not possible here")
-        python = str(mount / os.path.relpath(python, sys.prefix))
-        site_dir = str(mount / os.path.relpath(site_dir, sys.prefix))
-        check = f"import site; site.addsitedir({site_dir!r}); import slurm_elastic.cli, highspy"
-        probe = subprocess.run(["runuser", "-u", TEST_USER, "--", python, "-c", check], capture_output=True,
-                               text=True, cwd="/")
-        if probe.returncode != 0:
-            _unmount(mount)
-            pytest.skip(f"{TEST_USER} cannot run slurm-elastic's Python even through a bind mount: "
-                        f"{probe.stderr.strip()[-300:]}")
-    elastic_cluster.user_site = site_dir
-    elastic_cluster.user_python = python
+    elastic_cluster.user_site = runner.site
+    elastic_cluster.user_python = runner.python
     saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
     elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
     try:
@@ -236,26 +207,10 @@ def unprivileged(elastic_cluster):
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
         elastic_cluster.user_python = None
         elastic_cluster.user_site = None
-        if mount is not None:
-            for proc in elastic_cluster.procs:      # a watch still running keeps the mount busy
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
-            _unmount(mount)
-
-
-def _unmount(mount: Path) -> None:
-    """Unmount, then remove only the empty mount point (never a recursive delete)."""
-    for _ in range(10):
-        if subprocess.run(["umount", str(mount)], capture_output=True).returncode == 0:
-            break
-        time.sleep(0.5)
-    else:
-        subprocess.run(["umount", "--lazy", str(mount)], check=False)
-    try:
-        mount.rmdir()
-    except OSError:
-        pass
+        for proc in elastic_cluster.procs:      # a watch still running as the user
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
 
 
 def test_user_mode_watch_resizes_own_jobs_without_a_daemon(elastic_cluster, unprivileged, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"'
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["slurm-elastic", *args],
+        [str(Path(sys.executable).parent / "slurm-elastic"), *args],   # the venv's entry point, not PATH's
         capture_output=True,
         text=True,
         timeout=120,

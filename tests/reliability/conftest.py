@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 import time
 from pathlib import Path
@@ -115,60 +116,21 @@ def elastic_cluster() -> Iterator[ElasticCluster]:
 
 
 PLAIN_USER = "se-elastic-test"
-SITE_MOUNT = Path("/run/slurm-elastic-reliability-site")
 
 
 @pytest.fixture
-def plain_user(elastic_cluster: ElasticCluster) -> Iterator[str]:
-    """A real unprivileged Linux user who can run slurm-elastic, without ever exposing a writable mount.
-
-    The interpreter must be executable by that user as it is; when only its
-    site-packages is out of reach (under /root, mode 0700) it is bind-mounted
-    READ-ONLY at /run/slurm-elastic-reliability-site: a writable bind mount of an
-    interpreter inside a scratch directory is one `rm -rf` away from deleting
-    that interpreter for everyone.
-    """
-    import pwd
-    import subprocess
-    import sysconfig
-
-    try:
-        pwd.getpwnam(PLAIN_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", PLAIN_USER], check=True)
+def plain_user(elastic_cluster: ElasticCluster, user_pythons: Any) -> Iterator[str]:
+    """A real unprivileged Linux user who can run slurm-elastic (tests/users.py: read-only mounts only)."""
+    runner = user_pythons(PLAIN_USER)
     ent = pwd.getpwnam(PLAIN_USER)
-    python = os.path.realpath(sys.executable)
-    site_dir = sysconfig.get_paths()["purelib"]
-
-    def probe(site: str) -> subprocess.CompletedProcess[str]:
-        code = f"import site; site.addsitedir({site!r}); import slurm_elastic.cli, highspy, torch"
-        return subprocess.run(["runuser", "-u", PLAIN_USER, "--", python, "-c", code], capture_output=True,
-                              text=True, cwd="/", timeout=120)
-
-    mounted = False
-    if probe(site_dir).returncode != 0:
-        SITE_MOUNT.mkdir(parents=True, exist_ok=True)
-        if subprocess.run(["mount", "--bind", site_dir, str(SITE_MOUNT)], capture_output=True).returncode != 0:
-            pytest.skip(f"{PLAIN_USER} cannot read {site_dir} and a bind mount is not possible here")
-        mounted = True
-        if subprocess.run(["mount", "-o", "remount,bind,ro", str(SITE_MOUNT)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", str(SITE_MOUNT)], check=False)
-            pytest.skip("cannot make the site-packages bind mount read-only; refusing a writable one")
-        site_dir = str(SITE_MOUNT)
-        result = probe(site_dir)
-        if result.returncode != 0:
-            subprocess.run(["umount", str(SITE_MOUNT)], check=False)
-            pytest.skip(f"{PLAIN_USER} cannot run {python} with slurm-elastic: {result.stderr.strip()[-300:]}")
     saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
     try:
         state = elastic_cluster.root / "state" / "plain-user"
         state.mkdir(parents=True, exist_ok=True)
         os.chown(state, ent.pw_uid, ent.pw_gid)
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
-        elastic_cluster.user_python, elastic_cluster.user_site = python, site_dir
+        elastic_cluster.user_python, elastic_cluster.user_site = runner.python, runner.site
         yield PLAIN_USER
     finally:
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
         elastic_cluster.user_python = elastic_cluster.user_site = None
-        if mounted and subprocess.run(["umount", str(SITE_MOUNT)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "--lazy", str(SITE_MOUNT)], check=False)

@@ -180,11 +180,10 @@ def test_cli_bad_input_exits_2_with_one_line_and_does_nothing(case: CliCase, tmp
 def test_the_installed_entry_point_refuses_like_the_library(tmp_path: Path, tripwire: Any) -> None:
     (tmp_path / "train.sbatch").write_text(SCRIPT)
     env = {**os.environ, "PATH": f"{tmp_path / 'slurm-tripwire'}:{os.environ['PATH']}"}
-    proc = subprocess.run([sys.executable, "-m", "slurm_elastic.cli", "sbatch", "--gpus", "1-4;id", "train.sbatch"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    if "No module named slurm_elastic.cli.__main__" in proc.stderr:
-        proc = subprocess.run(["slurm-elastic", "sbatch", "--gpus", "1-4;id", "train.sbatch"], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=120)
+    entry = Path(sys.executable).parent / "slurm-elastic"   # what install.sh put beside the interpreter
+    assert entry.is_file(), f"no entry point {entry}: the package is not installed in this environment"
+    proc = subprocess.run([str(entry), "sbatch", "--gpus", "1-4;id", "train.sbatch"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.startswith("Error:")] and tripwire() == []
 
