@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 
 import click
-
-import importlib
 
 from slurm_elastic import __version__
 
@@ -60,8 +60,40 @@ def main(verbose: int, backend: str | None) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     if os.environ.get("SLURM_ELASTIC_LOG"):
         level = getattr(logging, os.environ["SLURM_ELASTIC_LOG"].upper(), level)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level)
     if backend is not None:
         # Every command (and a daemon it starts) chooses its backend from this variable.
         os.environ["SLURM_ELASTIC_BACKEND"] = backend
 
+
+
+# syslog priorities (sd-daemon(3)): journald reads a leading "<N>" as the line's priority.
+_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+class _JournalFormatter(logging.Formatter):
+    """`<N>name: message`: journald stamps the time itself, and N lets `journalctl -p` filter."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = _PRIORITY.get(record.levelno, 6 if record.levelno < logging.WARNING else 3)
+        return f"<{priority}>{super().format(record)}"
+
+
+def _stderr_is_journal() -> bool:
+    """True when stderr is the journal stream systemd named in $JOURNAL_STREAM ("dev:inode")."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(part) for part in stream.split(":"))
+        st = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def configure_logging(level: int) -> None:
+    handler = logging.StreamHandler()
+    if _stderr_is_journal():
+        handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])

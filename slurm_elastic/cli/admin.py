@@ -199,7 +199,8 @@ def _print_report(report: Any, *, as_json: bool, explain: bool) -> None:
 @controller_options
 @click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
               help="Serve Prometheus metrics on this port (0: none).")
-@click.option("--metrics-addr", default="", help="Address the metrics server binds (default all).")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True,
+              help="Address the metrics server binds (0.0.0.0: all interfaces).")
 @click.option("--max-cycles", type=click.IntRange(min=1), default=None, hidden=True)
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
@@ -207,8 +208,8 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
-    (default /var/lib/slurm-elastic); a systemd unit ships with the package
-    (`python3 -c "from slurm_elastic.control.plugin import unit_file_source as u; print(u())"`).
+    (default /var/lib/slurm-elastic); `slurm-elastic admin unit` prints a
+    systemd unit that runs this installation's daemon.
 
     \b
     Examples:
@@ -248,6 +249,30 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
         click.echo(f"slurm-elastic daemon: pid {__import__('os').getpid()}, state in {directory}, "
                    f"interval {interval:g}s, allowed as {why}", err=True)
         loop.run(max_cycles=max_cycles)
+
+
+@admin.command("unit")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the unit here instead of standard output.")
+@elastic_errors
+def admin_unit(output: Path | None) -> None:
+    """Print the systemd unit for the daemon, its ExecStart this installation's slurm-elastic.
+
+    \b
+    Examples:
+      slurm-elastic admin unit > /etc/systemd/system/slurm-elastic.service
+      systemctl daemon-reload && systemctl enable --now slurm-elastic
+    """
+    from slurm_elastic.control.plugin import unit_file_source
+
+    text = unit_file_source()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
 
 
 @admin.command("install-plugin")

@@ -5,10 +5,15 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from slurm_elastic.errors import ElasticError
+
 if TYPE_CHECKING:
     from slurm_elastic.control.reconcile import CycleReport
 
 log = logging.getLogger(__name__)
+
+# Metrics describe every user's jobs: exposed beyond the host only when the admin says so.
+DEFAULT_METRICS_ADDR = "127.0.0.1"
 
 
 class ControllerMetrics:
@@ -57,8 +62,12 @@ class ControllerMetrics:
         for state in ("RUNNING", "PENDING"):
             self.elastic_jobs.labels(state).set(counts.get(state, 0))
 
-    def serve(self, port: int, addr: str = "") -> None:
+    def serve(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> None:
+        """Serve /metrics on addr:port; loopback unless the admin names another address."""
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr=addr, registry=self.registry)
-        log.info("metrics on http://%s:%d/metrics", addr or "0.0.0.0", port)
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except (OSError, ValueError) as exc:   # socket.gaierror is an OSError
+            raise ElasticError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
+        log.info("metrics on http://%s:%d/metrics", addr, port)

@@ -18,8 +18,23 @@ def lua_source() -> str:
     return resources.files("slurm_elastic").joinpath("data", "job_submit.lua").read_text()
 
 
-def unit_file_source() -> str:
-    return resources.files("slurm_elastic").joinpath("data", "slurm-elastic.service").read_text()
+UNIT_ENTRY_POINT = "@SLURM_ELASTIC@"
+
+
+def unit_file_source(entry_point: Path | None = None) -> str:
+    """The systemd unit, its ExecStart the absolute path of `entry_point` (default: this installation's)."""
+    entry = entry_point or installed_entry_point()
+    if not entry.is_absolute():
+        raise ElasticError(f"the unit's ExecStart must be an absolute path, not {entry}")
+    text = resources.files("slurm_elastic").joinpath("data", "slurm-elastic.service").read_text()
+    return text.replace(UNIT_ENTRY_POINT, str(entry))
+
+
+def installed_entry_point() -> Path:
+    """The `slurm-elastic` script beside the interpreter running now (a venv's or a prefix's bin/)."""
+    import sys
+
+    return Path(sys.executable).parent / "slurm-elastic"
 
 
 @dataclass(frozen=True, slots=True)
