@@ -1,0 +1,276 @@
+"""An in-memory Slurm behind the Backend protocol, on an injected clock: the simulator's and the tests' cluster.
+
+It models what the controller's requeue protocol meets on a live cluster
+(each checked on 22.05-24.11, see docs/slurm-backends.md and DESIGN.md):
+
+- `requeuehold` does not make a job pending at once: it passes through
+  COMPLETING (still holding its nodes) for `completing_s`, and an update made
+  meanwhile is silently dropped; when the requeue completes, BeginTime is set
+  to now + 120 s (batch_requeue_fini), whatever StartTime was given before.
+- an update of a pending job with StartTime=now clears that BeginTime;
+- hold / update (pending only) / release, with Slurm's refusals;
+- a node that fails requeues the jobs on it (NODE_FAIL with --requeue: not
+  held, BeginTime + 120 s, restart count + 1); a node that returns takes work;
+- a released, eligible job starts after `start_latency_s` (the scheduler's
+  pass) on the first nodes that fit, in job-id order (no backfill);
+- the training shim's acknowledgement: a signalled job writes its ACK file
+  beside its checkpoints, as the shim does after its checkpoint commits.
+
+Time is `clock()` (default: a manual clock at `now`, which tests advance).
+Nothing here sleeps: the simulator drives it on a virtual clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable
+
+from slurm_elastic.cluster.backend import SubmitDescription
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState
+from slurm_elastic.errors import SlurmError, UnknownJob
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+REQUEUE_BEGIN_DELAY_S = 120.0
+"""Slurm's BeginTime after a requeue (unless an update sets StartTime=now)."""
+
+
+class InMemorySlurm:
+    """A Slurm cluster in memory (see the module docstring for what it models)."""
+
+    name = "memory"
+
+    def __init__(self, nodes: int = 4, gpus_per_node: int = 4, *, cpus_per_node: int = 32,
+                 mem_per_node_mb: int = 64000, ack: bool = True, clock: Callable[[], float] | None = None,
+                 completing_s: float = 0.0, start_latency_s: float = 0.0, node_prefix: str = "n") -> None:
+        self._manual_now = 1_000_000.0
+        self._clock = clock
+        self.nodes: dict[str, Node] = {
+            f"{node_prefix}{i}": Node(name=f"{node_prefix}{i}", state=NodeState.IDLE, cpus=cpus_per_node,
+                                      mem_mb=mem_per_node_mb, gpus=gpus_per_node, partitions=("gpu",))
+            for i in range(1, nodes + 1)}
+        self.jobs: dict[int, Job] = {}
+        self.begin: dict[int, float] = {}          # job id -> earliest start (BeginTime)
+        self.eligible_since: dict[int, float] = {}  # job id -> when it became startable (start latency)
+        self.completing_until: dict[int, float] = {}
+        self.ack = ack
+        self.completing_s = completing_s
+        self.start_latency_s = start_latency_s
+        self.calls: list[tuple[str, int]] = []
+        self.fail: dict[str, Callable[[int], bool]] = {}   # verb -> predicate(job_id): raise SlurmError
+        self.on_start: Callable[[Job], None] | None = None  # the simulator's hook: a job began running
+        self.on_stop: Callable[[Job, str], None] | None = None  # (job, why: requeue | node-fail | finish | cancel)
+        self._next = 100
+
+    # -- time ----------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else self._manual_now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        if self._clock is not None:
+            raise AttributeError("this InMemorySlurm runs on an injected clock; advance that clock instead")
+        self._manual_now = float(value)
+
+    # -- set-up and the world outside Slurm --------------------------------------------------
+    def add_node(self, name: str, *, gpus: int, cpus: int, mem_mb: int) -> None:
+        self.nodes[name] = Node(name=name, state=NodeState.IDLE, cpus=cpus, mem_mb=mem_mb, gpus=gpus,
+                                partitions=("gpu",))
+
+    def add_job(self, spec: ElasticSpec | None, *, nodes: int, gpus_per_node: int, user: str = "alice",
+                run: bool = True, comment: str | None = None, spec_error: str | None = None,
+                name: str | None = None, held: bool = False) -> int:
+        self._next += 1
+        job_id = self._next
+        text = comment if comment is not None else (spec.to_comment() if spec else "")
+        cpg = spec.cpus_per_gpu if spec else 1
+        mpg = spec.mem_per_gpu_mb if spec else 1024
+        job = Job(job_id=job_id, user=user, name=name or f"job{job_id}", state=JobState.PENDING,
+                  reason="JobHeldUser" if held else "Priority", num_nodes=nodes, gpus_per_node=gpus_per_node,
+                  cpus_per_node=cpg * gpus_per_node, mem_per_node_mb=mpg * gpus_per_node, cpus_per_gpu=cpg,
+                  mem_per_gpu_mb=mpg, requeue=True, comment=text, spec=spec, spec_error=spec_error,
+                  partition="gpu", held=held, submit_time=self.now)
+        self.jobs[job_id] = job
+        if run:
+            self.schedule()
+        return job_id
+
+    def node_down(self, name: str) -> None:
+        """The node stops responding: Slurm marks it DOWN and requeues the jobs on it (NODE_FAIL, --requeue)."""
+        self.nodes[name] = dataclasses.replace(self.nodes[name], state=NodeState.DOWN,
+                                               flags=frozenset({NodeFlag.NOT_RESPONDING}))
+        for job in list(self.jobs.values()):
+            if job.state.active and name in job.nodes:
+                self._stopped(job, "node-fail")
+                self._to_pending(job.job_id, held=job.held, restarted=job.state is JobState.RUNNING)
+        self._recount()
+
+    def node_up(self, name: str) -> None:
+        self.nodes[name] = dataclasses.replace(self.nodes[name], state=NodeState.IDLE, flags=frozenset())
+        self._recount()
+        self.schedule()
+
+    def finish(self, job_id: int, state: JobState = JobState.COMPLETED) -> None:
+        """The job's batch script ended (the training finished, or failed)."""
+        job = self.jobs[job_id]
+        if job.state is JobState.RUNNING:
+            self._stopped(job, "finish")
+        self.jobs[job_id] = dataclasses.replace(job, state=state, nodes=(), held=False)
+        self._recount()
+        self.schedule()
+
+    # -- the Backend protocol ------------------------------------------------------------------
+    def snapshot(self) -> ClusterState:
+        self.schedule()
+        return ClusterState(nodes=tuple(self.nodes.values()), jobs=tuple(self.jobs.values()), taken_at=self.now,
+                            slurm_version="memory")
+
+    def submit(self, description: SubmitDescription) -> int:
+        spec = ElasticSpec.from_comment(description.comment) if description.comment else None
+        return self.add_job(spec, nodes=description.nodes, gpus_per_node=description.gpus_per_node,
+                            run=not description.hold, held=description.hold, name=description.job_name)
+
+    def hold(self, job_id: int) -> None:
+        job = self._job("hold", job_id)
+        if job.state is not JobState.PENDING:
+            raise SlurmError(f"scontrol hold: job {job_id} is not pending")
+        self.jobs[job_id] = dataclasses.replace(job, held=True, reason="JobHeldAdmin")
+
+    def requeue_hold(self, job_id: int) -> None:
+        job = self._job("requeue_hold", job_id)
+        if job.state is not JobState.RUNNING:
+            raise SlurmError(f"scontrol requeuehold: job {job_id} is not running")
+        self._stopped(job, "requeue")
+        # The batch step is being killed: COMPLETING on its nodes until the requeue is done.
+        self.jobs[job_id] = dataclasses.replace(job, state=JobState.COMPLETING, held=True, reason="JobHeldAdmin",
+                                                restarts=job.restarts + 1)
+        self.completing_until[job_id] = self.now + self.completing_s
+        self._settle_completing()
+
+    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
+                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+        job = self._job("set_resources", job_id)
+        if job.state is JobState.COMPLETING:
+            return  # Slurm 22.05 accepts it and drops it: the protocol must check (see RequeueProtocol._resize)
+        if job.state is not JobState.PENDING:
+            raise SlurmError(f"scontrol update: job {job_id} is no longer pending")
+        self.jobs[job_id] = dataclasses.replace(job, num_nodes=nodes, gpus_per_node=gpus_per_node,
+                                                cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu_mb,
+                                                cpus_per_node=cpus_per_gpu * gpus_per_node,
+                                                mem_per_node_mb=mem_per_gpu_mb * gpus_per_node)
+        if start_now:
+            self.begin[job_id] = self.now
+
+    def release(self, job_id: int) -> None:
+        job = self._job("release", job_id)
+        if not job.held:
+            raise SlurmError(f"scontrol release: job {job_id} is not held")
+        waiting = self.begin.get(job_id, 0) > self.now
+        self.jobs[job_id] = dataclasses.replace(job, held=False,
+                                                reason="BeginTime" if waiting else "Priority")
+        self.schedule()
+
+    def signal(self, job_id: int, signal: str) -> None:
+        job = self._job("signal", job_id)
+        if job.state is not JobState.RUNNING:
+            raise SlurmError(f"scancel: job {job_id} is not running")
+        if self.ack and job.spec is not None and job.spec.ckpt_dir:
+            path = shim.ack_path(job.spec.ckpt_dir, shim.job_key(job_id), job_id, job.restarts)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+
+    def cancel(self, job_id: int) -> None:
+        job = self._job("cancel", job_id)
+        if job.state is JobState.RUNNING:
+            self._stopped(job, "cancel")
+        self.jobs[job_id] = dataclasses.replace(job, state=JobState.CANCELLED, nodes=(), held=False)
+        self._recount()
+
+    # -- the scheduler ---------------------------------------------------------------------------
+    def schedule(self) -> None:
+        """Finish requeues whose COMPLETING is over, then start eligible jobs first-fit in job-id order."""
+        self._settle_completing()
+        now = self.now
+        for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
+            if job.state is not JobState.PENDING or job.held or self.begin.get(job.job_id, 0) > now:
+                self.eligible_since.pop(job.job_id, None)
+                continue
+            since = self.eligible_since.setdefault(job.job_id, now)
+            if now - since < self.start_latency_s:
+                continue
+            chosen = self._fit(job)
+            if chosen is not None:
+                started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",
+                                              start_time=now)
+                self.jobs[job.job_id] = started
+                self.eligible_since.pop(job.job_id, None)
+                self._recount()
+                if self.on_start is not None:
+                    self.on_start(started)
+            elif job.reason != "BeginTime":
+                self.jobs[job.job_id] = dataclasses.replace(job, reason="Resources")
+
+    def next_event_s(self) -> float | None:
+        """When something changes by itself (a requeue completes, BeginTime passes, a start latency ends)."""
+        times = list(self.completing_until.values())
+        for job in self.jobs.values():
+            if job.state is JobState.PENDING and not job.held:
+                begin = self.begin.get(job.job_id, 0.0)
+                times.append(max(begin, self.eligible_since.get(job.job_id, begin) + self.start_latency_s))
+        later = [t for t in times if t > self.now]
+        return min(later) if later else None
+
+    def _fit(self, job: Job) -> list[str] | None:
+        cpg = job.cpus_per_gpu or 0
+        mpg = job.mem_per_gpu_mb or 0
+        g = job.gpus_per_node
+        chosen = [n.name for n in sorted(self.nodes.values(), key=lambda n: n.name)
+                  if n.available and n.gpus - n.gpus_alloc >= g and n.cpus - n.cpus_alloc >= g * cpg
+                  and n.mem_mb - n.mem_alloc_mb >= g * mpg][:job.num_nodes]
+        return chosen if len(chosen) == job.num_nodes else None
+
+    def _settle_completing(self) -> None:
+        for job_id, until in list(self.completing_until.items()):
+            if until <= self.now:
+                del self.completing_until[job_id]
+                job = self.jobs[job_id]
+                if job.state is JobState.COMPLETING:
+                    self._to_pending(job_id, held=job.held, restarted=False)
+        self._recount()
+
+    def _to_pending(self, job_id: int, *, held: bool, restarted: bool) -> None:
+        """The requeue is complete: pending again, BeginTime = now + 120 s (batch_requeue_fini)."""
+        job = self.jobs[job_id]
+        self.jobs[job_id] = dataclasses.replace(job, state=JobState.PENDING, nodes=(),
+                                                restarts=job.restarts + (1 if restarted else 0), held=held,
+                                                reason="JobHeldAdmin" if held else "BeginTime", start_time=None)
+        self.begin[job_id] = self.now + REQUEUE_BEGIN_DELAY_S
+
+    def _stopped(self, job: Job, why: str) -> None:
+        if self.on_stop is not None:
+            self.on_stop(job, why)
+
+    def _recount(self) -> None:
+        used: dict[str, tuple[int, int, int]] = {n: (0, 0, 0) for n in self.nodes}
+        for job in self.jobs.values():
+            if job.state.active:
+                for n in job.nodes:
+                    g, c, m = used[n]
+                    used[n] = (g + job.gpus_per_node, c + job.cpus_per_node, m + job.mem_per_node_mb)
+        for name, node in self.nodes.items():
+            g, c, m = used[name]
+            state = node.state if node.state is NodeState.DOWN else (
+                NodeState.IDLE if g == 0 and c == 0 else
+                NodeState.ALLOCATED if g >= node.gpus and node.gpus else NodeState.MIXED)
+            self.nodes[name] = dataclasses.replace(node, gpus_alloc=g, cpus_alloc=c, mem_alloc_mb=m, state=state)
+
+    def _job(self, verb: str, job_id: int) -> Job:
+        self.calls.append((verb, job_id))
+        if job_id not in self.jobs:
+            raise UnknownJob(f"{verb}: Invalid job id {job_id}")
+        if verb in self.fail and self.fail[verb](job_id):
+            raise SlurmError(f"{verb}: injected failure for job {job_id}")
+        self._settle_completing()
+        return self.jobs[job_id]
