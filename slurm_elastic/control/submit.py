@@ -5,60 +5,76 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
+import stat
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
+from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
+                                                  foreign_directive_lines, parse)
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import ElasticSpec, parse_directives, spec_from_options
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
 
-# Elastic options (they replace sbatch's own --gpus/--cpus-per-gpu/--mem-per-gpu meaning).
-ELASTIC_OPTIONS = {"--gpus": "gpus", "--gpu-step": "gpu_step", "--cpus-per-gpu": "cpus_per_gpu",
-                   "--mem-per-gpu": "mem_per_gpu", "--weight": "weight", "--ckpt-dir": "ckpt_dir"}
-OWN_FLAGS = ("--watch", "--dry-run", "--parsable")
+# Elastic options (they replace sbatch's own --gpus/--cpus-per-gpu/--mem-per-gpu meaning) and our own flags.
+ELASTIC_OPTIONS = {"gpus": "gpus", "gpu-step": "gpu_step", "cpus-per-gpu": "cpus_per_gpu",
+                   "mem-per-gpu": "mem_per_gpu", "weight": "weight", "ckpt-dir": "ckpt_dir"}
+OWN_FLAGS = ("watch", "dry-run", "parsable")
 
-# sbatch 22.05 options (sbatch --help), by how they take a value.
-_LONG_WITH_VALUE = frozenset("""
-account acctg-freq batch bb bbf begin chdir cluster-constraint clusters constraint container core-spec
-cores-per-socket cpu-freq deadline delay-boot dependency distribution error export-file extra-node-info
-gid gpu-bind gpu-freq gres-flags input job-name licenses mail-type mail-user mcs-label mem-bind mincpus
-network nodefile nodelist ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket output
-partition power prefer priority profile qos reservation signal sockets-per-node switches thread-spec
-threads-per-core time time-min tmp uid wckey exclude cpus-per-task
-""".split())
-_LONG_OPTIONAL_VALUE = frozenset("export exclusive nice propagate kill-on-invalid-dep open-mode".split())
-_LONG_FLAGS = frozenset("""
-contiguous get-user-env hold ignore-pbs no-kill overcommit oversubscribe quiet reboot requeue spread-job
-test-only use-min-nodes verbose wait help usage version
-""".split())
-_SHORT_WITH_VALUE = frozenset("AbBcdDeFiJLMmnopqStwx")
-_SHORT_FLAGS = frozenset("HkOQsvWV")
+# The wrapper's command line is sbatch's grammar plus ours: prefixes resolve over both, so
+# `--we` is --weight and `--gpu` is ambiguous. sbatch's -G keeps its meaning (a job-wide GPU
+# count), reachable only by its letter.
+_SBATCH_GPUS = "gpus (sbatch -G)"
+WRAPPER = Grammar(
+    long={**SBATCH.long, **{name: Arg.REQUIRED for name in ELASTIC_OPTIONS}, **{f: Arg.NONE for f in OWN_FLAGS}},
+    short={**SBATCH.short, "G": _SBATCH_GPUS},
+    aliases=SBATCH.aliases,
+    hidden=((_SBATCH_GPUS, Arg.REQUIRED),),
+    strict_values=frozenset(ELASTIC_OPTIONS),
+)
 
-# Options the controller sets itself, or that Slurm forbids next to them: refused with the reason.
-_REFUSED = {
-    "--array": "elastic job arrays are not supported: submit each job on its own",
-    "-a": "elastic job arrays are not supported: submit each job on its own",
-    "--nodes": "the node count is chosen by slurm-elastic from --gpus; drop --nodes",
-    "-N": "the node count is chosen by slurm-elastic from --gpus; drop -N",
-    "--gres": "GPUs are given as --gpus MIN-MAX; drop --gres",
-    "-G": "GPUs are given as --gpus MIN-MAX (sbatch's -G is not elastic)",
-    "--gpus-per-node": "GPUs are given as --gpus MIN-MAX; drop --gpus-per-node",
-    "--gpus-per-task": "GPUs are given as --gpus MIN-MAX; drop --gpus-per-task",
-    "--gpus-per-socket": "GPUs are given as --gpus MIN-MAX; drop --gpus-per-socket",
-    "--no-requeue": "elastic jobs must be requeueable; drop --no-requeue",
-    "--comment": "the job comment carries the elastic spec; drop --comment",
-    "--wrap": "elastic jobs need a batch script (the template waits for its requeue); --wrap is not supported",
-    "--mem": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem",
-    "--mem-per-cpu": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem-per-cpu",
-    "--cpus-per-task": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to "
-                       "--cpus-per-task",
-    "-c": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to -c",
+_ARRAYS = "elastic job arrays are not supported: submit each job on its own"
+_GPUS = "GPUs are given as --gpus MIN-MAX"
+# Options the controller sets itself, or that Slurm forbids next to them, by canonical name:
+# refused with the reason in whatever spelling they come (`{}` is the spelling).
+REFUSED = {
+    "array": _ARRAYS,
+    "nodes": "the node count is chosen by slurm-elastic from --gpus; drop {}",
+    "gres": _GPUS + "; drop {}",
+    _SBATCH_GPUS: _GPUS + " (sbatch's -G is not elastic)",
+    "gpus-per-node": _GPUS + "; drop {}",
+    "gpus-per-task": _GPUS + "; drop {}",
+    "gpus-per-socket": _GPUS + "; drop {}",
+    "tres-per-task": _GPUS + ", CPUs and memory per GPU; drop {}",
+    "no-requeue": "elastic jobs must be requeueable; drop {}",
+    "comment": "the job comment carries the elastic spec; drop {}",
+    "wrap": "elastic jobs need a batch script (the template waits for its requeue); --wrap is not supported",
+    "mem": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem",
+    "mem-per-cpu": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem-per-cpu",
+    "cpus-per-task": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to {}",
 }
+# In #SBATCH lines sbatch's --gpus/--cpus-per-gpu/--mem-per-gpu keep sbatch's meaning and
+# the wrapper's command line would silently override them: say where they belong instead.
+REFUSED_IN_SCRIPT = {
+    **REFUSED,
+    "gpus": _GPUS + " (an #ELASTIC line or the command line); sbatch's --gpus is not elastic",
+    "cpus-per-gpu": "write it as '#ELASTIC --cpus-per-gpu N': the controller sets it per size",
+    "mem-per-gpu": "write it as '#ELASTIC --mem-per-gpu SIZE': the controller sets it per size",
+}
+# sbatch also takes options from SBATCH_* variables; the command line overrides most of them,
+# but not these (SBATCH_ARRAY_INX=0-3 alone makes an array).
+REFUSED_IN_ENV = {
+    "SBATCH_ARRAY_INX": "array", "SBATCH_GPUS": _SBATCH_GPUS, "SBATCH_GPUS_PER_NODE": "gpus-per-node",
+    "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GPUS_PER_SOCKET": "gpus-per-socket",
+    "SBATCH_TRES_PER_TASK": "tres-per-task", "SBATCH_MEM_PER_CPU": "mem-per-cpu", "SBATCH_MEM_PER_NODE": "mem",
+    "SBATCH_CPUS_PER_TASK": "cpus-per-task",
+}
+EXPORT_ENV = "SBATCH_EXPORT"
+_HETJOB_WORDS = ("hetjob", "packjob")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,122 +84,168 @@ class SubmitRequest:
     spec: ElasticSpec
     script: str
     script_args: tuple[str, ...] = ()
-    sbatch_args: tuple[str, ...] = ()      # passed through to sbatch unchanged
+    sbatch_args: tuple[str, ...] = ()      # passed on to sbatch, each option spelled out in full
     parsable: bool = False
     watch: bool = False
     dry_run: bool = False
     job_name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    user_export: str | None = None         # the user's own --export (command line, #SBATCH or SBATCH_EXPORT)
 
 
-def parse_command_line(args: list[str] | tuple[str, ...]) -> SubmitRequest:
+def parse_command_line(args: list[str] | tuple[str, ...],
+                       environ: Mapping[str, str] | None = None) -> SubmitRequest:
     """Split elastic options, our own flags and sbatch's; read the script. Any problem is a SpecError."""
+    environ = os.environ if environ is None else environ
+    parsed = parse(list(args), WRAPPER)
     elastic: dict[str, str] = {}
     passthrough: list[str] = []
     own = {flag: False for flag in OWN_FLAGS}
-    i = 0
-    args = list(args)
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            i += 1
-            break
-        if not arg.startswith("-") or arg == "-":
-            break
-        name, eq, inline = arg.partition("=") if arg.startswith("--") else (arg[:2], "", arg[2:])
-        if name in OWN_FLAGS:
-            if eq:
-                raise SpecError(f"{name} takes no value")
-            own[name] = True
-            i += 1
-            continue
-        if name in _REFUSED:
-            raise SpecError(f"{name}: {_REFUSED[name]}")
-        if name in ELASTIC_OPTIONS:
-            value, i = _value(args, i, name, inline if eq else None)
-            elastic[ELASTIC_OPTIONS[name]] = value
-            continue
-        if arg.startswith("--"):
-            opt = name[2:]
-            if opt in _LONG_WITH_VALUE:
-                value, i = _value(args, i, name, inline if eq else None)
-                passthrough.append(f"{name}={value}")
-            elif opt in _LONG_OPTIONAL_VALUE or (opt in _LONG_FLAGS and not eq):
-                passthrough.append(arg)
-                i += 1
-            elif opt in _LONG_FLAGS:
-                raise SpecError(f"{name} takes no value")
-            else:
-                raise SpecError(f"unknown option {name} (not an elastic option and not an sbatch option)")
-            continue
-        letter = name[1]
-        if letter in _SHORT_WITH_VALUE:
-            value, i = _value(args, i, name, inline or None)
-            passthrough += [name, value]
-        elif letter in _SHORT_FLAGS and not inline:
-            passthrough.append(name)
-            i += 1
-        else:
-            raise SpecError(f"unknown option {arg} (not an elastic option and not an sbatch option)")
-    if i >= len(args):
+    exports: list[str] = []
+    for option in parsed.options:
+        if option.name in OWN_FLAGS:
+            own[option.name] = True
+        elif option.name in REFUSED:
+            raise SpecError(f"{option.typed}: {REFUSED[option.name].format(option.typed)}")
+        elif option.name in ELASTIC_OPTIONS:
+            if not option.value:
+                raise SpecError(f"{option.typed} needs a value")
+            elastic[ELASTIC_OPTIONS[option.name]] = option.value
+        elif option.name == "export":
+            exports.append(option.value or "")
+        elif option.name != "ignore-pbs":   # always given (see describe_submission)
+            passthrough.append(option.as_argument())
+    if not parsed.rest:
         raise SpecError("missing the batch script (usage: slurm-elastic sbatch [OPTIONS] SCRIPT [ARGS...])")
-    script, script_args = args[i], tuple(args[i + 1:])
+    _check_environment(environ)
+    script, script_args = parsed.rest[0], tuple(parsed.rest[1:])
     text = read_script(script)
     options = parse_directives(text)
-    _check_sbatch_directives(text)
+    script_exports = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
     spec = spec_from_options(options)
-    job_name = None
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
+    _check_inherited(env, environ)
+    # sbatch keeps the last --export it reads: the command line's, else the script's, else SBATCH_EXPORT.
+    user_export = (exports or script_exports or [None])[-1]
+    if user_export is None and environ.get(EXPORT_ENV):
+        user_export = environ[EXPORT_ENV]
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
-                         sbatch_args=tuple(passthrough), parsable=own["--parsable"], watch=own["--watch"],
-                         dry_run=own["--dry-run"], job_name=job_name, env=env)
+                         sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
+                         dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export)
 
 
-def _value(args: list[str], i: int, name: str, inline: str | None) -> tuple[str, int]:
-    if inline is not None:
-        if inline == "":
-            raise SpecError(f"{name} needs a value")
-        return inline, i + 1
-    if i + 1 >= len(args) or (args[i + 1].startswith("-") and not re.fullmatch(r"-[0-9.]+", args[i + 1])):
-        raise SpecError(f"{name} needs a value")
-    return args[i + 1], i + 2
+def _ignores_pbs(parsed: Parsed) -> bool:
+    return any(option.name == "ignore-pbs" for option in parsed.options)
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    for var, name in REFUSED_IN_ENV.items():
+        if environ.get(var):
+            reason = REFUSED[name].format(var)
+            raise SpecError(f"{var} is set: sbatch would read it as {name.split()[0]!r} ({reason}); unset it")
+
+
+def _check_inherited(env: Mapping[str, str], environ: Mapping[str, str]) -> None:
+    """sbatch gives the job every SLURM_* variable of its caller over any --export value."""
+    for key, value in env.items():
+        inherited = environ.get(key)
+        if inherited is not None and inherited != value:
+            raise SpecError(f"{key}={inherited} in your environment would reach the job instead of {value!r} "
+                            f"(sbatch passes SLURM_* variables over --export); unset it first")
+
+
+def merged_export(user_export: str | None, env: Mapping[str, str]) -> str | None:
+    """One --export value that keeps the user's choice and carries the wrapper's variables.
+
+    None when neither has anything to say (sbatch's default, ALL). `NONE` becomes the list
+    of our variables alone: a list without ALL exports only it plus SLURM_*, which is NONE
+    with our variables added (the form sbatch documents; `NONE,X=1` is not).
+    """
+    for key, value in env.items():
+        if "," in value or "\n" in value or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise SpecError(f"{key}={value!r} cannot be passed through sbatch --export")
+    ours = [f"{k}={v}" for k, v in env.items()]
+    if user_export is None:
+        return ",".join(["ALL", *ours]) if ours else None
+    tokens = [t for t in user_export.split(",") if t]
+    if not tokens:
+        raise SpecError("--export needs a value (ALL, NONE or a list of variables)")
+    kept = [t for t in tokens if t.upper() != "NONE" and t.split("=", 1)[0] not in env]
+    if not kept and not ours:
+        return "NONE"
+    return ",".join(kept + ours)
 
 
 def read_script(path: str) -> str:
-    """The batch script's text; it must exist and start with a shebang, as sbatch requires."""
+    """The batch script's text; it must be a readable regular file starting with a shebang, as sbatch requires.
+
+    Opened without blocking and checked with fstat first: a named pipe would otherwise
+    hang here (and in sbatch) until someone writes to it, a device could be read forever.
+    """
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read(1_000_000)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise SpecError(f"batch script {path!r} does not exist") from None
     except IsADirectoryError:
         raise SpecError(f"batch script {path!r} is a directory") from None
     except OSError as exc:
         raise SpecError(f"cannot read batch script {path!r}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError(f"batch script {path!r} is a directory")
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(f"batch script {path!r} is not a regular file ({_file_kind(info.st_mode)})")
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(1_000_000)
+    except OSError as exc:
+        raise SpecError(f"cannot read batch script {path!r}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
     if not text.startswith("#!"):
         raise SpecError(f"batch script {path!r} does not start with a shebang line such as #!/bin/bash")
     return text
 
 
-def _check_sbatch_directives(text: str) -> None:
-    """#SBATCH lines that would fight the elastic request are refused like their command-line form."""
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if lineno == 1 or not line or (line.startswith("#") and not line.startswith("#SBATCH")):
-            continue
-        if not line.startswith("#"):
-            break
-        try:
-            tokens = shlex.split(line[len("#SBATCH"):], comments=True)
-        except ValueError:
-            continue  # sbatch itself will say what is wrong with the line
-        for tok in tokens:
-            if not tok.startswith("-"):
-                continue
-            name = tok.split("=", 1)[0] if tok.startswith("--") else tok[:2]
-            if name in _REFUSED:
-                raise SpecError(f"line {lineno}: #SBATCH {name}: {_REFUSED[name]}")
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
+    """#SBATCH/#SLURM options that would fight the elastic request are refused like their command-line form.
+
+    Read with sbatch's own grammar (all the lines' words are one argument list to sbatch, so
+    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export values found.
+    """
+    words = directive_words(text)
+    for word in words:
+        if word.word in _HETJOB_WORDS:
+            raise SpecError(f"line {word.lineno}: #SBATCH {word.word}: heterogeneous elastic jobs are not supported")
+    if not ignore_pbs:
+        foreign = foreign_directive_lines(text)
+        if foreign:
+            raise SpecError(f"line {foreign[0]}: #PBS/#BSUB directives are not read for elastic jobs "
+                            "(sbatch runs with --ignore-pbs); write them as #SBATCH lines")
+    exports = []
+    try:
+        parsed = parse([w.word for w in words], SBATCH, stop_at_operand=False)
+    except SpecError as exc:
+        raise SpecError(f"#SBATCH lines: {exc}") from None
+    for option in parsed.options:
+        if option.name in REFUSED_IN_SCRIPT:
+            lineno = words[option.at].lineno
+            raise SpecError(f"line {lineno}: #SBATCH {option.spelling}: "
+                            f"{REFUSED_IN_SCRIPT[option.name].format(option.typed)}")
+        if option.name == "export":
+            exports.append(option.value or "")
+    return exports
 
 
 # -- the initial size -------------------------------------------------------------------------------
@@ -203,12 +265,19 @@ def initial_gpus(spec: ElasticSpec, state: ClusterState, policy: Policy = Policy
 
 
 def describe_submission(request: SubmitRequest, nodes: int, gpus_per_node: int) -> SubmitDescription:
+    """The submission; the user's options go last so that sbatch's last-wins cannot override ours.
+
+    --ignore-pbs: sbatch would otherwise turn #PBS/#BSUB lines into options (`#PBS -t 0-2`
+    is an array) behind the checks above. The wrapper's variables travel in the one final
+    --export (merged with the user's), not in `env`, where a later user --export would win.
+    """
     spec = request.spec
+    export = merged_export(request.user_export, request.env)
+    extra = (*request.sbatch_args, "--ignore-pbs", *((f"--export={export}",) if export else ()))
     return SubmitDescription(script=request.script, nodes=nodes, gpus_per_node=gpus_per_node,
                              cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb,
                              comment=spec.to_comment(), job_name=request.job_name, requeue=True,
-                             extra_args=request.sbatch_args, script_args=request.script_args,
-                             env=dict(request.env))
+                             extra_args=extra, script_args=request.script_args)
 
 
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:

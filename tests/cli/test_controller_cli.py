@@ -111,7 +111,10 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
     assert line.startswith("sbatch --parsable --nodes=")
     assert "--requeue" in line and "'--comment=elastic:v1 gpus=2-8 step=2" in line
     assert "SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt" in line
-    assert line.endswith(f"-t 5 {script} arg1")
+    # sbatch's options pass on spelled out in full; the user's come last but for the two the
+    # wrapper must have the last word on (--ignore-pbs, and the one merged --export).
+    assert line.endswith(f"--time=5 --ignore-pbs --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt {script} arg1")
+    assert line.count("--export") == 1
     assert not slurm.jobs
 
 
