@@ -150,6 +150,8 @@ def render(allocation: Allocation, *, only_changes: bool = False) -> str:
         nodes = ",".join(f"{n}:{g}" for n, g in sorted(where.items()))
         lines.append(f"{d.key:<{width}}  {d.gpus_before:>6} -> {d.gpus_after:<6}  {d.reason}"
                      + (f"  [{nodes}]" if nodes else ""))
+        if d.key in allocation.basis:
+            lines.append(f"{'':<{width}}  decided from: {allocation.basis[d.key]}")
     for note in allocation.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -29,6 +29,17 @@ def problem_from_state(state: ClusterState, policy: Policy | None = None, *,
     text) or callables of the Job; missing entries take the defaults.
     """
     policy = policy or Policy()
+    jobs = tuple(job_request(job, restart_cost_s=_restart(restart_cost, job, str(job.job_id)),
+                             throughput=_throughput(throughput, job, str(job.job_id)))
+                 for job in state.elastic_jobs)
+    return AllocationProblem(jobs, capacity_from_state(state), policy)
+
+
+def capacity_from_state(state: ClusterState) -> tuple[NodeCapacity, ...]:
+    """What every node gives to elastic work: configured minus active non-elastic use; 0 when unavailable.
+
+    Unavailable nodes stay in the problem so the jobs on them show as losing GPUs.
+    """
     used: dict[str, Resources] = {}
     for job in state.jobs:
         if job.elastic or not job.state.active:
@@ -42,25 +53,26 @@ def problem_from_state(state: ClusterState, policy: Policy | None = None, *,
             continue
         free = (node.total - used.get(node.name, Resources())).clamp()
         nodes.append(NodeCapacity(node.name, free.gpus, free.cpus, free.mem_mb))
-    jobs = []
-    for job in state.elastic_jobs:
-        spec = job.spec
-        assert spec is not None  # elastic_jobs holds only jobs with a spec
-        key = str(job.job_id)
-        current = {n: job.gpus_per_node for n in job.nodes} if job.state.active and job.gpus_per_node > 0 else {}
-        jobs.append(JobRequest(
-            key=key,
-            min_gpus=spec.min_gpus,
-            max_gpus=spec.max_gpus,
-            gpu_step=spec.gpu_step,
-            cpus_per_gpu=spec.cpus_per_gpu,
-            mem_per_gpu_mb=spec.mem_per_gpu_mb,
-            weight=spec.weight,
-            current=current,
-            restart_cost_s=_restart(restart_cost, job, key),
-            throughput=_throughput(throughput, job, key),
-        ))
-    return AllocationProblem(tuple(jobs), tuple(nodes), policy)
+    return tuple(nodes)
+
+
+def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,
+                throughput: Callable[..., float] | None = None, weight: float = 1.0,
+                allowed_gpus: tuple[int, ...] | None = None, must_run: bool = False) -> JobRequest:
+    """The one translation of an elastic Slurm job into a JobRequest.
+
+    The range, step, CPUs and memory per GPU come from the job's spec; what
+    it holds now from Slurm; `weight` multiplies the user's own weight; the
+    rest is what a request source learned about the job.
+    """
+    spec = job.spec
+    if spec is None:
+        raise ValueError(f"job {job.job_id} is not elastic")
+    current = {n: job.gpus_per_node for n in job.nodes} if job.state.active and job.gpus_per_node > 0 else {}
+    return JobRequest(key=str(job.job_id), min_gpus=spec.min_gpus, max_gpus=spec.max_gpus, gpu_step=spec.gpu_step,
+                      cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb,
+                      weight=spec.weight * weight, current=current, restart_cost_s=restart_cost_s,
+                      throughput=throughput, allowed_gpus=allowed_gpus, must_run=must_run)
 
 
 def _restart(source: RestartSource, job: Job, key: str) -> float:

@@ -205,3 +205,5 @@ class Allocation:
     decisions: tuple[JobDecision, ...] = ()
     unplaceable: tuple[Unplaceable, ...] = ()
     notes: tuple[str, ...] = ()
+    # job key -> what its request was decided from (set by the controller's request source)
+    basis: Mapping[str, str] = field(default_factory=dict)

@@ -39,12 +39,17 @@ class PiecewiseThroughput:
     """A concave piecewise-linear curve through `points` ((gpus, speed), gpus ascending, starting at (0, 0)).
 
     Beyond the last point the curve continues with the last segment's slope
-    (never below the last value: more GPUs never slow a job down in the model).
+    (never below the last value: more GPUs never slow a job down in the model),
+    unless the table went on past its peak (`largest` beyond the last point):
+    then it is flat, as the hull is.
     """
 
     points: tuple[tuple[float, float], ...]
+    largest: float = 0.0       # the largest GPU count the table gave
 
     def __call__(self, gpus: int, nodes: int = 1) -> float:
+        if self.points and self.largest > self.points[-1][0] and gpus >= self.points[-1][0]:
+            return self.points[-1][1]
         return _interpolate(self.points, float(gpus))
 
 
@@ -78,7 +83,26 @@ def table_throughput(table: Mapping[int, float]) -> PiecewiseThroughput:
     """A profile table (GPUs -> samples/s) as a concave piecewise-linear model."""
     if not table:
         raise AllocationError("a throughput table needs at least one (GPUs, speed) entry")
-    return PiecewiseThroughput(concave_hull(table.items()))
+    return PiecewiseThroughput(concave_hull(table.items()), float(max(table)))
+
+
+def measured_throughput(rows: Iterable[Mapping[str, object]], *, prior: LinearThroughput = LinearThroughput(),
+                        speed_key: str = "steps_per_s") -> MeasuredThroughput | None:
+    """The MeasuredThroughput of validated metrics rows, or None when nothing usable was measured."""
+    by_gpus: dict[int, list[float]] = {}
+    nodes: dict[int, int] = {}
+    for row in rows:
+        g, s, n = row.get("gpus"), row.get(speed_key), row.get("nodes", 1)
+        if not (isinstance(g, int) and isinstance(s, (int, float)) and isinstance(n, int)) or g <= 0:
+            continue
+        if math.isfinite(s) and s > 0:
+            by_gpus.setdefault(g, []).append(float(s))
+            nodes[g] = max(nodes.get(g, 1), n)
+    if not by_gpus:
+        return None
+    medians = {g: statistics.median(v) for g, v in by_gpus.items()}
+    return MeasuredThroughput(concave_hull(medians.items()), tuple(sorted(nodes.items())), float(max(medians)),
+                              prior)
 
 
 def fit_throughput(rows: Iterable[Mapping[str, object]], *, default: Callable[..., float] | None = None,
@@ -157,7 +181,90 @@ def curve(model: Callable[..., float], counts: Sequence[int], nodes_for: Callabl
 
 
 def evaluate_curve(points: Sequence[tuple[float, float]], gpus: float) -> float:
+    """A hull from `curve` at `gpus`: flat past its last point.
+
+    `curve` evaluates every candidate count, so past the hull's last point is
+    past the peak (`concave_hull` cut it there). Extrapolating the last slope
+    instead made the normaliser s(max_gpus) up to 3x the true best speed
+    (yolov3's term was divided by 3.42 where its best is 1.13).
+    """
+    if gpus <= 0 or not points:
+        return 0.0
+    if gpus >= points[-1][0]:
+        return points[-1][1]
     return _interpolate(points, gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredThroughput:
+    """Speed fitted from a job's own measurements, with a stated rule for the sizes it never ran.
+
+    - at and between measured GPU counts: the concave hull of the medians;
+    - below the smallest measured count: that count's speed per GPU (scaling
+      down is never credited as better than measured);
+    - above the largest measured count g_hi: the last measured marginal speed
+      per GPU (with one measured count, `prior`'s shape through that point),
+      credited up to `explore_factor` x g_hi and flat beyond: no optimism
+      beyond what was measured, and a job grows in steps that measure as they go;
+    - a node count above the one measured at the nearest count costs `prior`'s
+      node penalty per extra node.
+    """
+
+    points: tuple[tuple[float, float], ...]          # concave hull of (gpus, median speed), from (0, 0)
+    nodes_at: tuple[tuple[int, int], ...] = ()      # (gpus, nodes) measured
+    largest_measured: float = 0.0                   # may lie past the hull's peak (a slower large count)
+    prior: LinearThroughput = LinearThroughput()
+    explore_factor: float = 2.0
+
+    @property
+    def measured_gpus(self) -> tuple[int, ...]:
+        return tuple(int(g) for g, _ in self.points if g > 0)
+
+    def __call__(self, gpus: int, nodes: int = 1) -> float:
+        if gpus <= 0 or len(self.points) < 2:
+            return 0.0
+        g = float(gpus)
+        lo_g, lo_s = self.points[1]
+        hi_g, hi_s = self.points[-1]
+        if g < lo_g:
+            s = lo_s * g / lo_g
+        elif g <= hi_g:
+            s = _interpolate(self.points, g)
+        elif self.largest_measured > hi_g:
+            s = hi_s                        # a larger count was measured slower: no gain past the peak
+        else:
+            top = min(g, self.explore_factor * hi_g)
+            g0, s0 = self.points[-2]        # (0, 0) with one measured count: linear through it
+            slope = max((hi_s - s0) / (hi_g - g0), 0.0)
+            s = hi_s + slope * (top - hi_g)
+        measured_nodes = dict(self.nodes_at)
+        near = min(measured_nodes, key=lambda m: abs(m - g), default=None)
+        extra = nodes - measured_nodes[near] if near is not None else 0
+        if extra > 0:
+            s *= (1.0 - self.prior.node_penalty) ** extra
+        return s
+
+
+def speed_frontier(counts: Sequence[int], model: Callable[..., float], nodes_for: Callable[[int], int],
+                   placeable: Callable[[int], bool]) -> tuple[int, ...]:
+    """The counts Slurm can place that are faster than every smaller placeable count.
+
+    The allocator treats more GPUs as never slower (the hull is flat past the
+    peak), so counts where the speed drops are left out. Only counts the shape
+    rule can place are scanned: a count such as 10 = 4+4+2 on 4-GPU nodes
+    would otherwise set the bar for 12..32 (deepspeech2 B=320 was capped at 8
+    GPUs though 32 ran 36 % faster).
+    """
+    best = 0.0
+    keep: list[int] = []
+    for g in counts:
+        if not placeable(g):
+            continue
+        s = float(model(g, nodes_for(g)))
+        if s > best * (1 + 1e-6) or not keep:
+            keep.append(g)
+            best = max(best, s)
+    return tuple(keep)
 
 
 def segments(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:

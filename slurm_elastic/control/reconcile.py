@@ -1,4 +1,13 @@
-"""One level-triggered reconcile cycle: observe everything, solve, diff, act through the requeue protocol."""
+"""One level-triggered reconcile cycle: observe everything, solve, diff, act through the requeue protocol.
+
+The Reconciler has two seams: a request source (control/requests.py: how each
+elastic job becomes a JobRequest; `default_request_source()` unless told) and
+an allocator (a function problem -> Allocation; `allocate.solve` unless told).
+`Reconciler.decide(state, now)` is the decision step alone: a state and a
+clock in, the plans out, with hysteresis, the restart budget and the request
+source applied; `cycle()` observes, decides and acts. See docs/simulator.md
+for driving `decide` from another simulator.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
+from slurm_elastic.allocate.from_state import capacity_from_state
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend
@@ -18,6 +28,7 @@ from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, Jo
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.plan import Plan, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
+from slurm_elastic.control.requests import RequestSource, default_request_source, with_basis
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +112,27 @@ def scope_state(state: ClusterState, user: str | None) -> tuple[ClusterState, di
     return dataclasses.replace(state, jobs=jobs), malformed  # type: ignore[return-value]
 
 
-def build_problem(state: ClusterState, policy: Policy) -> AllocationProblem:
-    return AllocationProblem.from_state(state, policy)
+Allocator = Callable[[AllocationProblem], Allocation]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the decision step chose for one state: the plans and how it got there."""
+
+    taken_at: float
+    plans: tuple[Plan, ...]
+    problem: AllocationProblem
+    allocation: Allocation
+    scoped: ClusterState
+    pinned: Mapping[int, str] = field(default_factory=dict)
+    malformed: Mapping[int, str] = field(default_factory=dict)
 
 
 def solve(problem: AllocationProblem) -> Allocation:
+    """The default allocator: the L1 MILP (allocate.solve)."""
     from slurm_elastic.allocate import solve as _solve
 
-    with native_stdout_silenced():
-        return _solve(problem)
+    return _solve(problem)
 
 
 @contextlib.contextmanager
@@ -167,15 +190,18 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
 
 
 class Reconciler:
-    """Observe -> problem -> solve -> plans -> act; a missed event is corrected the next cycle."""
+    """Observe -> requests -> solve -> plans -> act; a missed event is corrected the next cycle."""
 
     def __init__(self, backend: Backend, journal: Journal, config: ControllerConfig = ControllerConfig(),
                  *, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 protocol: RequeueProtocol | None = None) -> None:
+                 protocol: RequeueProtocol | None = None, requests: RequestSource | None = None,
+                 allocator: Allocator | None = None) -> None:
         self.backend = backend
         self.journal = journal
         self.config = config
         self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
+        self.requests = requests if requests is not None else default_request_source()
+        self.allocator = allocator if allocator is not None else solve
         self._clock = clock
         self._sleep = sleep
         self._available: frozenset[str] | None = None
@@ -202,47 +228,72 @@ class Reconciler:
         if not dry_run:
             self._available = available
 
-        scoped, malformed = scope_state(state, self.config.user)
-        for job_id, err in malformed.items():
-            if job_id not in self._reported_malformed:
-                log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
-                          job_id, err)
-                self._reported_malformed.add(job_id)
-        pinned, pins = self._pins(scoped)
-        # A job we requeued ourselves may still read BeginTime for a moment after its release; after
-        # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
-        since = self._clock() - self.config.recent_plan_s
-        handled = {j.job_id: r for j in scoped.elastic_jobs if j.state is JobState.PENDING
-                   and (r := self.journal.restarts_after_last_plan(j.job_id, since)) is not None}
-        hit = frozenset(j.job_id for j in scoped.elastic_jobs
-                        if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped))
-        problem = pin_jobs(build_problem(scoped, self.config.policy), pins, hit)
-        allocation = solve(problem)
-        node_sizes = {n.gpus for n in scoped.nodes}
-        plans = make_plans(scoped, allocation,
-                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
-                           handled=handled)
+        decision = self.decide(state, self._clock(), job_ids=job_ids)
+        plans = decision.plans
         for plan in plans:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
         outcomes: list[Outcome] = []
         if plans and not dry_run:
-            outcomes = self.protocol.execute(plans, scoped)
-        elastic = scoped.elastic_jobs
+            outcomes = self.protocol.execute(plans, decision.scoped)
+        elastic = decision.scoped.elastic_jobs
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
         report = CycleReport(
             taken_at=state.taken_at, dry_run=dry_run, plans=plans, outcomes=tuple(outcomes),
-            recovered=tuple(recovered), allocation=allocation, problem=problem, pinned=pinned,
-            malformed=malformed, nodes_lost=lost, nodes_gained=gained,
+            recovered=tuple(recovered), allocation=decision.allocation, problem=decision.problem,
+            pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
             current_gpus={j.job_id: j.gpus for j in elastic},
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report
 
+    def decide(self, state: ClusterState, now: float, *, job_ids: frozenset[int] | None = None) -> Decision:
+        """The decision step alone: `state` at time `now` in, the plans out (nothing is touched).
+
+        Scope (user mode, held and malformed jobs), hysteresis and the restart
+        budget (from the journal), the request source and the allocator are all
+        applied, exactly as in `cycle()`.
+        """
+        scoped, malformed = scope_state(state, self.config.user)
+        for job_id, err in malformed.items():
+            if job_id not in self._reported_malformed:
+                log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
+                          job_id, err)
+                self._reported_malformed.add(job_id)
+        pinned, pins = self._pins(scoped, now)
+        # A job we requeued ourselves may still read BeginTime for a moment after its release; after
+        # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
+        since = now - self.config.recent_plan_s
+        handled = {j.job_id: r for j in scoped.elastic_jobs if j.state is JobState.PENDING
+                   and (r := self.journal.restarts_after_last_plan(j.job_id, since)) is not None}
+        hit = frozenset(j.job_id for j in scoped.elastic_jobs
+                        if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped))
+        policy = self.config.policy
+        requests = self.requests.requests(scoped, now, policy)
+        problem = pin_jobs(AllocationProblem(requests, capacity_from_state(scoped), policy), pins, hit)
+        with native_stdout_silenced():
+            allocation = self.allocator(problem)
+        allocation = with_basis(allocation, self.requests.basis())
+        self.requests.decided(allocation, now)
+        node_sizes = {n.gpus for n in scoped.nodes}
+        plans = make_plans(scoped, allocation,
+                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
+                           handled=handled)
+        return Decision(now, plans, problem, allocation, scoped, pinned, malformed)
+
+    def record_applied(self, decision: Decision) -> None:
+        """Journal a decision's plans as carried out at its time, by someone else (another simulator).
+
+        Hysteresis and the restart budget then see them, as they see the plans `cycle()` carries out.
+        """
+        for plan in decision.plans:
+            job = decision.scoped.job(plan.job_id)
+            plan_id = self.journal.open_plan(plan, restarts=job.restarts, now=decision.taken_at)
+            self.journal.finish(plan_id, "done", "applied outside the protocol", now=decision.taken_at)
+
     # -- hysteresis and the restart budget ----------------------------------------------------
-    def _pins(self, state: ClusterState) -> tuple[dict[int, str], dict[int, int]]:
-        now = self._clock()
+    def _pins(self, state: ClusterState, now: float) -> tuple[dict[int, str], dict[int, int]]:
         why: dict[int, str] = {}
         pins: dict[int, int] = {}
         for job in state.elastic_jobs:

@@ -72,3 +72,42 @@ def test_read_metrics_skips_torn_lines(tmp_path):
     m = throughput_from_checkpoints(tmp_path, "job-42")
     assert m(2) == pytest.approx(64.0) and m(4) == pytest.approx(120.0)
     assert read_metrics(tmp_path / "missing.jsonl") == []
+
+
+# -- the normaliser and the frontier (issue 15) --------------------------------------------------
+
+def test_normaliser_is_the_best_speed_not_an_extrapolation_past_the_peak():
+    from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity
+    from slurm_elastic.allocate.instance import Instance
+
+    # yolov3-like: fastest at 2 GPUs, slower beyond; the hull is cut at the peak.
+    job = JobRequest("y", 1, 8, throughput={1: 1.0, 2: 1.13, 4: 0.9, 8: 0.5})
+    inst = Instance(AllocationProblem((job,), (NodeCapacity("n1", 8, 64, 64000),)))
+    assert inst.terms[0].norm == pytest.approx(1.13)
+    assert inst.throughput_value(0, 8) == pytest.approx(1.0)     # flat past the peak, never above 1
+
+
+def test_frontier_skips_counts_the_shape_rule_cannot_place():
+    from slurm_elastic.allocate.throughput import speed_frontier
+
+    speeds = {g: float(g) for g in range(1, 9)} | {10: 100.0} | {g: 90.0 + g / 4 for g in range(12, 33, 4)}
+    model = lambda g, n=1: speeds.get(g, 0.0)  # noqa: E731
+    counts = [g for g in range(1, 33) if g in speeds]
+    on_4gpu_nodes = lambda g: g <= 4 or g % 4 == 0  # noqa: E731  (whole 4-GPU nodes when spanning)
+    kept = speed_frontier(counts, model, lambda g: -(-g // 4), on_4gpu_nodes)
+    assert 10 not in kept and 32 in kept
+    assert speed_frontier(counts, model, lambda g: 1, lambda g: True)[-1] == 10   # the old bug, shown
+
+
+def test_measured_model_states_its_rule_for_sizes_never_run():
+    from slurm_elastic.allocate.throughput import measured_throughput
+
+    rows = [{"gpus": 2, "nodes": 1, "steps_per_s": 2.0}, {"gpus": 4, "nodes": 1, "steps_per_s": 3.0}]
+    m = measured_throughput(rows)
+    assert m(1) == pytest.approx(1.0)            # below: the smallest count's speed per GPU
+    assert m(3) == pytest.approx(2.5)            # between: the hull
+    assert m(8) == pytest.approx(5.0)            # above: the last marginal gain (0.5/GPU), up to 2x measured
+    assert m(16) == pytest.approx(5.0)           # and flat beyond
+    slower = measured_throughput(rows + [{"gpus": 8, "nodes": 2, "steps_per_s": 2.5}])
+    assert slower(8) == pytest.approx(3.0) and slower(16) == pytest.approx(3.0)   # no gain past the peak
+    assert measured_throughput([{"gpus": "x", "steps_per_s": 1.0}]) is None

@@ -1,0 +1,349 @@
+"""The request source: how each elastic job becomes a JobRequest, decided from what the job itself measured.
+
+Every controller (daemon, `admin rebalance`, user-mode `watch`, the
+simulator) gets its source from `default_request_source`, so they decide alike.
+
+What the default source (`MeasuredRequests`) reads, per job, from
+`<ckpt_dir>/<job id>/metrics.jsonl` (the rows the training shim appends):
+
+- speed: steps/s per GPU count and node count, fitted online
+  (`allocate.throughput.MeasuredThroughput`, with its rule for sizes never
+  run); the default model (linear, a penalty per extra node) until a row exists;
+- restart cost: from the job's own restarts seen in its rows (the wall time
+  from the last row before a restart to the first after it, less the steps
+  that interval did at the new speed: startup plus lost work); 30 s until one
+  was measured;
+- remaining work: the last row's `step` against its declared `total_steps`
+  (written when the training loop declares its length).
+
+Weights favour short remaining time (shortest remaining time first is what
+minimises average completion time): w = user weight x clamp(H / remaining s).
+Anti-starvation, stated: a job that has waited without GPUs for
+`starve_after_s` must run (at its minimum, if anything fits at all), and a job
+the controller has taken to zero GPUs once is not taken to zero again while it
+runs; the restart budget and hysteresis in the Reconciler bound the rest.
+
+A job's file is input, never authority: it is opened without following
+links, must be a regular file owned by the job's user, is read up to a bounded
+size, and every field is validated; anything else gives the default model and
+one log line. It only ever shapes that one job's own request, whose throughput
+term is normalised by its own best speed, so no file can claim more than the
+job's weight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import math
+import os
+import pwd
+import stat
+import statistics
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
+from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
+from slurm_elastic.allocate.shapes import spanning_widths
+from slurm_elastic.allocate.throughput import LinearThroughput, MeasuredThroughput, measured_throughput, speed_frontier
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.train import protocol as shim
+
+log = logging.getLogger(__name__)
+
+
+class RequestSource(Protocol):
+    """Turns the elastic jobs of a (scoped) state into JobRequests, and says what each was built from."""
+
+    def requests(self, state: ClusterState, now: float, policy: Policy) -> tuple[JobRequest, ...]: ...
+
+    def basis(self) -> Mapping[str, str]:
+        """Job key -> one line on what its latest request was decided from (for `--explain`)."""
+        ...
+
+    def decided(self, allocation: Allocation, now: float) -> None:
+        """The allocation chosen from the latest requests (the source's memory for anti-starvation)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSettings:
+    """How measurements become requests (the defaults are written here once)."""
+
+    default_restart_cost_s: float = DEFAULT_RESTART_COST_S
+    weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
+    weight_range: tuple[float, float] = (0.05, 20.0)
+    hold_s: float = 300.0                     # a new size is kept at least this long (the hysteresis)
+    starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
+    max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
+    restart_gap_s: float = 30.0               # rows further apart than this bracket a restart (shim: every 5 s)
+    metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
+    prior: LinearThroughput = LinearThroughput()
+
+
+@dataclass(frozen=True, slots=True)
+class JobMeasurements:
+    """What one job's metrics file says, validated."""
+
+    model: MeasuredThroughput | None = None
+    restart_costs_s: tuple[float, ...] = ()
+    step: int | None = None
+    total_steps: int | None = None
+    rows: int = 0
+    problem: str = ""                         # why the file was not used ("" = used, or absent)
+
+    @property
+    def restart_cost_s(self) -> float | None:
+        recent = self.restart_costs_s[-5:]
+        return statistics.median(recent) if recent else None
+
+
+_INT_FIELDS = {"step": (0, 10**12), "gpus": (1, 10**5), "nodes": (1, 10**5), "total_steps": (1, 10**12)}
+_FLOAT_FIELDS = {"time": (0.0, 1e11), "steps_per_s": (0.0, 1e7), "samples_per_s": (0.0, 1e12)}
+
+
+def validate_row(row: object) -> dict[str, float | int] | None:
+    """The fields a row may carry, typed and in range; None when a required one is missing or bad."""
+    if not isinstance(row, dict):
+        return None
+    out: dict[str, float | int] = {}
+    for name, (lo, hi) in _INT_FIELDS.items():
+        v = row.get(name)
+        if v is None and name in ("total_steps", "nodes"):
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            return None
+        out[name] = v
+    for name, (lo, hi) in _FLOAT_FIELDS.items():
+        v = row.get(name)
+        if v is None and name == "samples_per_s":
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+            return None
+        out[name] = float(v)
+    out.setdefault("nodes", 1)
+    if out["nodes"] > out["gpus"]:
+        return None
+    return out
+
+
+def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[list[dict[str, float | int]], str]:
+    """Validated rows of a job's metrics file, and a problem ("" when none) that makes the file unusable."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return [], ""
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return [], "is a symbolic link"
+        return [], f"cannot be opened ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return [], "is not a regular file"
+        if owner_uid is not None and st.st_uid != owner_uid:
+            return [], f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
+        start = max(0, st.st_size - max_bytes)
+        os.lseek(fd, start, os.SEEK_SET)
+        data = os.read(fd, max_bytes)
+    finally:
+        os.close(fd)
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]          # the first line read is a tail of one we skipped
+    rows: list[dict[str, float | int]] = []
+    bad = 0
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            row = validate_row(json.loads(raw))
+        except (ValueError, UnicodeDecodeError):
+            row = None
+        if row is None:
+            bad += 1
+        else:
+            rows.append(row)
+    if bad > max(1, len(rows)):    # one torn last line is normal; mostly garbage is not a shim's file
+        return [], f"has {bad} invalid lines of {bad + len(rows)}"
+    return rows, ""
+
+
+def measure(rows: Sequence[Mapping[str, float | int]], settings: RequestSettings) -> JobMeasurements:
+    """Speed model, restart costs and progress from validated rows (in file order)."""
+    if not rows:
+        return JobMeasurements()
+    model = measured_throughput(rows, prior=settings.prior)
+    costs: list[float] = []
+    for a, b in zip(rows, rows[1:]):
+        gap = float(b["time"]) - float(a["time"])
+        resized = (a["gpus"], a["nodes"]) != (b["gpus"], b["nodes"])
+        if not (resized or b["step"] < a["step"] or gap > settings.restart_gap_s):
+            continue
+        speed = float(b["steps_per_s"])
+        if speed <= 0:
+            continue
+        cost = gap - (int(b["step"]) - int(a["step"])) / speed   # startup, plus redone steps if it went back
+        if 0.0 <= cost <= settings.max_restart_cost_s:
+            costs.append(cost)
+    last = rows[-1]
+    total = last.get("total_steps")
+    return JobMeasurements(model=model, restart_costs_s=tuple(costs), step=int(last["step"]),
+                           total_steps=int(total) if total is not None else None, rows=len(rows))
+
+
+class MeasuredRequests:
+    """The default request source (see the module docstring)."""
+
+    def __init__(self, settings: RequestSettings = RequestSettings()) -> None:
+        self.settings = settings
+        self._cache: dict[str, tuple[tuple[int, int], JobMeasurements]] = {}
+        self._reported: dict[int, str] = {}
+        self._waiting_since: dict[int, float] = {}
+        self._running: dict[int, bool] = {}
+        self._preempted: dict[int, int] = {}
+        self._basis: dict[str, str] = {}
+
+    # -- the RequestSource protocol ------------------------------------------------------------
+    def requests(self, state: ClusterState, now: float, policy: Policy) -> tuple[JobRequest, ...]:
+        node_sizes = {n.gpus for n in state.nodes if n.gpus > 0}
+        biggest = max(node_sizes, default=1)
+        out = []
+        basis: dict[str, str] = {}
+        for job in state.elastic_jobs:
+            running = job.state is JobState.RUNNING
+            if running:
+                self._waiting_since.pop(job.job_id, None)
+            elif not job.held:
+                self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
+                                               min(now, job.submit_time))
+            self._running[job.job_id] = running
+            req, why = self._request(job, now, policy, node_sizes, biggest)
+            out.append(req)
+            basis[req.key] = why
+        self._basis = basis
+        return tuple(out)
+
+    def basis(self) -> Mapping[str, str]:
+        return dict(self._basis)
+
+    def decided(self, allocation: Allocation, now: float) -> None:
+        for key, g in allocation.gpus.items():
+            if key.isdigit() and g == 0 and self._running.get(int(key)):
+                self._preempted[int(key)] = self._preempted.get(int(key), 0) + 1
+
+    # -- one job ---------------------------------------------------------------------------------
+    def _request(self, job: Job, now: float, policy: Policy, node_sizes: set[int],
+                 biggest: int) -> tuple[JobRequest, str]:
+        s = self.settings
+        m = self._measurements(job)
+        spec = job.spec
+        assert spec is not None
+        notes: list[str] = []
+        model: MeasuredThroughput | LinearThroughput
+        if m.model is not None:
+            model = m.model
+            pts = ", ".join(f"{int(g)}:{v:.3g}" for g, v in model.points[1:])
+            notes.append(f"speed measured ({m.rows} rows; GPUs:steps/s {pts})")
+        else:
+            model = s.prior
+            notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra node)"
+                         + (f"; metrics file ignored: {m.problem}" if m.problem else ""))
+
+        def nodes_for(g: int) -> int:
+            return max(1, math.ceil(g / biggest))
+
+        def placeable(g: int) -> bool:
+            return g <= biggest or bool(spanning_widths(g, node_sizes, policy.whole_nodes_when_spanning))
+
+        counts = range(spec.min_gpus, spec.max_gpus + 1, spec.gpu_step)
+        allowed = speed_frontier(counts, model, nodes_for, placeable) if m.model is not None else None
+        best = max((model(g, nodes_for(g)) for g in (allowed or counts) if placeable(g)), default=0.0)
+
+        restart = m.restart_cost_s
+        if restart is None:
+            restart = s.default_restart_cost_s
+            notes.append(f"restart {restart:.0f}s (default; none measured)")
+        else:
+            notes.append(f"restart {restart:.0f}s measured ({len(m.restart_costs_s)} restarts)")
+
+        weight = 1.0
+        if m.total_steps is not None and m.step is not None and best > 0:
+            left_s = max(m.total_steps - m.step, 0) / best
+            lo, hi = s.weight_range
+            weight = min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9)))
+            notes.append(f"{m.total_steps - m.step} of {m.total_steps} steps left, ~{left_s:.0f}s at its best")
+        else:
+            notes.append("remaining work unknown (no total_steps)")
+
+        must_run = False
+        waiting = now - self._waiting_since.get(job.job_id, now)
+        if waiting >= s.starve_after_s:
+            must_run = True
+            weight = max(weight, 1.0)
+            notes.append(f"waited {waiting:.0f}s without GPUs: must run")
+        if job.state is JobState.RUNNING and self._preempted.get(job.job_id, 0) >= 1:
+            must_run = True
+            notes.append("preempted before: not taken to zero again while it runs")
+        # beta * kappa per GPU changed = the share of this job's throughput term a restart of
+        # `restart` seconds loses over a size held `hold_s` (linear approximation): the same units as
+        # the throughput term, whatever the weight.
+        total_w = spec.weight * weight
+        kappa = restart * total_w / (max(policy.beta, 1e-12) * s.hold_s * spec.max_gpus) if policy.beta > 0 else restart
+        notes.append(f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""))
+        req = job_request(job, restart_cost_s=kappa, throughput=model, weight=weight, allowed_gpus=allowed,
+                          must_run=must_run)
+        return req, "; ".join(notes)
+
+    def _measurements(self, job: Job) -> JobMeasurements:
+        spec = job.spec
+        if spec is None or not spec.ckpt_dir:
+            return JobMeasurements()
+        try:
+            path = shim.metrics_path(spec.ckpt_dir, shim.job_key(job.job_id))
+        except ValueError as exc:
+            return JobMeasurements(problem=str(exc))
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return JobMeasurements()             # nothing measured yet
+        except OSError as exc:
+            return self._report(job, path, f"cannot be read ({exc.strerror})")
+        key = (st.st_mtime_ns, st.st_size)
+        uid = job.user_id if job.user_id is not None else _uid_of(job.user)
+        if uid is None:
+            return self._report(job, path, f"cannot be checked: user {job.user!r} is unknown here")
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes)
+        result = self._report(job, path, problem) if problem else measure(rows, self.settings)
+        self._cache[path] = (key, result)
+        return result
+
+    def _report(self, job: Job, path: str, problem: str) -> JobMeasurements:
+        if self._reported.get(job.job_id) != problem:
+            log.warning("job %d: %s %s; deciding with the default model", job.job_id, path, problem)
+            self._reported[job.job_id] = problem
+        return JobMeasurements(problem=problem)
+
+
+def _uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, TypeError):
+        return None
+
+
+def default_request_source(settings: RequestSettings | None = None) -> RequestSource:
+    """The request source every controller uses unless told otherwise (one home for that choice)."""
+    return MeasuredRequests(settings or RequestSettings())
+
+
+def with_basis(allocation: Allocation, basis: Mapping[str, str]) -> Allocation:
+    """The allocation carrying what each job's request was decided from (printed by `--explain`)."""
+    return dataclasses.replace(allocation, basis=dict(basis))

@@ -1,0 +1,115 @@
+"""The default request source decides from what each job measured, and trusts no file it should not."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+
+import pytest
+
+from slurm_elastic.allocate.problem import Policy
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.control.requests import MeasuredRequests, RequestSettings, read_job_metrics
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+ME = getpass.getuser()
+
+
+def _rows(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def _row(step, t, gpus, sps, nodes=1, total=None):
+    r = {"step": step, "time": t, "gpus": gpus, "nodes": nodes, "steps_per_s": sps, "samples_per_s": sps * 64}
+    if total is not None:
+        r["total_steps"] = total
+    return r
+
+
+@pytest.fixture
+def two(tmp_path):
+    slurm = InMemorySlurm(nodes=2)
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
+    b = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
+    return slurm, ckpt, a, b
+
+
+def test_no_metrics_means_the_default_model_and_30s(two):
+    slurm, _, a, _ = two
+    src = MeasuredRequests()
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    assert reqs[str(a)].throughput(4) == pytest.approx(4.0)
+    assert "default model" in src.basis()[str(a)] and "restart 30s (default" in src.basis()[str(a)]
+
+
+def test_measured_speed_restart_cost_and_remaining_work(two):
+    slurm, ckpt, a, b = two
+    # a: 2 GPUs at 1 step/s, then a restart (40 s gap, 10 steps done after it), 4 GPUs at 2 steps/s
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(100, 1000, 2, 1.0, total=10_000), _row(105, 1005, 2, 1.0),
+                                            _row(115, 1045, 4, 2.0, total=10_000)])
+    # b: does not scale (same speed at 2 and 4) and is almost done
+    _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 2, 1.0, total=200), _row(190, 300, 4, 1.0, total=200)])
+    src = MeasuredRequests()
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    ra, rb = reqs[str(a)], reqs[str(b)]
+    assert ra.throughput(4) == pytest.approx(2.0) and rb.throughput(4) == pytest.approx(1.0)
+    assert rb.allowed_gpus is not None and max(rb.allowed_gpus) == 2     # 4 GPUs measured no faster
+    assert "restart 35s measured (1 restarts)" in src.basis()[str(a)]   # 40 s gap - 10 steps / 2 steps/s
+    assert rb.weight > ra.weight                                         # 10 steps left vs 9885
+    assert "steps left" in src.basis()[str(b)]
+
+
+def test_starved_job_must_run_and_a_preempted_one_is_not_preempted_again(two):
+    slurm, _, a, _ = two
+    settings = RequestSettings(starve_after_s=100.0)
+    src = MeasuredRequests(settings)
+    slurm.requeue_hold(a)
+    slurm.release(a)                                   # pending (BeginTime) without GPUs
+    state = slurm.snapshot()
+    assert not next(r for r in src.requests(state, 0.0, Policy()) if r.key == str(a)).must_run
+    req = next(r for r in src.requests(state, 150.0, Policy()) if r.key == str(a))
+    assert req.must_run and "must run" in src.basis()[str(a)]
+
+
+@pytest.mark.parametrize("case", ["symlink", "fifo", "garbage", "huge-values"])
+def test_a_bad_metrics_file_gives_the_default_model_and_one_log_line(two, case, tmp_path, caplog):
+    slurm, ckpt, a, _ = two
+    path = shim.metrics_path(ckpt, str(a))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if case == "symlink":
+        target = tmp_path / "elsewhere.jsonl"
+        _rows(str(target), [_row(1, 0, 2, 100.0)])
+        os.symlink(target, path)
+    elif case == "fifo":
+        os.mkfifo(path)
+    elif case == "garbage":
+        with open(path, "w") as f:
+            f.write("not json\n" * 10 + json.dumps(_row(1, 0, 2, 100.0)) + "\n")
+    else:
+        _rows(path, [_row(1, 0, 2, float("inf")), {"step": 1, "time": 0, "gpus": 10**9, "steps_per_s": 1.0}])
+    src = MeasuredRequests()
+    for _ in range(3):
+        req = next(r for r in src.requests(slurm.snapshot(), 0.0, Policy()) if r.key == str(a))
+    assert req.throughput(4) == pytest.approx(4.0)                  # the default model
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and str(a) in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_a_file_owned_by_someone_else_is_refused(tmp_path):
+    path = tmp_path / "m.jsonl"
+    _rows(str(path), [_row(1, 0, 2, 1.0)])
+    rows, problem = read_job_metrics(str(path), owner_uid=os.getuid() + 1, max_bytes=1 << 20)
+    assert rows == [] and "not the job's user" in problem
+
+
+def test_only_the_bounded_tail_is_read(tmp_path):
+    path = tmp_path / "m.jsonl"
+    _rows(str(path), [_row(i, i, 2, 1.0) for i in range(5000)])
+    rows, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096)
+    assert problem == "" and 0 < len(rows) < 100 and rows[-1]["step"] == 4999
