@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,81 @@ def test_tcl_modulefile_has_the_magic_cookie() -> None:
         proc = subprocess.run(["tclsh"], input=f"puts [info complete [read [open {tcl}]]]\n",
                               capture_output=True, text=True)
         assert proc.stdout.strip() == "1"
+
+
+# -- a site install (--prefix) that every user runs -------------------------------------------------------------
+SITE_USER = "se-site-user"
+
+
+def _private_default_python() -> str | None:
+    """The realpath of PATH's python3 when another user cannot run it (a pyenv build under /root)."""
+    found = shutil.which("python3")
+    if found is None:
+        return None
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", os.path.realpath(found), "-c", "pass"],
+                           capture_output=True, cwd="/")
+    return os.path.realpath(found) if probe.returncode != 0 else None
+
+
+@pytest.fixture
+def site_prefix() -> Iterator[Path]:
+    import tempfile
+
+    # Not under pytest's tmp_path (/tmp/pytest-of-root is 0700): the users must reach it.
+    root = Path(tempfile.mkdtemp(prefix="slurm-elastic-site-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    try:
+        yield root / "opt"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a site install and acting as another user need root")
+@pytest.mark.skipif(not LMOD_INIT.exists(), reason="Lmod is not installed (install.sh --dev installs it as root)")
+def test_site_install_runs_for_an_unprivileged_user_through_module_load(site_prefix: Path) -> None:
+    from users import ensure_user
+
+    ensure_user(SITE_USER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON" and not k.startswith("VIRTUAL_ENV")}
+    # The controller-only extras: no torch, so this runs on every Python a system may have.
+    proc = subprocess.run(["bash", str(INSTALL), "--prefix", str(site_prefix), "--extras", "daemon"],
+                          capture_output=True, text=True, timeout=900, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    interpreter = os.path.realpath(site_prefix / "bin" / "python")
+    if _private_default_python():
+        assert "is private to its owner: using" in proc.stdout, proc.stdout
+        assert not interpreter.startswith("/root/"), interpreter
+    script = f"""
+        module use {site_prefix}/modulefiles
+        module load slurm-elastic
+        echo "WHICH=$(command -v slurm-elastic)"
+        slurm-elastic --version
+        slurm-elastic admin --help >/dev/null && echo ADMIN-HELP
+        echo "HOME=$SLURM_ELASTIC_HOME"
+        echo "WHOAMI=$(id -un)"
+    """
+    runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+    run = subprocess.run([runuser, "-u", SITE_USER, "--", "bash", "-lc", script], capture_output=True,
+                         text=True, timeout=180, cwd="/", env={"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert f"WHICH={site_prefix}/bin/slurm-elastic" in out, out
+    assert f"slurm-elastic, version {slurm_elastic.__version__}" in out and "ADMIN-HELP" in out, out
+    assert f"HOME={site_prefix}" in out and f"WHOAMI={SITE_USER}" in out, out
+    unit = (site_prefix / "share" / "slurm-elastic" / "slurm-elastic.service").read_text()
+    assert f"ExecStart={site_prefix}/bin/slurm-elastic " in unit, unit
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="telling a private interpreter needs root (runuser)")
+def test_site_install_refuses_an_interpreter_other_users_cannot_run(site_prefix: Path) -> None:
+    private = _private_default_python()
+    if private is None:
+        private_dir = site_prefix.parent / "private"
+        private_dir.mkdir(mode=0o700)
+        os.symlink(os.path.realpath(sys.executable), private_dir / "python3")
+        private = str(private_dir / "python3")
+    proc = subprocess.run(["bash", str(INSTALL), "--prefix", str(site_prefix)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHON": private}, cwd="/")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "set PYTHON=" in proc.stderr, proc.stderr
+    assert not site_prefix.exists(), "nothing may be written when the interpreter is refused"
