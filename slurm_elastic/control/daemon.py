@@ -10,7 +10,7 @@ from typing import Callable
 
 from slurm_elastic.control.metrics import ControllerMetrics
 from slurm_elastic.control.reconcile import CycleReport, Reconciler
-from slurm_elastic.control.state_dir import clear_heartbeat, write_heartbeat
+from slurm_elastic.control.state_dir import HEARTBEAT_EVERY_S, StateDirError, clear_heartbeat, write_heartbeat
 from slurm_elastic.errors import ElasticError
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,14 @@ class Loop:
         self.stop = threading.Event()
         self.wake = threading.Event()
         self.cycles = 0
+        # The heartbeat is written by its own thread, not between cycles: a cycle can wait minutes
+        # for checkpoint ACKs, and a user's watch must keep deferring while it does.
+        self.beat_every_s = min(interval_s, HEARTBEAT_EVERY_S)
 
     def run(self, max_cycles: int | None = None) -> None:
         log.info("reconcile loop started (interval %gs)", self.interval_s)
+        beating = threading.Event()
+        beat_thread = self._start_heartbeat(beating) if self.heartbeat_dir is not None else None
         try:
             while not self.stop.is_set():
                 self.wake.clear()
@@ -41,9 +46,36 @@ class Loop:
                     break
                 self.wake.wait(self.interval_s)
         finally:
-            if self.heartbeat_dir is not None:
+            if beat_thread is not None and self.heartbeat_dir is not None:
+                beating.set()
+                beat_thread.join()
                 clear_heartbeat(self.heartbeat_dir)
             log.info("reconcile loop stopped after %d cycles", self.cycles)
+
+    def _start_heartbeat(self, done: threading.Event) -> threading.Thread:
+        """Beat once now (a state dir that cannot be written ends the start with one line), then every
+        `beat_every_s` until `done`, through every wait of every cycle."""
+        assert self.heartbeat_dir is not None
+        directory = self.heartbeat_dir
+        try:
+            write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s)
+        except OSError as exc:
+            raise StateDirError(f"cannot write the daemon heartbeat in {directory}: {exc.strerror}") from None
+
+        def beat() -> None:
+            failing = False
+            while not done.wait(self.beat_every_s):
+                try:
+                    write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s)
+                    failing = False
+                except OSError as exc:
+                    if not failing:   # once per outage, not every few seconds
+                        log.warning("cannot write the heartbeat in %s: %s", directory, exc.strerror)
+                    failing = True
+
+        thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+        thread.start()
+        return thread
 
     def run_once(self) -> CycleReport | None:
         report = None
@@ -62,11 +94,6 @@ class Loop:
             if self.metrics is not None:
                 self.metrics.cycle_errors.inc()
         self.cycles += 1
-        if self.heartbeat_dir is not None:
-            try:
-                write_heartbeat(self.heartbeat_dir, self.interval_s)
-            except OSError as exc:
-                log.warning("cannot write the heartbeat in %s: %s", self.heartbeat_dir, exc)
         return report
 
     def install_signal_handlers(self) -> None:

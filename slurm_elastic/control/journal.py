@@ -1,7 +1,12 @@
-"""The SQLite (WAL) journal of resize plans: every protocol step is written before it is taken."""
+"""The SQLite (WAL) journal of resize plans: every protocol step is written before it is taken.
+
+The journal holds every user's plans, so it is 0600 (SQLite gives its -wal and -shm files the
+database's mode) in a directory only the controller's user can write.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -9,8 +14,10 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.control.state_dir import USER_DIR_MODE, open_private_file, open_state_dir
 from slurm_elastic.errors import ElasticError
 
 log = logging.getLogger(__name__)
@@ -33,6 +40,7 @@ CREATE TABLE IF NOT EXISTS plans (
     mem_per_gpu_mb INTEGER NOT NULL,
     entry          TEXT    NOT NULL,
     reason         TEXT    NOT NULL,
+    user           TEXT    NOT NULL DEFAULT '',
     forced         INTEGER NOT NULL,
     restarts       INTEGER NOT NULL,
     step           TEXT    NOT NULL,
@@ -78,19 +86,27 @@ class PlanRecord:
                 "note": self.note}
 
 
+class JournalError(ElasticError):
+    """The journal cannot be read or written (a full disk, a damaged file)."""
+
+
 class Journal:
     """Plans and their steps in one SQLite file (WAL, synchronous=FULL: a step is on disk before it runs)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if str(path) != ":memory:":
+            _secure(self.path)
         try:
             self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(plans)")}
+            if "user" not in columns:   # a journal from before plans named the job's owner
+                self._db.execute("ALTER TABLE plans ADD COLUMN user TEXT NOT NULL DEFAULT ''")
         except sqlite3.Error as exc:
-            raise ElasticError(f"cannot open the controller journal {self.path}: {exc}") from None
+            raise JournalError(f"cannot open the controller journal {self.path}: {exc}") from None
 
     def close(self) -> None:
         self._db.close()
@@ -102,10 +118,10 @@ class Journal:
         with self._tx():
             cur = self._db.execute(
                 "INSERT INTO plans (job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu,"
-                " mem_per_gpu_mb, entry, reason, forced, restarts, step, status, created_at, updated_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " mem_per_gpu_mb, entry, reason, user, forced, restarts, step, status, created_at, updated_at)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (plan.job_id, plan.from_gpus, plan.to_gpus, plan.nodes, plan.gpus_per_node,
-                 plan.cpus_per_gpu, plan.mem_per_gpu_mb, plan.entry.value, plan.reason,
+                 plan.cpus_per_gpu, plan.mem_per_gpu_mb, plan.entry.value, plan.reason, plan.user,
                  int(plan.forced), restarts, "open", OPEN, at, at))
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
@@ -175,34 +191,53 @@ class Journal:
     def _select(self, where: str, args: tuple[object, ...]) -> list[PlanRecord]:
         rows = self._db.execute(
             "SELECT plan_id, job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb,"
-            " entry, reason, forced, restarts, step, status, created_at, updated_at, note FROM plans " + where,
+            " entry, reason, forced, restarts, step, status, created_at, updated_at, note, user FROM plans " + where,
             args).fetchall()
         out = []
         for r in rows:
             plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), nodes=int(r[4]),
                         gpus_per_node=int(r[5]), cpus_per_gpu=int(r[6]), mem_per_gpu_mb=int(r[7]),
-                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]))
+                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]), user=str(r[17]))
             out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[11]), step=str(r[12]),
                                   status=str(r[13]), created_at=float(r[14]), updated_at=float(r[15]),
                                   note=str(r[16])))
         return out
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._db)
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT, so a record is whole or absent after a crash.
 
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, so a record is whole or absent after a crash."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._db.execute("BEGIN IMMEDIATE")
-        return self._db
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
+        A write that fails (a full disk) is a JournalError: the step it announced is not taken.
+        """
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._db.execute("COMMIT")
-        else:
-            self._db.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            raise JournalError(f"cannot write the controller journal {self.path}: {exc}") from None
+
+
+def _secure(path: Path) -> None:
+    """The journal file 0600 and ours, in a directory that is ours and that nobody else can write.
+
+    A directory that does not exist yet is made 0700; the daemon's own (made by its lock, 0711)
+    is only checked. Older versions left the journal 0644: it is narrowed, with its -wal/-shm.
+    """
+    dir_fd = open_state_dir(path.parent, mode=USER_DIR_MODE)
+    try:
+        for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+            if name != path.name:
+                try:
+                    os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+            os.close(open_private_file(dir_fd, name, path.parent, what="controller journal"))
+    finally:
+        os.close(dir_fd)

@@ -31,6 +31,7 @@ class Plan:
     entry: PlanEntry
     reason: str
     forced: bool = False   # a node it used was lost: hysteresis and the restart budget do not apply
+    user: str = ""         # the job's owner when planned ('' in plans journaled before owners were kept)
 
     @property
     def shrinks(self) -> bool:
@@ -112,7 +113,7 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
     else:
         nodes, per_node = shape(job, spec.min_gpus, {})
     common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, nodes=nodes, gpus_per_node=per_node,
-                  cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb)
+                  cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, user=job.user)
     if job.state is JobState.RUNNING:
         if on_dead_node(job, state):
             # Slurm requeues it itself when it marks the node down; it enters at step 3 then.
@@ -136,4 +137,42 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
         if target == 0 or (nodes, per_node) == (job.num_nodes, job.gpus_per_node):
             return None
         return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
+    return None
+
+
+def departed(plan: Plan, job: Job | None, *, restarts: int, held_by_us: bool) -> str | None:
+    """Why the job, as observed now, is no longer what `plan` assumed; None while the plan still fits.
+
+    `restarts` is the job's restart count when the plan opened; `held_by_us` says whether our
+    hold step has been taken (or journaled: after a crash it may have been). Before our hold the
+    plan assumes the job it saw: same owner, same size, not held by anyone, running (or queued)
+    as planned. After it, only the end of the job or a new owner (a job id reused) stops us:
+    the requeue itself moves the job through states the protocol expects.
+    """
+    if job is None:
+        return "the job is gone from Slurm"
+    if plan.user and job.user != plan.user:
+        return f"job {job.job_id} now belongs to {job.user}, not {plan.user} (a reused job id)"
+    if job.state.finished:
+        return "the job was cancelled" if job.state is JobState.CANCELLED else f"the job ended ({job.state.value})"
+    if held_by_us:
+        return None
+    if job.held:
+        return "the job was held by someone else (its owner or an admin)"
+    if plan.entry is PlanEntry.RUNNING:
+        if job.state is JobState.RUNNING:
+            if job.restarts != restarts:
+                return f"the job was restarted meanwhile (restart {restarts} -> {job.restarts})"
+            if job.gpus != plan.from_gpus:
+                return f"the job was resized by someone else ({plan.from_gpus} -> {job.gpus} GPUs)"
+            return None
+        if job.state is JobState.PENDING and job.restarts > restarts:
+            return None   # requeued by Slurm (a node failed): it enters at the hold, queued
+        return f"the job is {job.state.value}, not running"
+    if job.state is JobState.RUNNING:
+        return "the queued job started before it could be held; the next cycle plans it as running"
+    if job.state is not JobState.PENDING:
+        return f"the job is {job.state.value}, not queued"
+    if job.gpus != plan.from_gpus:
+        return f"the queued job was resized by someone else ({plan.from_gpus} -> {job.gpus} GPUs)"
     return None

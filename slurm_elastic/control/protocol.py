@@ -1,4 +1,9 @@
-"""The requeue protocol: signal, wait for the checkpoint ACK, requeuehold, resize, release; and its recovery."""
+"""The requeue protocol: signal, wait for the checkpoint ACK, requeuehold, resize, release; and its recovery.
+
+Every step looks at the jobs again first and abandons (journaled, with the reason) a plan whose
+job is no longer what the plan assumed: a job its owner cancels during the ACK wait is never
+requeued, resized or released.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Callable, Sequence
 from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
-from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.control.plan import Plan, PlanEntry, departed
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.train import protocol as shim
 
@@ -32,6 +37,7 @@ class ProtocolSettings:
     settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
     settle_poll_s: float = 0.25
     credential_gap_s: float = 1.5    # no release sooner after the requeue (see RequeueProtocol._credential_gap)
+    observe_every_s: float = 2.0     # during the ACK wait, look at the jobs this often (a cancel ends the wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,10 @@ class RequeueProtocol:
 
     def __init__(self, backend: Backend, journal: Journal, settings: ProtocolSettings = ProtocolSettings(),
                  *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 crash_after: str | None = None, crash: Callable[[], None] | None = None) -> None:
+                 crash_after: str | None = None, crash: Callable[[], None] | None = None,
+                 may_act: Callable[[], str | None] | None = None) -> None:
+        """`may_act` (user mode) says why this controller must not start on a job now (the admin
+        daemon took over), or None; it is asked before the signal and before the hold."""
         self.backend = backend
         self.journal = journal
         self.settings = settings
@@ -61,6 +70,7 @@ class RequeueProtocol:
         self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
         self._crash = crash or _sigkill_self
         self._requeued_at: dict[int, float] = {}
+        self._may_act = may_act
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
@@ -71,15 +81,22 @@ class RequeueProtocol:
             plan_id = self.journal.open_plan(plan, restarts=job.restarts)
             self._maybe_crash("open")
             records.append(self._record(plan_id))
+        finished: dict[int, Outcome] = {}
+        held: set[int] = set()      # plans whose hold step has been taken
         # Queued jobs are held first: GPUs that a shrinking job frees below must not let Slurm start
         # one of them at its old size between our hold and our update.
-        held_first: dict[int, bool] = {}
-        for rec in records:
-            if rec.plan.entry is PlanEntry.PENDING:
-                self.journal.record(rec.plan_id, "hold")
-                held_first[rec.plan_id] = self._hold(rec, fresh=True)
-                self._maybe_crash("hold")
+        queued = [r for r in records if r.plan.entry is PlanEntry.PENDING]
+        self._recheck(queued, finished, held, before="hold")
+        for rec in queued:
+            if rec.plan_id not in finished:
+                outcome = self._step(rec, "hold", crash=True)
+                if outcome is None:
+                    held.add(rec.plan_id)
+                else:
+                    finished[rec.plan_id] = outcome
         running = [r for r in records if r.plan.entry is PlanEntry.RUNNING]
+        self._recheck(running, finished, held, before="signal")
+        running = [r for r in running if r.plan_id not in finished]
         for rec in running:
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
             try:
@@ -96,24 +113,21 @@ class RequeueProtocol:
             if not acked.get(rec.plan_id):
                 log.warning("job %d: %s; the last periodic checkpoint is the resume point", rec.job_id, note)
             self._maybe_crash("ack")
+        self._recheck(running, finished, held, before="hold")
         # Steps 3-5 go phase by phase across all plans, not plan by plan: Slurm finishes the
         # requeues (and the credential gaps run out) side by side, so a cycle with many plans
         # costs about one plan's waits, and every shrink is in place before any job is released.
-        finished: dict[int, Outcome] = {}
-        starts: dict[int, str] = {}
-        for rec in records:
-            if rec.plan.entry is PlanEntry.PENDING and not held_first[rec.plan_id]:
-                self.journal.finish(rec.plan_id, ABANDONED, "job ended")
-                finished[rec.plan_id] = Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
-            else:
-                starts[rec.plan_id] = "resize" if rec.plan.entry is PlanEntry.PENDING else "hold"
         for step in _STEPS:
+            if step != "hold":
+                self._recheck(records, finished, held, before=step)
             for rec in records:
-                if rec.plan_id in finished or _STEPS.index(step) < _STEPS.index(starts[rec.plan_id]):
+                if rec.plan_id in finished or (step == "hold" and rec.plan.entry is PlanEntry.PENDING):
                     continue
                 outcome = self._step(rec, step, crash=True)
                 if outcome is not None:
                     finished[rec.plan_id] = outcome
+                elif step == "hold":
+                    held.add(rec.plan_id)
         outcomes = []
         for rec in records:
             outcome = finished.get(rec.plan_id)
@@ -124,16 +138,59 @@ class RequeueProtocol:
                                     acked.get(rec.plan_id) if rec.plan.entry is PlanEntry.RUNNING else None))
         return outcomes
 
+    def _recheck(self, records: Sequence[PlanRecord], finished: dict[int, Outcome], held: set[int], *,
+                 before: str) -> None:
+        """Look at the jobs again before `before` and abandon every plan whose job moved on.
+
+        One snapshot for all plans of the phase (a snapshot per plan would cost a 200-job cycle
+        200 squeue calls); the gap between it and the step is one phase's Slurm calls.
+        """
+        live = [r for r in records if r.plan_id not in finished]
+        if not live:
+            return
+        guard = self._may_act() if self._may_act is not None and before in ("signal", "hold") else None
+        state = self._observe_settled(live, held)
+        for rec in live:
+            ours = rec.plan_id in held
+            why = departed(rec.plan, _find(state, rec.job_id), restarts=rec.restarts, held_by_us=ours)
+            if why is None and guard is not None and not ours:
+                why = guard
+            if why is not None:
+                finished[rec.plan_id] = self._abandon(rec, why, before)
+
+    def _observe_settled(self, records: Sequence[PlanRecord], held: set[int]) -> ClusterState:
+        """A snapshot in which no job we have not held yet is COMPLETING (cancelled, or requeued by Slurm:
+        which one decides the plan), unless that takes longer than `settle_timeout_s`."""
+        deadline = self._clock() + self.settings.settle_timeout_s
+        while True:
+            state = self.backend.snapshot()
+            ending = [r.job_id for r in records if r.plan_id not in held
+                      and (job := _find(state, r.job_id)) is not None and job.state is JobState.COMPLETING]
+            if not ending or self._clock() >= deadline:
+                return state
+            log.debug("jobs %s are COMPLETING; looking again", ending)
+            self._sleep(self.settings.settle_poll_s)
+
+    def _abandon(self, rec: PlanRecord, why: str, before: str) -> Outcome:
+        note = f"{why} (before {before})"
+        log.warning("job %d: plan %d abandoned: %s", rec.job_id, rec.plan_id, note)
+        self.journal.finish(rec.plan_id, ABANDONED, note)
+        return Outcome(rec.plan_id, rec.job_id, ABANDONED, note)
+
     # -- recovery ---------------------------------------------------------------------------
     def recover(self, state: ClusterState) -> list[Outcome]:
         """Finish or roll back every open plan of a controller that died, so nothing stays held."""
         outcomes = []
         for rec in self.journal.open_plans():
+            # From the journaled hold on, the hold may be ours; before it the job must be as planned.
+            ours = rec.step in ("open", "hold", "resize", "release")
+            held = {rec.plan_id} if ours else set()
             job = _find(state, rec.job_id)
-            if job is None or job.state.finished:
-                self.journal.finish(rec.plan_id, ABANDONED, "job ended")
-                log.info("job %d: plan %d abandoned on recovery: the job ended", rec.job_id, rec.plan_id)
-                outcomes.append(Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended"))
+            if job is not None and job.state is JobState.COMPLETING and not ours:
+                job = _find(self._observe_settled([rec], held), rec.job_id)
+            why = departed(rec.plan, job, restarts=rec.restarts, held_by_us=ours)
+            if why is not None:
+                outcomes.append(self._abandon(rec, why, "recovery"))
                 continue
             if rec.step == "open":
                 # Nothing was taken yet: the signal is journaled before it is sent.
@@ -168,9 +225,9 @@ class RequeueProtocol:
         try:
             self.journal.record(rec.plan_id, step)
             if step == "hold":
-                if not self._hold(rec, fresh=crash):
-                    self.journal.finish(rec.plan_id, ABANDONED, "job ended")
-                    return Outcome(rec.plan_id, rec.job_id, ABANDONED, "job ended")
+                why = self._hold(rec, fresh=crash)
+                if why is not None:
+                    return self._abandon(rec, why, "hold")
             elif step == "resize":
                 self._resize(plan, rec.plan_id)
                 log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
@@ -181,35 +238,40 @@ class RequeueProtocol:
                 log.info("job %d: released (plan %d done)", plan.job_id, rec.plan_id)
             if crash:
                 self._maybe_crash(step)
+        except _Departed as gone:
+            return self._abandon(rec, str(gone), step)
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")
         return None
 
-    def _hold(self, rec: PlanRecord, *, fresh: bool) -> bool:
-        """Requeue-hold a running job or hold a pending one; False when the job is gone.
+    def _hold(self, rec: PlanRecord, *, fresh: bool) -> str | None:
+        """Requeue-hold a running job or hold a pending one; why not, when the plan must stop instead.
 
-        On the forward path (`fresh`) the plan's entry says what the job is; only when Slurm refuses
-        (or on recovery) is the job observed again, which keeps a cycle to one snapshot.
+        On the forward path (`fresh`) the job was observed just before the phase and the plan's
+        entry says what it is; only when Slurm refuses (or on recovery) is it observed again.
         """
         if fresh:
             try:
                 self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING)
-                return True
+                return None
             except SlurmError as exc:
                 log.info("job %d: hold refused (%s); looking again", rec.job_id, exc)
         job = self._observe(rec.job_id)
-        if job is None or job.state.finished:
-            return False
+        why = departed(rec.plan, job, restarts=rec.restarts, held_by_us=True)
+        if why is not None or job is None:
+            return why or "the job is gone from Slurm"
         if job.held:
-            return True  # done before a crash, or by the requeuehold itself
+            return None  # done before a crash, or by the requeuehold itself
+        if rec.plan.entry is PlanEntry.PENDING and job.state is JobState.RUNNING:
+            return "the queued job started before it could be held; the next cycle plans it as running"
         self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
-        return True
+        return None
 
     def _resize(self, plan: Plan, plan_id: int) -> None:
         """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
-            self._wait_until_requeued(plan.job_id, requeued=plan.entry is PlanEntry.RUNNING or plan.forced)
+            self._wait_until_requeued(plan, requeued=plan.entry is PlanEntry.RUNNING or plan.forced)
             if plan.entry is PlanEntry.RUNNING or plan.forced:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
@@ -217,8 +279,9 @@ class RequeueProtocol:
                 plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                 cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
             job = self._observe(plan.job_id)
-            if job is None or job.state.finished:
-                return
+            why = departed(plan, job, restarts=0, held_by_us=True)
+            if why is not None or job is None:
+                raise _Departed(why or "the job is gone from Slurm")
             if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.gpus_per_node:
                 return
             log.info("job %d: update not in effect yet (%s, %d GPUs/node); again", plan.job_id,
@@ -242,16 +305,20 @@ class RequeueProtocol:
         if left > 0:
             self._sleep(left)
 
-    def _wait_until_requeued(self, job_id: int, *, requeued: bool = True) -> None:
+    def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True) -> None:
         """Until a requeued job has finished COMPLETING.
 
         Slurm sets BeginTime = now + ~120 s again when the requeue completes (batch_requeue_fini),
         so StartTime=now given earlier would be overwritten.
         """
+        job_id = plan.job_id
         deadline = self._clock() + self.settings.settle_timeout_s
         while True:
             job = self._observe(job_id)
-            if job is None or job.state.finished or job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
+            why = departed(plan, job, restarts=0, held_by_us=True)
+            if why is not None or job is None:
+                raise _Departed(why or "the job is gone from Slurm")
+            if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
                 return
             if not requeued and job.state is JobState.RUNNING:
                 # A queued job Slurm started between the snapshot and our hold: nothing will requeue
@@ -327,14 +394,29 @@ class RequeueProtocol:
             paths[rec.plan_id] = (shim.ack_path(ckpt, shim.job_key(rec.job_id), rec.job_id, rec.restarts)
                                   if ckpt else None)
         acked = {pid: False for pid in paths}
+        moved_on: set[int] = set()   # jobs no longer as planned (cancelled...): not waited for
         deadline = self._clock() + self.settings.ack_timeout_s
+        next_look = self._clock() + self.settings.observe_every_s
         while True:
             for pid, path in paths.items():
                 if not acked[pid] and path is not None and os.path.exists(path):
                     acked[pid] = True
-            if all(acked.values()) or self._clock() >= deadline:
+            if all(acked[pid] or pid in moved_on for pid in acked) or self._clock() >= deadline:
                 return acked
+            if self._clock() >= next_look:
+                moved_on |= self._moved_on([r for r in running if not acked[r.plan_id]])
+                next_look = self._clock() + self.settings.observe_every_s
             self._sleep(self.settings.ack_poll_s)
+
+    def _moved_on(self, records: Sequence[PlanRecord]) -> set[int]:
+        """Plans whose job is no longer what they assumed; the hold step's re-check decides what happens."""
+        try:
+            state = self.backend.snapshot()
+        except SlurmError as exc:
+            log.debug("ACK wait: cannot look at the jobs (%s); waiting on", exc)
+            return set()
+        return {r.plan_id for r in records
+                if departed(r.plan, _find(state, r.job_id), restarts=r.restarts, held_by_us=False) is not None}
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _observe(self, job_id: int) -> Job | None:
@@ -350,6 +432,10 @@ class RequeueProtocol:
         if self._crash_after == step:
             log.warning("%s=%s: killing the controller now (test hook)", CRASH_ENV, step)
             self._crash()
+
+
+class _Departed(Exception):
+    """The job moved on under a step (ended, cancelled, a new owner): the plan is abandoned, not rolled back."""
 
 
 def _sigkill_self() -> None:
