@@ -79,7 +79,7 @@ class RequestSettings:
     hold_s: float = 300.0                     # a new size is kept at least this long (the hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
-    restart_gap_s: float = 30.0               # rows further apart than this bracket a restart (shim: every 5 s)
+    restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
     prior: LinearThroughput = LinearThroughput()
 
@@ -130,33 +130,60 @@ def validate_row(row: object) -> dict[str, float | int] | None:
     return out
 
 
-def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[list[dict[str, float | int]], str]:
-    """Validated rows of a job's metrics file, and a problem ("" when none) that makes the file unusable."""
+@dataclass(slots=True)
+class MetricsTail:
+    """What was read of one growing metrics file so far (the controller reads only what was appended)."""
+
+    inode: tuple[int, int] = (0, 0)
+    offset: int = 0
+    partial: bytes = b""
+    rows: list[dict[str, float | int]] = dataclasses.field(default_factory=list)
+    bad: int = 0
+
+
+MAX_ROWS_KEPT = 4096
+
+
+def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
+                     tail: MetricsTail | None = None) -> tuple[MetricsTail, str]:
+    """Validated rows of a job's metrics file (appended to `tail`), and a problem ("" when none).
+
+    Opened without following links and without blocking (a FIFO), it must be a
+    regular file owned by `owner_uid`; at most `max_bytes` are read per call
+    (the newest ones), and at most MAX_ROWS_KEPT rows are kept.
+    """
+    tail = tail if tail is not None else MetricsTail()
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        return [], ""
+        return MetricsTail(), ""
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return [], "is a symbolic link"
-        return [], f"cannot be opened ({exc.strerror})"
+            return tail, "is a symbolic link"
+        return tail, f"cannot be opened ({exc.strerror})"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return [], "is not a regular file"
+            return tail, "is not a regular file"
         if owner_uid is not None and st.st_uid != owner_uid:
-            return [], f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
-        start = max(0, st.st_size - max_bytes)
+            return tail, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
+        if (st.st_dev, st.st_ino) != tail.inode or st.st_size < tail.offset:
+            tail = MetricsTail(inode=(st.st_dev, st.st_ino))      # a new or truncated file: from the start
+        start = tail.offset
+        skipped = False
+        if st.st_size - start > max_bytes:
+            start, skipped = st.st_size - max_bytes, True
         os.lseek(fd, start, os.SEEK_SET)
-        data = os.read(fd, max_bytes)
+        data = os.read(fd, st.st_size - start)
     finally:
         os.close(fd)
+    tail.offset = start + len(data)
+    data = (b"" if skipped else tail.partial) + data
     lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]          # the first line read is a tail of one we skipped
-    rows: list[dict[str, float | int]] = []
-    bad = 0
+    tail.partial = lines.pop()          # an unfinished last line waits for the writer
+    if skipped and lines:
+        lines = lines[1:]               # the first line read is the end of one we skipped
     for raw in lines:
         if not raw.strip():
             continue
@@ -165,12 +192,14 @@ def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int) -> tup
         except (ValueError, UnicodeDecodeError):
             row = None
         if row is None:
-            bad += 1
+            tail.bad += 1
         else:
-            rows.append(row)
-    if bad > max(1, len(rows)):    # one torn last line is normal; mostly garbage is not a shim's file
-        return [], f"has {bad} invalid lines of {bad + len(rows)}"
-    return rows, ""
+            tail.rows.append(row)
+    if len(tail.rows) > MAX_ROWS_KEPT:
+        del tail.rows[: len(tail.rows) - MAX_ROWS_KEPT]
+    if tail.bad > max(1, len(tail.rows)):   # a torn line is normal; mostly garbage is not a shim's file
+        return tail, f"has {tail.bad} invalid lines of {tail.bad + len(tail.rows)}"
+    return tail, ""
 
 
 def measure(rows: Sequence[Mapping[str, float | int]], settings: RequestSettings) -> JobMeasurements:
@@ -180,15 +209,14 @@ def measure(rows: Sequence[Mapping[str, float | int]], settings: RequestSettings
     model = measured_throughput(rows, prior=settings.prior)
     costs: list[float] = []
     for a, b in zip(rows, rows[1:]):
-        gap = float(b["time"]) - float(a["time"])
-        resized = (a["gpus"], a["nodes"]) != (b["gpus"], b["nodes"])
-        if not (resized or b["step"] < a["step"] or gap > settings.restart_gap_s):
-            continue
         speed = float(b["steps_per_s"])
-        if speed <= 0:
+        gap = float(b["time"]) - float(a["time"])
+        if speed <= 0 or gap <= 0:
             continue
-        cost = gap - (int(b["step"]) - int(a["step"])) / speed   # startup, plus redone steps if it went back
-        if 0.0 <= cost <= settings.max_restart_cost_s:
+        # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
+        # interval loses nothing; time that did no steps is a restart: startup, plus redone steps if it went back.
+        cost = gap - (int(b["step"]) - int(a["step"])) / speed
+        if settings.restart_min_s <= cost <= settings.max_restart_cost_s:
             costs.append(cost)
     last = rows[-1]
     total = last.get("total_steps")
@@ -201,7 +229,7 @@ class MeasuredRequests:
 
     def __init__(self, settings: RequestSettings = RequestSettings()) -> None:
         self.settings = settings
-        self._cache: dict[str, tuple[tuple[int, int], JobMeasurements]] = {}
+        self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements]] = {}
         self._reported: dict[int, str] = {}
         self._waiting_since: dict[int, float] = {}
         self._running: dict[int, bool] = {}
@@ -319,10 +347,11 @@ class MeasuredRequests:
             return self._report(job, path, f"cannot be checked: user {job.user!r} is unknown here")
         cached = self._cache.get(path)
         if cached is not None and cached[0] == key:
-            return cached[1]
-        rows, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes)
-        result = self._report(job, path, problem) if problem else measure(rows, self.settings)
-        self._cache[path] = (key, result)
+            return cached[2]
+        tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes,
+                                         tail=cached[1] if cached is not None else None)
+        result = self._report(job, path, problem) if problem else measure(tail.rows, self.settings)
+        self._cache[path] = (key, tail, result)
         return result
 
     def _report(self, job: Job, path: str, problem: str) -> JobMeasurements:

@@ -104,12 +104,16 @@ def test_a_bad_metrics_file_gives_the_default_model_and_one_log_line(two, case, 
 def test_a_file_owned_by_someone_else_is_refused(tmp_path):
     path = tmp_path / "m.jsonl"
     _rows(str(path), [_row(1, 0, 2, 1.0)])
-    rows, problem = read_job_metrics(str(path), owner_uid=os.getuid() + 1, max_bytes=1 << 20)
-    assert rows == [] and "not the job's user" in problem
+    tail, problem = read_job_metrics(str(path), owner_uid=os.getuid() + 1, max_bytes=1 << 20)
+    assert tail.rows == [] and "not the job's user" in problem
 
 
 def test_only_the_bounded_tail_is_read(tmp_path):
     path = tmp_path / "m.jsonl"
     _rows(str(path), [_row(i, i, 2, 1.0) for i in range(5000)])
-    rows, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096)
-    assert problem == "" and 0 < len(rows) < 100 and rows[-1]["step"] == 4999
+    tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096)
+    assert problem == "" and 0 < len(tail.rows) < 100 and tail.rows[-1]["step"] == 4999
+    with open(path, "a") as f:                       # appended rows are read on their own
+        f.write(json.dumps(_row(5000, 5000, 4, 2.0)) + "\n" + '{"step": 50')
+    tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096, tail=tail)
+    assert problem == "" and tail.rows[-1]["step"] == 5000 and tail.partial == b'{"step": 50'
