@@ -8,6 +8,7 @@ from typing import Any
 # this file, and must not pull in torch.
 _EXPORTS = {
     "ElasticSession": "slurm_elastic.train.session",
+    "ElasticLoop": "slurm_elastic.train.prepare",
     "LayerCheckpointer": "slurm_elastic.train.checkpointer",
     "CheckpointStore": "slurm_elastic.train.store",
     "ElasticSampler": "slurm_elastic.train.sampler",
