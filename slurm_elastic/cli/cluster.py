@@ -11,7 +11,12 @@ import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
 from slurm_elastic.devcluster import ClusterAlreadyUp, ClusterStatus, LocalCluster, UnknownNode
-from slurm_elastic.devcluster.layout import CLUSTER_DIR_ENV, DEFAULT_PORT_BASE
+from slurm_elastic.devcluster.layout import (
+    CLUSTER_DIR_ENV,
+    DEFAULT_PORT_BASE,
+    DEFAULT_SLURMD_TIMEOUT_S,
+    MAX_SLURMD_TIMEOUT_S,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,6 +105,9 @@ def cluster() -> None:
               help="Install this job_submit.lua and set JobSubmitPlugins=lua.")
 @click.option("--timeout", type=click.FloatRange(1), default=60.0, show_default=True,
               help="Seconds to wait for IDLE nodes.")
+@click.option("--slurmd-timeout", type=click.IntRange(1, MAX_SLURMD_TIMEOUT_S), default=DEFAULT_SLURMD_TIMEOUT_S,
+              show_default=True,
+              help="SlurmdTimeout: seconds before Slurm calls a silent node DOWN (many sites run 300).")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON instead of the export line.")
 @elastic_errors
 @_bad_input
@@ -113,6 +121,7 @@ def cluster_up(
     port_base: int,
     job_submit_lua: Path | None,
     timeout: float,
+    slurmd_timeout: int,
     as_json: bool,
 ) -> None:
     """Start munged, slurmctld and the slurmd of each node; return when all are IDLE.
@@ -123,6 +132,7 @@ def cluster_up(
     Examples:
       slurm-elastic cluster up
       slurm-elastic cluster up --nodes 8 --spares 2 --gpus 8
+      slurm-elastic cluster up --slurmd-timeout 300   # a site's usual node timeout
     """
     started = time.monotonic()
     status = _cluster(state_dir).up(
@@ -134,6 +144,7 @@ def cluster_up(
         port_base=port_base,
         job_submit_lua=job_submit_lua,
         timeout=timeout,
+        slurmd_timeout=slurmd_timeout,
     )
     elapsed = time.monotonic() - started
     if as_json:
@@ -210,15 +221,16 @@ def cluster_env(state_dir: Path | None) -> None:
 def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> None:
     """SIGKILL node NAME's slurmd and its jobs' processes: a real node failure.
 
-    Slurm marks the node DOWN on its own about 30 s later; `--requeue` jobs
-    on it go back to PENDING.
+    Slurm marks the node DOWN on its own once SlurmdTimeout runs out (about
+    30 s with the default 10 s); `--requeue` jobs on it go back to PENDING.
 
     \b
     Example:
       slurm-elastic cluster node-down n2
     """
-    pid = _existing(state_dir).node_down(name, mark_down=mark_down)
-    when = "now" if mark_down else "in about 30 s"
+    local = _existing(state_dir)
+    pid = local.node_down(name, mark_down=mark_down)
+    when = "now" if mark_down else f"once SlurmdTimeout ({local.layout.slurmd_timeout} s) runs out"
     click.echo(f"killed slurmd of {name} (pid {pid}); Slurm marks it DOWN {when}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,6 +19,15 @@ _NODE_PORT_OFFSET = 3
 # A unix socket path is limited to 108 bytes (sun_path).
 _MAX_SOCKET_PATH = 107
 _RUNTIME_ROOT = Path("/run/slurm-elastic")
+# slurm.conf cannot quote: a blank splits a value, '#' starts a comment, '%' is expanded
+# (SlurmdSpoolDir=.../%n), ',' and '=' separate AuthInfo's fields. A state directory outside
+# this set would be written into slurm.conf and kill slurmctld at start, so it is refused.
+_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
+# Slurm's SlurmdTimeout default is 300 s; 10 s makes a killed node DOWN within ~30 s on this
+# loopback cluster, which is what `node-down` and the demo show. Under heavy load a healthy
+# slurmd can miss 10 s, so tests that kill no node ask for a long one.
+DEFAULT_SLURMD_TIMEOUT_S = 10
+MAX_SLURMD_TIMEOUT_S = 65533
 
 
 def default_state_dir() -> Path:
@@ -57,9 +67,15 @@ class ClusterLayout:
     cluster_name: str = "elastic-local"
     job_submit_lua: bool = False
     node_prefix: str = "n"
+    slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        _check_types(self)
         problems = []
+        check_state_dir(self.state_dir)
+        if not 1 <= self.slurmd_timeout <= MAX_SLURMD_TIMEOUT_S:
+            problems.append(f"--slurmd-timeout must be between 1 and {MAX_SLURMD_TIMEOUT_S} s "
+                            f"(got {self.slurmd_timeout})")
         if self.nodes < 1:
             problems.append(f"--nodes must be at least 1 (got {self.nodes})")
         if self.spares < 0:
@@ -229,15 +245,60 @@ class ClusterLayout:
 
     @classmethod
     def load(cls, state_dir: Path) -> ClusterLayout:
+        """The layout `up` saved; a missing, garbled or foreign cluster.json is one ClusterSetupError."""
         path = Path(state_dir) / "cluster.json"
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ClusterSetupError(
                 f"no local cluster in {state_dir} (no cluster.json); start one with `slurm-elastic cluster up`"
             ) from None
+        except PermissionError:
+            raise ClusterSetupError(f"cannot read {path}: permission denied (the local cluster is root's)") from None
         except (OSError, ValueError) as exc:
             raise ClusterSetupError(f"cannot read {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ClusterSetupError(f"{path} is not a cluster layout (expected a JSON object); "
+                                    "run `slurm-elastic cluster up` again")
+        missing = [key for key in _REQUIRED_KEYS if key not in data]
+        if missing:
+            raise ClusterSetupError(f"{path} lacks {', '.join(missing)}; run `slurm-elastic cluster up` again")
+        if not isinstance(data["state_dir"], str) or Path(data["state_dir"]) != Path(state_dir):
+            raise ClusterSetupError(f"{path} belongs to another state directory ({data['state_dir']!r}); "
+                                    "run `slurm-elastic cluster up` again")
         data["state_dir"] = Path(data["state_dir"])
         known = set(cls.__dataclass_fields__)
-        return cls(**{key: value for key, value in data.items() if key in known})
+        try:
+            return cls(**{key: value for key, value in data.items() if key in known})
+        except ClusterSetupError as exc:
+            raise ClusterSetupError(f"{path}: {exc}") from None
+
+
+_REQUIRED_KEYS = ("state_dir", "slurm_version", "nodes", "spares", "gpus_per_node", "cpus_per_node", "memory_mb",
+                  "port_base")
+
+
+def _check_types(layout: ClusterLayout) -> None:
+    """A layout read back from cluster.json is input: every field must have its type before any arithmetic."""
+    for name, kind in (("slurm_version", str), ("partition", str), ("cluster_name", str), ("node_prefix", str)):
+        if not isinstance(getattr(layout, name), kind):
+            raise ClusterSetupError(f"{name} must be text, got {getattr(layout, name)!r}")
+    for name in ("nodes", "spares", "gpus_per_node", "cpus_per_node", "memory_mb", "port_base", "slurmd_timeout"):
+        value = getattr(layout, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ClusterSetupError(f"{name} must be a whole number, got {value!r}")
+    if not isinstance(layout.job_submit_lua, bool):
+        raise ClusterSetupError(f"job_submit_lua must be true or false, got {layout.job_submit_lua!r}")
+    for name in ("partition", "cluster_name", "node_prefix"):
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", getattr(layout, name)):
+            raise ClusterSetupError(f"{name} {getattr(layout, name)!r} is not a plain Slurm name")
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """Refuse a state directory that slurm.conf cannot hold (see _SAFE_PATH), before anything is created."""
+    text = str(state_dir)
+    if not _SAFE_PATH.fullmatch(text):
+        bad = sorted({ch for ch in text if not re.fullmatch(r"[A-Za-z0-9._/+@-]", ch)})
+        shown = " ".join(repr(ch) for ch in bad) or "a relative path"
+        raise ClusterSetupError(f"state directory {text!r} cannot be written into slurm.conf ({shown}); "
+                                "choose a path of letters, digits and ._/+@- only")

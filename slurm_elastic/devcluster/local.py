@@ -10,10 +10,17 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_elastic.devcluster import processes
-from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE, ClusterLayout, default_state_dir
+from slurm_elastic.devcluster.layout import (
+    DEFAULT_PORT_BASE,
+    DEFAULT_SLURMD_TIMEOUT_S,
+    ClusterLayout,
+    check_state_dir,
+    default_state_dir,
+)
 from slurm_elastic.devcluster.processes import Identity
 from slurm_elastic.devcluster.status import (
     ClusterStatus,
@@ -184,12 +191,14 @@ class LocalCluster:
         port_base: int = DEFAULT_PORT_BASE,
         job_submit_lua: Path | str | None = None,
         timeout: float = 60.0,
+        slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S,
     ) -> ClusterStatus:
-        """Write the configuration, start munged, slurmctld and one slurmd per non-spare node; wait until IDLE."""
-        if os.geteuid() != 0:
-            raise ClusterSetupError(
-                "`slurm-elastic cluster up` must run as root (slurmd runs jobs as their users); use sudo"
-            )
+        """Write the configuration, start munged, slurmctld and one slurmd per non-spare node; wait until IDLE.
+
+        slurmd_timeout: seconds before Slurm calls a silent node DOWN (SlurmdTimeout).
+        """
+        check_state_dir(self.state_dir)
+        _require_root("up", "slurmd runs jobs as their users")
         for program in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "scancel"):
             require_program(program)
         if self.exists():
@@ -214,6 +223,7 @@ class LocalCluster:
             memory_mb=memory_mb,
             port_base=port_base,
             job_submit_lua=lua_source is not None,
+            slurmd_timeout=slurmd_timeout,
         )
         self._check_ports(layout)
         self._write_files(layout, version, lua_source)
@@ -392,6 +402,7 @@ class LocalCluster:
         With mark_down, also set it DOWN at once (`scontrol update State=DOWN`),
         as an administrator would; Slurm then requeues its jobs immediately.
         """
+        _require_root("node-down", "its daemons are root's")
         layout = self.layout
         self._known(layout, name)
         pid = self._slurmd_pid(layout, name)
@@ -412,6 +423,7 @@ class LocalCluster:
 
     def retire_spare(self, name: str) -> None:
         """Put a started spare back to its initial state: slurmd stopped, DOWN with the spare reason."""
+        _require_root("retire a spare", "its daemons are root's")
         layout = self.layout
         self._known(layout, name)
         if name not in layout.spare_names:
@@ -425,6 +437,7 @@ class LocalCluster:
 
         With wait, return once Slurm shows the node serving (IDLE or running jobs).
         """
+        _require_root("node-up", "slurmd runs jobs as their users")
         layout = self.layout
         self._known(layout, name)
         if self._ctld_pid(layout) is None:
@@ -440,12 +453,45 @@ class LocalCluster:
             self.wait_for_nodes([name], node_state_serving, timeout=timeout, what="back in service")
         return pid
 
+    def set_slurmd_timeout(self, seconds: int) -> int:
+        """Change SlurmdTimeout of the running cluster (rewrite slurm.conf, `scontrol reconfigure`); return the old one.
+
+        For tests that kill nodes on a cluster that otherwise runs with a long timeout:
+        the change is read back from slurmctld, so a reconfigure that did not take is an error.
+        """
+        _require_root("change SlurmdTimeout", "slurm.conf is root's")
+        layout = self.layout
+        if self._ctld_pid(layout) is None:
+            raise ClusterSetupError(f"the local cluster in {self.state_dir} is not up; run `slurm-elastic cluster up`")
+        old = layout.slurmd_timeout
+        if seconds == old:
+            return old
+        changed = replace(layout, slurmd_timeout=seconds)
+        version = detect_version()
+        _write_text(changed.slurm_conf, render_slurm_conf(changed, version))
+        _write_text(changed.layout_file, changed.to_json())
+        self.slurm("scontrol", "reconfigure")
+        _wait_until(lambda: self.slurmd_timeout_in_effect() == seconds, 30.0,
+                    f"slurmctld did not take SlurmdTimeout={seconds} after reconfigure; see {layout.ctld_log}")
+        log.info("SlurmdTimeout %d s -> %d s", old, seconds)
+        return old
+
+    def slurmd_timeout_in_effect(self) -> int | None:
+        """SlurmdTimeout as slurmctld reports it (`scontrol show config`), in seconds."""
+        for line in self.slurm("scontrol", "show", "config").stdout.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "SlurmdTimeout":
+                number = value.strip().split()[0] if value.strip() else ""
+                return int(number) if number.isdigit() else None
+        return None
+
     # -- down ------------------------------------------------------------------
     def down(self, *, grace: float = 1.5) -> list[int]:
         """Cancel every job, stop all daemons, and prove that no process of the cluster is left.
 
         Returns the pids that were running before. Raises if any survived.
         """
+        _require_root("down", "its daemons are root's")
         layout = self.layout
         before = self.leftover_processes()
         if self._ctld_pid(layout) is not None:
@@ -499,6 +545,11 @@ class LocalCluster:
             layout.runtime_dir.rmdir()  # munged removed its socket on exit
         except OSError:
             pass
+
+
+def _require_root(action: str, why: str) -> None:
+    if os.geteuid() != 0:
+        raise ClusterSetupError(f"`slurm-elastic cluster {action}` must run as root ({why}); use sudo")
 
 
 def _write_text(path: Path, text: str) -> None:

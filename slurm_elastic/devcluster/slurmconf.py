@@ -34,8 +34,9 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         f"SlurmdLogFile={d.log_dir}/slurmd-%n.log",
         # Nodes may claim more CPUs and memory than the host has.
         "SlurmdParameters=config_overrides",
-        # Every daemon binds 127.0.0.1 only, so several slurmd share one host.
-        "CommunicationParameters=NoInAddrAny",
+        # Every daemon binds 127.0.0.1 only: NoInAddrAny covers the slurmds (so several
+        # share one host), NoCtldInAddrAny slurmctld, which otherwise listens on 0.0.0.0.
+        "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
@@ -48,7 +49,7 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         "JobRequeue=1",
         # A DOWN node returns to service as soon as its slurmd registers again.
         "ReturnToService=2",
-        "SlurmdTimeout=10",
+        f"SlurmdTimeout={d.slurmd_timeout}",
         "SlurmctldTimeout=30",
         # Keep finished jobs visible to squeue/scontrol for 5 minutes.
         "MinJobAge=300",

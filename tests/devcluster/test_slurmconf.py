@@ -37,7 +37,8 @@ def _settings(text: str) -> dict[str, str]:
 def test_slurm_conf_has_the_settings_every_version_needs(version: SlurmVersion) -> None:
     conf = _settings(render_slurm_conf(_layout(), version))
     assert conf["SlurmdParameters"] == "config_overrides"
-    assert conf["CommunicationParameters"] == "NoInAddrAny"
+    # slurmds and slurmctld bind 127.0.0.1 only (without NoCtldInAddrAny slurmctld listens on 0.0.0.0).
+    assert conf["CommunicationParameters"].split(",") == ["NoInAddrAny", "NoCtldInAddrAny"]
     assert conf["ProctrackType"] == "proctrack/linuxproc"
     assert conf["TaskPlugin"] == "task/none"
     assert conf["SelectType"] == "select/cons_tres"
@@ -53,6 +54,10 @@ def test_slurm_conf_has_the_settings_every_version_needs(version: SlurmVersion) 
     assert conf["SlurmdPidFile"].endswith("slurmd-%n.pid")
     assert conf["SlurmdLogFile"].endswith("slurmd-%n.log")
     assert "JobSubmitPlugins" not in conf
+
+
+def test_slurmd_timeout_is_the_layouts() -> None:
+    assert _settings(render_slurm_conf(_layout(slurmd_timeout=300), V22))["SlurmdTimeout"] == "300"
 
 
 def test_cgroup_conf_only_from_23_11() -> None:
