@@ -15,8 +15,9 @@ from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.slurm_values import (SlurmParseError, SlurmVersion, expand_hostlist, gres_gpus,
-                                                job_state, node_state, number, per_gpu_value, size_mb,
-                                                spec_from_comment, tres_gpus, tres_map)
+                                                job_cpus_per_node, job_held, job_mem_per_node, job_state,
+                                                node_state, number, per_gpu_value,
+                                                reason_code, size_mb, spec_from_comment, tres_gpus, tres_map)
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,7 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
     if jid is None:
         raise MissingField("job", "job_id", "?")
     state = job_state(_get(rec, "job_state", "job", jid))
-    reason = str(rec.get("state_reason") or "")
-    if reason == "None":
-        reason = ""
+    reason = reason_code(str(rec.get("state_reason") or ""))
 
     user = str(rec.get("user_name") or "")
     uid = number(rec.get("user_id"))
@@ -113,17 +112,19 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
 
     gpn = job_gpus_per_node(rec, jid, num_nodes, running=state.active)
 
-    cpus_total = number(_get(rec, "cpus", "job", jid)) or 0
-    cpus_per_node = math.ceil(cpus_total / num_nodes) if cpus_total else 0
+    cpus_total = number(_get(rec, "cpus", "job", jid))
+    if cpus_total is None:  # 22.05: null for a job cancelled while pending; the request still says
+        cpus_total = number(tres_map(rec.get("tres_req_str")).get("cpu")) or 0
     cpus_per_gpu = _int_or_none(per_gpu_value(rec.get("cpus_per_tres")))
+    cpus_per_node = job_cpus_per_node(cpus_total, num_nodes, gpus_per_node=gpn, cpus_per_gpu=cpus_per_gpu,
+                                      running=state.active)
     mem_per_gpu = _mem_or_none(per_gpu_value(rec.get("memory_per_tres")))
-    mem_per_node = _job_mem_per_node(rec, jid, cpus_per_node, gpn, mem_per_gpu, num_nodes)
+    mem_per_node = _job_mem_per_node(rec, jid, cpus_per_node, gpn, mem_per_gpu, num_nodes, running=state.active)
 
-    priority = number(rec.get("priority"))
-    held = bool(rec.get("hold")) or state is JobState.REQUEUE_HOLD or (
-        state is JobState.PENDING and priority == 0 and reason.startswith("JobHeld"))
     if "hold" not in rec and "priority" not in rec:
         raise MissingField("job", "hold/priority", jid)
+    # 22.05 has no `hold` key (priority 0 says it); from 23.02 both are there.
+    held = job_held(state, hold_flag=bool(rec.get("hold")), priority=number(rec.get("priority")))
 
     comment = str(rec.get("comment") or "")
     spec, spec_error = spec_from_comment(comment)
@@ -175,22 +176,31 @@ def job_gpus_per_node(rec: Mapping[str, Any], jid: object, num_nodes: int, *, ru
 
 
 def _job_mem_per_node(rec: Mapping[str, Any], jid: object, cpus_per_node: int, gpn: int,
-                      mem_per_gpu: int | None, num_nodes: int) -> int:
-    per_node = number(rec.get("memory_per_node"))
-    if per_node:
-        return per_node
-    per_cpu = number(rec.get("memory_per_cpu"))
-    if per_cpu:
-        return per_cpu * cpus_per_node
-    if mem_per_gpu:
-        return mem_per_gpu * gpn
-    for key in ("tres_alloc_str", "tres_req_str"):
-        mem = tres_map(rec.get(key)).get("mem")
-        if mem:
-            return math.ceil(size_mb(mem) / max(num_nodes, 1))
-    if not any(k in rec for k in ("memory_per_node", "memory_per_cpu", "tres_req_str")):
+                      mem_per_gpu: int | None, num_nodes: int, *, running: bool) -> int:
+    if not any(k in rec for k in ("memory_per_node", "memory_per_cpu", "memory_per_tres", "tres_req_str")):
         raise MissingField("job", "memory_per_node", jid)
-    return 0
+    allocated = allocated_mem_per_node(rec.get("job_resources")) if running else []
+    tres_mem = next((m for m in (tres_map(rec.get(k)).get("mem") for k in ("tres_alloc_str", "tres_req_str")) if m),
+                    None)
+    return job_mem_per_node(
+        # one number per job: the largest allocation, so capacity left to others is never overstated
+        allocated=max(allocated) if allocated else None, per_gpu=mem_per_gpu, gpus_per_node=gpn,
+        per_node=number(rec.get("memory_per_node")), per_cpu=number(rec.get("memory_per_cpu")),
+        cpus_per_node=cpus_per_node, tres_total=size_mb(tres_mem) if tres_mem else None, num_nodes=num_nodes)
+
+
+def allocated_mem_per_node(resources: Any) -> list[int]:
+    """MB allocated on each node from `job_resources`: 22.05 `allocated_nodes[].memory_allocated`,
+    23.02+ `nodes.allocation[].memory.allocated`; [] for a job without an allocation."""
+    if not isinstance(resources, dict):
+        return []
+    nodes = resources.get("nodes")
+    if isinstance(nodes, dict):
+        entries = [a.get("memory", {}).get("allocated") for a in nodes.get("allocation") or ()
+                   if isinstance(a.get("memory"), dict)]
+    else:
+        entries = [a.get("memory_allocated") for a in resources.get("allocated_nodes") or ()]
+    return [m for m in (number(e) for e in entries) if m]
 
 
 def _int_or_none(text: str | None) -> int | None:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from slurm_elastic.cluster.model import Job, JobState, Node, NodeFlag, NodeState
-from slurm_elastic.cluster.slurm_values import (SlurmParseError, expand_hostlist, gres_gpus, job_state,
-                                                node_state, per_gpu_value, size_mb, spec_from_comment,
-                                                tres_gpus, tres_map)
+from slurm_elastic.cluster.slurm_values import (SlurmParseError, expand_hostlist, gres_gpus, job_cpus_per_node,
+                                                job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
+                                                reason_code, size_mb, spec_from_comment, tres_gpus, tres_map)
 
 _KEY = re.compile(r"[A-Z][A-Za-z0-9_/:]*=")
 _NULL = ("", "(null)", "N/A", "None", "Unknown")
@@ -83,9 +83,7 @@ def job_from_text(rec: dict[str, str]) -> Job:
     if "JobState" not in rec:
         raise SlurmParseError(f"scontrol text for job {jid}: JobState= is missing")
     state = job_state(rec["JobState"])
-    reason = rec.get("Reason", "")
-    if reason in _NULL:
-        reason = ""
+    reason = reason_code(rec.get("Reason", ""))
     user_field = rec.get("UserId", "")
     m = re.fullmatch(r"(.*)\((\d+)\)", user_field)
     user, uid = (m[1], int(m[2])) if m else (user_field, None)
@@ -99,21 +97,19 @@ def job_from_text(rec: dict[str, str]) -> Job:
         if requested.isdigit() and int(requested) > 0:
             num_nodes = int(requested)
     gpn = _text_gpus_per_node(rec, num_nodes, running=state.active)
-    cpus = _int(rec, "NumCPUs", jid)
-    cpus_per_node = math.ceil(cpus / max(num_nodes, 1))
     cpg = per_gpu_value(rec.get("CpusPerTres"))
+    cpus_per_gpu = int(cpg) if cpg and cpg.isdigit() else None
+    cpus_per_node = job_cpus_per_node(_int(rec, "NumCPUs", jid), num_nodes, gpus_per_node=gpn,
+                                      cpus_per_gpu=cpus_per_gpu, running=state.active)
     mpg_raw = per_gpu_value(rec.get("MemPerTres"))
     mem_per_gpu = size_mb(mpg_raw) if mpg_raw else None
-    mem_node = _mem_field(rec, "MinMemoryNode")
-    if not mem_node:  # 0 when memory was asked per GPU or per CPU
-        per_cpu = _mem_field(rec, "MinMemoryCPU")
-        mem_node = per_cpu * cpus_per_node if per_cpu else (mem_per_gpu or 0) * gpn
-    if not mem_node:  # no per-node/CPU/GPU request (whole-node memory): what the TRES say
-        for key in ("AllocTRES", "TRES", "ReqTRES"):
-            mem = tres_map(rec.get(key)).get("mem")
-            if mem:
-                mem_node = math.ceil(size_mb(mem) / max(num_nodes, 1))
-                break
+    tres_mem = next((m for m in (tres_map(rec.get(k)).get("mem") for k in ("AllocTRES", "TRES", "ReqTRES")) if m),
+                    None)
+    mem_node = job_mem_per_node(
+        # `scontrol -d show job` of a running job: "Nodes=n[1-2] CPU_IDs=0-1 Mem=1000 GRES=..." per node group
+        allocated=_mem_field(rec, "Mem") if state.active else None, per_gpu=mem_per_gpu, gpus_per_node=gpn,
+        per_node=_mem_field(rec, "MinMemoryNode"), per_cpu=_mem_field(rec, "MinMemoryCPU"),
+        cpus_per_node=cpus_per_node, tres_total=size_mb(tres_mem) if tres_mem else None, num_nodes=num_nodes)
     priority = _int(rec, "Priority", jid)
     comment = rec.get("Comment", "")
     comment = "" if comment == "(null)" else comment
@@ -122,10 +118,9 @@ def job_from_text(rec: dict[str, str]) -> Job:
     return Job(
         job_id=jid, user=user, name=rec.get("JobName", ""), state=state, reason=reason, nodes=nodes,
         num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node, mem_per_node_mb=mem_node,
-        cpus_per_gpu=int(cpg) if cpg and cpg.isdigit() else None, mem_per_gpu_mb=mem_per_gpu,
+        cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=_int(rec, "Restarts", jid), requeue=rec.get("Requeue") == "1",
-        held=state is JobState.REQUEUE_HOLD or (state is JobState.PENDING and priority == 0
-                                                and reason.startswith("JobHeld")),
+        held=job_held(state, hold_flag=False, priority=priority),
         partition=rec.get("Partition", ""), comment=comment, user_id=uid,
         submit_time=_time(rec.get("SubmitTime")),
         start_time=_time(rec.get("StartTime")) if ran else None,
@@ -232,7 +227,7 @@ def squeue_table(text: str) -> tuple[SqueueRow, ...]:
         rows.append(SqueueRow(job_id=int(cols[0]), partition=cols[1], name=cols[2], user=cols[3],
                               state=_SQUEUE_CODES[cols[4]], num_nodes=int(cols[6]),
                               nodes=() if reason or not last else expand_hostlist(last),
-                              reason="" if reason == "None" else reason))
+                              reason=reason_code(reason)))
     return tuple(rows)
 
 

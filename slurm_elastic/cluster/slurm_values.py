@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -297,6 +298,88 @@ def job_state(value: str | list[str] | tuple[str, ...]) -> JobState:
         if w in _JOB_BASE:
             return _JOB_BASE[w]
     raise SlurmParseError(f"unknown job state {'+'.join(words)!r}")
+
+
+# --- what a job needs per node ----------------------------------------------------------------------
+
+def job_cpus_per_node(cpus_total: int, num_nodes: int, *, gpus_per_node: int, cpus_per_gpu: int | None,
+                      running: bool) -> int:
+    """CPUs per node: a running job's allocation over its nodes; a pending job's request.
+
+    A pending --cpus-per-gpu job's per-GPU request comes first: 22.05 counts its CPUs as one
+    per task (NumCPUs=2 for 2 nodes x 2 GPUs at 1 CPU per GPU; it then ran with 4), 24.11
+    and 26.05 count 4 (the project captures).
+    """
+    if not running and cpus_per_gpu and gpus_per_node:
+        return cpus_per_gpu * gpus_per_node
+    return math.ceil(cpus_total / max(num_nodes, 1)) if cpus_total else 0
+
+
+def job_mem_per_node(*, allocated: int | None = None, per_gpu: int | None = None, gpus_per_node: int = 0,
+                     per_node: int | None = None, per_cpu: int | None = None, cpus_per_node: int = 0,
+                     tres_total: int | None = None, num_nodes: int = 1) -> int:
+    """MB per node: what Slurm allocated on each node (running), else what the job asked for.
+
+    --mem, --mem-per-cpu and --mem-per-gpu exclude each other, and a --mem-per-gpu=M job with
+    G GPUs per node holds G*M per node. 23.02+ also report M itself as the job's memory per
+    node (`memory_per_node` 500 and `MinMemoryTRES=500M` for 2 GPUs at 500M, where Slurm
+    allocated 1000 per node; 22.05: null and `MinMemoryNode=0`), so the per-GPU request is read
+    before the per-node one. The TRES total (no request of either kind) is spread evenly.
+    """
+    if allocated:
+        return allocated
+    if per_gpu and gpus_per_node:
+        return per_gpu * gpus_per_node
+    if per_node:
+        return per_node
+    if per_cpu:
+        return per_cpu * cpus_per_node
+    if tres_total:
+        return math.ceil(tres_total / max(num_nodes, 1))
+    return 0
+
+
+# --- held jobs and reasons -------------------------------------------------------------------------
+
+def job_held(state: JobState, *, hold_flag: bool, priority: int | None) -> bool:
+    """Held: a pending job that Slurm will not start until it is released.
+
+    Only a PENDING (or REQUEUE_HOLD) job can be held. Slurm 24.11 and 26.05 keep `"hold": true`
+    in `squeue --json` on a held job after it was cancelled, and 22.05 keeps priority 0 there
+    (both seen live), so neither says "held" on a finished job. Priority 0 is what a hold is in
+    Slurm (`scontrol hold` and `requeuehold` set it; no scheduling plugin computes 0).
+    """
+    if state is JobState.REQUEUE_HOLD:
+        return True
+    if state is not JobState.PENDING:
+        return False
+    return hold_flag or priority == 0
+
+
+# Descriptions slurmctld puts in a job's state_desc, which scontrol text (spaces -> '_'), squeue's
+# %r and pyslurm's `state_reason` show instead of the reason code; the JSON's state_reason is the
+# code. Only descriptions seen live are listed.
+_REASON_OF_DESCRIPTION = {
+    "job requeued in held state": "JobHeldUser",   # scontrol requeuehold (22.05, 24.11, 26.05)
+}
+
+
+def reason_code(text: str | None) -> str:
+    """Slurm's reason code ('JobHeldUser', 'BeginTime') from a code or a state description.
+
+    '', 'None' and '(null)' mean no reason. 'ReqNodeNotAvail, UnavailableNodes:n1' is a
+    description that starts with its code. An unknown description is returned as it is.
+    """
+    text = (text or "").strip()
+    if text in ("", "None", "(null)"):
+        return ""
+    known = _REASON_OF_DESCRIPTION.get(text.replace("_", " "))
+    if known:
+        return known
+    head = text.split(",", 1)[0].strip()
+    if re.fullmatch(r"[A-Z][A-Za-z0-9_]*", head):
+        return head
+    return text
 
 
 # --- the elastic spec in a comment -----------------------------------------------------------------

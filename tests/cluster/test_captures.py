@@ -13,7 +13,7 @@ import pytest
 from slurm_elastic.cluster.parse_json import parse_jobs, parse_nodes
 from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text, sinfo_table, squeue_table
 
-from tests.cluster.captures import CAPTURES, VERSIONS, capture_dir, load, text
+from tests.cluster.captures import CAPTURES, PROJECT_CAPTURES, VERSIONS, capture_dir, load, text
 
 # file name pattern -> how it is read (the tests in this package check the results)
 READERS = {
@@ -70,3 +70,24 @@ def test_plain_tables_agree_with_the_model(version: str) -> None:
             (job.state, job.user, job.name, job.partition, job.num_nodes, job.nodes, job.reason)
     nodes = parse_nodes(load(version, "sinfo.json" if version == "22.05" else "scontrol-show-nodes.json"))
     assert sinfo_table(text(version, "sinfo.txt")) == {n.name: (n.state, n.flags) for n in nodes}
+
+
+# The project's own captures (tests/cluster/slurm-json) and the tests that read them.
+PROJECT_READERS = {
+    r"squeue-[a-z-]+\.json": "test_parse_json (held, reason, memory per node)",
+    r"scontrol-show-job-mem-per-gpu-running\.json": "test_parse_json::test_mem_per_gpu_job_from_scontrol_json",
+    r"scontrol-show-job-[a-z-]+\.txt": "test_parse_text::test_version_differences_in_text_give_the_json_model",
+    r"squeue-format\.txt": "test_pyslurm_backend (the TRES strings the pyslurm backend reads with squeue -O)",
+    r"finished-job-actions\.txt": "test_cli_backend::test_finished_and_unknown_job_errors_as_slurm_words_them",
+}
+
+
+def test_every_project_capture_is_covered() -> None:
+    files = sorted(p for p in PROJECT_CAPTURES.rglob("*") if p.is_file() and p.suffix in (".json", ".txt"))
+    assert {p.parent.name for p in files} == set(VERSIONS)
+    uncovered = [str(p.relative_to(PROJECT_CAPTURES)) for p in files
+                 if not any(re.fullmatch(rx, p.name) for rx in PROJECT_READERS)]
+    assert not uncovered, f"project capture files no test reads: {uncovered}"
+    for version in VERSIONS:  # the same scenario on every version (scontrol --json only from 23.02)
+        names = {p.name for p in files if p.parent.name == version}
+        assert len(names) == (8 if version == "22.05" else 9), (version, sorted(names))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,8 @@ from slurm_elastic.cluster.cli_backend import CliBackend, classify, sbatch_args,
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
 from slurm_elastic.spec import ElasticSpec
+
+from tests.cluster.captures import VERSIONS, project_text
 
 
 @pytest.mark.parametrize("version,gpu", [(SlurmVersion(22, 5, 8), "gres:gpu"), (SlurmVersion(24, 11, 5), "gres/gpu"),
@@ -110,3 +114,57 @@ def test_missing_slurm_commands(tmp_path) -> None:
     b = CliBackend(env={"PATH": str(tmp_path)}, retries=1)
     with pytest.raises(SlurmUnavailable, match="not found"):
         b.snapshot()
+
+
+def recorded_actions(version: str) -> dict[str, tuple[str, int]]:
+    """finished-job-actions.txt of a project capture: command -> (its output, its exit code)."""
+    out: dict[str, tuple[str, int]] = {}
+    for block in project_text(version, "finished-job-actions.txt").split("== ")[1:]:
+        command, _, rest = block.partition("\n")
+        lines = rest.rstrip("\n").splitlines()
+        rc_line = next(ln for ln in lines if ln.startswith("rc="))
+        out[command] = ("\n".join(lines[:lines.index(rc_line)]), int(rc_line[3:]))
+    return out
+
+
+def replaying_slurm(tmp_path: Path, recorded: dict[str, tuple[str, int]]) -> dict[str, str]:
+    """scancel/scontrol stand-ins that answer with what the real ones printed (to stderr) and exited with.
+
+    A command matches a recording by its first two arguments after the program (`scontrol update
+    JobId=1 ...` whatever the rest), or exactly.
+    """
+    table = tmp_path / "recorded.json"
+    table.write_text(json.dumps({cmd: list(v) for cmd, v in recorded.items()}))
+    stub = (f"#!{sys.executable}\nimport json, os, sys\n"
+            f"table = json.load(open({str(table)!r}))\n"
+            "argv = [os.path.basename(sys.argv[0])] + sys.argv[1:]\n"
+            "for cmd, (text, rc) in table.items():\n"
+            "    words = cmd.split()\n"
+            "    if words == argv or (words[0] == 'scontrol' and words[:3] == argv[:3]):\n"
+            "        sys.stderr.write(text + '\\n'); sys.exit(rc)\n"
+            "sys.stderr.write('no recording for ' + ' '.join(argv) + '\\n'); sys.exit(99)\n")
+    for name in ("scancel", "scontrol"):
+        path = tmp_path / name
+        path.write_text(stub)
+        path.chmod(0o755)
+    return {"PATH": str(tmp_path)}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_finished_and_unknown_job_errors_as_slurm_words_them(version: str, tmp_path: Path) -> None:
+    """The errors every backend raises for a finished or unknown job (the pyslurm backend matches these)."""
+    recorded = recorded_actions(version)
+    finished = int(project_text(version, "finished-job-actions.txt").split("job ids: ")[1].split()[0])
+    b = CliBackend(env=replaying_slurm(tmp_path, recorded), version=SlurmVersion.parse(version), retries=1)
+    with pytest.raises(SlurmError, match="already completing or completed") as info:
+        b.cancel(finished)            # scancel exits 0 here and says so only with --verbose
+    assert type(info.value) is SlurmError
+    with pytest.raises(UnknownJob, match="Invalid job id specified"):
+        b.cancel(999999)
+    with pytest.raises(UnknownJob, match="Invalid job id specified"):
+        b.signal(finished, "USR2")
+    for action in (b.hold, b.release,
+                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+        with pytest.raises(SlurmError, match="Job has already finished") as info:
+            action(finished)
+        assert type(info.value) is SlurmError

@@ -7,13 +7,14 @@ import json
 
 import pytest
 
-from slurm_elastic.cluster.model import Job, Node
-from slurm_elastic.cluster.parse_json import (MissingField, cluster_state, job_from_record, parse_jobs,
-                                              parse_nodes, version_of)
-from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion
+from slurm_elastic.cluster.model import Job, JobState, Node
+from slurm_elastic.cluster.parse_json import (MissingField, allocated_mem_per_node, cluster_state, job_from_record,
+                                              parse_jobs, parse_nodes, version_of)
+from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion, number
 from slurm_elastic.spec import ElasticSpec
 
-from tests.cluster.captures import EXPECTED_JOBS, EXPECTED_NODES, VERSIONS, capture_dir, load
+from tests.cluster.captures import (EXPECTED_JOBS, EXPECTED_NODES, MEM_PER_GPU_JOB, VERSIONS, capture_dir, load,
+                                    project_load)
 
 
 def assert_job(job: Job, expected: dict) -> None:
@@ -126,6 +127,66 @@ def test_held_on_22_05_is_priority_zero_and_reason() -> None:
     del rec["priority"]
     with pytest.raises(MissingField, match="hold/priority"):
         job_from_record(rec)
+
+
+# --- fields whose meaning differs between versions (the project captures, tests/cluster/slurm-json) -----
+
+def project_jobs(version: str, name: str) -> dict[int, Job]:
+    return {j.job_id: j for j in parse_jobs(project_load(version, name))}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cancelled_held_job_is_not_held(version: str) -> None:
+    # 24.11 and 26.05 keep "hold": true on the cancelled job; 22.05 keeps priority 0 and JobHeldUser.
+    rec = {r["job_id"]: r for r in project_load(version, "squeue-held-then-cancelled.json")["jobs"]}[2]
+    assert rec.get("hold") is (None if version == "22.05" else True)
+    job = project_jobs(version, "squeue-held-then-cancelled.json")[2]
+    assert job.state is JobState.CANCELLED and not job.held and job.reason == "JobHeldUser"
+    assert job.cpus_per_node == 1  # 22.05 gives `cpus: null` for it; the requested TRES say cpu=1
+    before = project_jobs(version, "squeue-mem-per-gpu-running.json")[2]
+    assert before.state is JobState.PENDING and before.held  # the same job while it was held
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_requeue_held_job_is_held_with_the_reason_code(version: str) -> None:
+    rec = {r["job_id"]: r for r in project_load(version, "squeue-requeue-held.json")["jobs"]}[1]
+    assert rec["state_description"] == "job requeued in held state"
+    job = project_jobs(version, "squeue-requeue-held.json")[1]
+    assert (job.state, job.held, job.reason, job.restarts) == (JobState.PENDING, True, "JobHeldUser", 1)
+    # and the cancelled job 2 beside it is not
+    assert not project_jobs(version, "squeue-requeue-held.json")[2].held
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mem_per_gpu_job_holds_gpus_times_mem_per_node(version: str) -> None:
+    # Slurm allocated 1000 MB per node (2 GPUs x 500M); 23.02+ put 500 in memory_per_node, 22.05 null.
+    rec = {r["job_id"]: r for r in project_load(version, "squeue-mem-per-gpu-running.json")["jobs"]}[1]
+    assert number(rec["memory_per_node"]) == (None if version == "22.05" else 500)
+    job = project_jobs(version, "squeue-mem-per-gpu-running.json")[1]
+    assert job.state is JobState.RUNNING
+    assert {k: getattr(job, k) for k in MEM_PER_GPU_JOB} == MEM_PER_GPU_JOB
+    # the allocation (job_resources) agrees with the request read per GPU
+    assert allocated_mem_per_node(rec["job_resources"]) == [1000, 1000]
+    pending = project_jobs(version, "squeue-requeue-held.json")[1]  # no allocation now: read from the request
+    assert {k: getattr(pending, k) for k in MEM_PER_GPU_JOB} == MEM_PER_GPU_JOB
+
+
+@pytest.mark.parametrize("version", ["24.11", "26.05"])
+def test_mem_per_gpu_job_from_scontrol_json(version: str) -> None:
+    (job,) = parse_jobs(project_load(version, "scontrol-show-job-mem-per-gpu-running.json"))
+    assert {k: getattr(job, k) for k in MEM_PER_GPU_JOB} == MEM_PER_GPU_JOB
+    assert job == project_jobs(version, "squeue-mem-per-gpu-running.json")[1]
+
+
+def test_running_job_memory_is_the_allocation() -> None:
+    # --mem=0 (the whole node): no request says how much; the allocation does.
+    rec = copy.deepcopy(load("24.11", "squeue.json")["jobs"][0])
+    rec["job_resources"]["nodes"]["allocation"][0]["memory"]["allocated"] = 16000
+    rec["memory_per_node"] = {"set": True, "infinite": False, "number": 0}
+    assert job_from_record(rec).mem_per_node_mb == 16000
+    rec = copy.deepcopy(load("22.05", "squeue.json")["jobs"][0])
+    rec["job_resources"]["allocated_nodes"][0]["memory_allocated"] = 16000
+    assert job_from_record(rec).mem_per_node_mb == 16000
 
 
 # --- the elastic spec in the comment ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from slurm_elastic.cluster.parse_json import parse_jobs, parse_nodes
 from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text, records
 from slurm_elastic.cluster.slurm_values import SlurmParseError
 
-from tests.cluster.captures import EXPECTED_JOBS, VERSIONS, load, text
+from tests.cluster.captures import EXPECTED_JOBS, MEM_PER_GPU_JOB, VERSIONS, load, project_load, project_text, text
 from tests.cluster.test_parse_json import assert_job
 
 
@@ -36,6 +36,22 @@ def test_job_text_equals_json(version: str, kind: str, jid: int, utc: None) -> N
     assert_job(job, EXPECTED_JOBS[jid])
     from_json = {j.job_id: j for j in parse_jobs(load(version, "squeue.json"))}[jid]
     assert job == from_json
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("kind,json_name,jid", [
+    ("mem-per-gpu-running", "squeue-mem-per-gpu-running.json", 1),   # 22.05 MinMemoryNode=0, later MinMemoryTRES=500M
+    ("requeue-held", "squeue-requeue-held.json", 1),                 # Reason=job_requeued_in_held_state
+    ("held-then-cancelled", "squeue-held-then-cancelled.json", 2)])  # CANCELLED with Priority=0
+def test_version_differences_in_text_give_the_json_model(version: str, kind: str, json_name: str, jid: int,
+                                                        utc: None) -> None:
+    (job,) = jobs_from_text(project_text(version, f"scontrol-show-job-{kind}.txt"))
+    from_json = {j.job_id: j for j in parse_jobs(project_load(version, json_name))}[jid]
+    assert job == from_json
+    if kind != "held-then-cancelled":
+        assert {k: getattr(job, k) for k in MEM_PER_GPU_JOB} == MEM_PER_GPU_JOB
+    assert job.held is (kind == "requeue-held")
+    assert job.reason == ("" if kind == "mem-per-gpu-running" else "JobHeldUser")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
