@@ -161,7 +161,7 @@ def elastic_cluster() -> Iterator[ElasticCluster]:
             local.down()
         _remove_scratch(root)
         pytest.fail(f"cannot start the private Slurm cluster: {exc}")
-    env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"),
+    env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"), "FAKE_PYTHON": sys.executable,
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "state" / "daemon"),
            "SLURM_ELASTIC_STATE_DIR": str(root / "state" / "user-root")}
     cluster = ElasticCluster(local=local, root=root, env=env)

@@ -199,12 +199,13 @@ def unprivileged(elastic_cluster, user_pythons):
     os.chown(state, ent.pw_uid, ent.pw_gid)
     elastic_cluster.user_site = runner.site
     elastic_cluster.user_python = runner.python
-    saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
+    saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"], elastic_cluster.env["FAKE_PYTHON"]
     elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
+    elastic_cluster.env["FAKE_PYTHON"] = runner.python     # the user's jobs run the fake trainer with it
     try:
         yield TEST_USER
     finally:
-        elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
+        elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"], elastic_cluster.env["FAKE_PYTHON"] = saved
         elastic_cluster.user_python = None
         elastic_cluster.user_site = None
         for proc in elastic_cluster.procs:      # a watch still running as the user

@@ -123,14 +123,15 @@ def plain_user(elastic_cluster: ElasticCluster, user_pythons: Any) -> Iterator[s
     """A real unprivileged Linux user who can run slurm-elastic (tests/users.py: read-only mounts only)."""
     runner = user_pythons(PLAIN_USER)
     ent = pwd.getpwnam(PLAIN_USER)
-    saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"]
+    saved = elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"], elastic_cluster.env["FAKE_PYTHON"]
     try:
         state = elastic_cluster.root / "state" / "plain-user"
         state.mkdir(parents=True, exist_ok=True)
         os.chown(state, ent.pw_uid, ent.pw_gid)
         elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = str(state)
+        elastic_cluster.env["FAKE_PYTHON"] = runner.python   # the user's jobs run the fake trainer with it
         elastic_cluster.user_python, elastic_cluster.user_site = runner.python, runner.site
         yield PLAIN_USER
     finally:
-        elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"] = saved
+        elastic_cluster.env["SLURM_ELASTIC_STATE_DIR"], elastic_cluster.env["FAKE_PYTHON"] = saved
         elastic_cluster.user_python = elastic_cluster.user_site = None
