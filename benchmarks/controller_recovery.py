@@ -18,7 +18,6 @@ Cases:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -33,6 +32,7 @@ from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import JobState, NodeState
 from slurm_elastic.control.plugin import lua_source
 from slurm_elastic.devcluster import LocalCluster
+from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "tests" / "control"
@@ -145,13 +145,8 @@ def main() -> None:
             daemon.kill()
         local.down()
         shutil.rmtree(root, ignore_errors=True)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print(f"{'case':<15} {'kill->DOWN s':>12} {'DOWN->running s':>16} {'jobs on node':>12} {'GPUs after':>10}")
-    for r in rows:
-        print(f"{r['case']:<15} {r['kill_to_down_s']:>12} {r['down_to_running_s']:>16} {r['jobs_on_node']:>12} "
-              f"{r['gpus_after']:>10}")
+    print_rows(rows, args.json, columns=("case", "kill_to_down_s", "down_to_running_s", "jobs_on_node",
+                                         "gpus_after"))
 
 
 if __name__ == "__main__":

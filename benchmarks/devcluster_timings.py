@@ -11,13 +11,13 @@ that is already up (tests, demo) is not touched. Needs root and Slurm.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 from slurm_elastic.devcluster import LocalCluster, node_state_serving, processes
+from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
 
 def wait_state(local: LocalCluster, node: str, predicate, timeout: float = 120.0) -> float:  # type: ignore[no-untyped-def]
@@ -72,12 +72,7 @@ def main() -> None:
             local.down()
         shutil.rmtree(state_dir, ignore_errors=True)
 
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print(f"{'case':<28} {'nodes':>5} {'cycle':>5} {'wall_s':>8}")
-    for row in rows:
-        print(f"{row['case']:<28} {row['nodes']:>5} {row['cycle']:>5} {row['wall_s']:>8.3f}")
+    print_rows(rows, args.json, columns=("case", "nodes", "cycle", "wall_s"))
 
 
 if __name__ == "__main__":
