@@ -106,7 +106,7 @@ class Journal:
             if "user" not in columns:   # a journal from before plans named the job's owner
                 self._db.execute("ALTER TABLE plans ADD COLUMN user TEXT NOT NULL DEFAULT ''")
         except sqlite3.Error as exc:
-            raise JournalError(f"cannot open the controller journal {self.path}: {exc}") from None
+            raise JournalError(f"cannot open the controller journal {self.path}: {exc}{_full(self.path)}") from None
 
     def close(self) -> None:
         self._db.close()
@@ -221,7 +221,16 @@ class Journal:
             if self._db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-            raise JournalError(f"cannot write the controller journal {self.path}: {exc}") from None
+            raise JournalError(f"cannot write the controller journal {self.path}: {exc}{_full(self.path)}") from None
+
+
+def _full(path: Path) -> str:
+    """SQLite says 'disk I/O error' for a full disk; say what it is."""
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    return " (no space left on the device)" if st.f_bavail == 0 or st.f_favail == 0 else ""
 
 
 def _secure(path: Path) -> None:

@@ -85,7 +85,7 @@ def open_state_dir(directory: Path, *, mode: int = DAEMON_DIR_MODE) -> int:
             pass
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and directory.is_symlink()):
             raise StateDirError(f"controller state dir {directory} is a symlink: give the real path") from None
         if exc.errno == errno.ENOTDIR:
             raise StateDirError(f"controller state dir {directory} is not a directory") from None
@@ -306,7 +306,8 @@ def read_heartbeat(directory: Path) -> Heartbeat | None:
     user. Whether it is recent is `Heartbeat.fresh`.
     """
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # O_PATH: the daemon's directory is 0711, so other users may not open it for reading.
+        dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:

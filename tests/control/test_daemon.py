@@ -57,3 +57,47 @@ def test_a_cycle_that_cannot_reach_slurm_is_counted_and_the_loop_goes_on(tmp_pat
     loop.run(max_cycles=2)
     assert loop.cycles == 2
     assert "slurm_elastic_cycle_errors_total 1.0" in generate_latest(metrics.registry).decode()
+
+
+def test_the_heartbeat_is_written_before_the_first_cycle_and_during_a_long_one(tmp_path):
+    """A cycle can wait minutes for ACKs: the beat must not wait for the cycle to end (issue 14, class 4)."""
+    import time
+
+    slurm = FakeSlurm()
+    seen = []
+    loop = _loop(slurm, tmp_path)
+    loop.beat_every_s = 0.05
+    real_cycle = loop.reconciler.cycle
+
+    def long_cycle(**kw):
+        first = read_heartbeat(tmp_path)
+        time.sleep(1.0)                    # stands in for a long ACK wait
+        seen.append((first, read_heartbeat(tmp_path)))
+        return real_cycle(**kw)
+    loop.reconciler.cycle = long_cycle  # type: ignore[method-assign]
+    loop.run(max_cycles=1)
+    [(first, later)] = seen
+    assert first is not None and later is not None
+    assert later.at - first.at >= 0.5 and later.every_s == 0.05
+
+
+def test_a_state_dir_that_cannot_be_written_stops_the_start_with_one_error(tmp_path):
+    import os
+
+    import pytest
+
+    from slurm_elastic.control.state_dir import StateDirError
+
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    loop = _loop(FakeSlurm(), tmp_path)
+    loop.heartbeat_dir = readonly
+    os.chmod(readonly, 0o500)
+    try:
+        if os.access(readonly, os.W_OK):   # root ignores modes: a missing dir stands in
+            loop.heartbeat_dir = tmp_path / "missing"
+        with pytest.raises(StateDirError, match="cannot write the daemon heartbeat"):
+            loop.run(max_cycles=1)
+    finally:
+        os.chmod(readonly, 0o700)
+    assert loop.cycles == 0

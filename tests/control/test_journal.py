@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 
 import pytest
@@ -53,3 +54,62 @@ def test_unknown_step_is_refused(tmp_path):
     pid = j.open_plan(_plan(), restarts=0)
     with pytest.raises(ValueError):
         j.record(pid, "teleport")
+
+
+# -- the journal holds every user's plans (issue 14, class 3) ----------------------------------------------
+def test_journal_is_private_and_narrowed_from_older_modes(tmp_path):
+    import os
+    import stat
+
+    from slurm_elastic.control.state_dir import StateDirError
+
+    fresh = tmp_path / "fresh" / "j.sqlite"
+    Journal(fresh).open_plan(_plan(), restarts=0)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+    assert stat.S_IMODE(fresh.parent.stat().st_mode) == 0o700
+    for side in ("j.sqlite-wal", "j.sqlite-shm"):
+        if (fresh.parent / side).exists():
+            assert stat.S_IMODE((fresh.parent / side).stat().st_mode) & 0o077 == 0
+
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    (old / "j.sqlite").touch(mode=0o644)
+    os.chmod(old / "j.sqlite", 0o644)
+    Journal(old / "j.sqlite")
+    assert stat.S_IMODE((old / "j.sqlite").stat().st_mode) == 0o600
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(StateDirError, match="writable by group or others"):
+        Journal(shared / "j.sqlite")
+    link = tmp_path / "link"
+    link.mkdir(mode=0o700)
+    (link / "j.sqlite").symlink_to(fresh)
+    with pytest.raises(StateDirError, match="symlink"):
+        Journal(link / "j.sqlite")
+
+
+def test_a_journal_from_before_plans_named_their_owner_is_migrated(tmp_path):
+    path = tmp_path / "j.sqlite"
+    j = Journal(path)
+    pid = j.open_plan(_plan(), restarts=0)
+    j.close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE plans DROP COLUMN user")
+    db.close()
+    j2 = Journal(path)
+    [rec] = j2.open_plans()
+    assert rec.plan_id == pid and rec.plan.user == ""
+    j2.open_plan(dataclasses.replace(_plan(), user="alice"), restarts=0)
+    assert {r.plan.user for r in j2.open_plans()} == {"", "alice"}
+
+
+def test_a_journal_write_on_a_full_disk_is_one_elastic_error(tmp_path):
+    from slurm_elastic.control.journal import JournalError
+
+    j = Journal(tmp_path / "j.sqlite")
+    j._db.execute("PRAGMA max_page_count=1")   # stands in for a full disk: no page can be added
+    with pytest.raises(JournalError, match="cannot write the controller journal"):
+        for _ in range(200):
+            j.open_plan(_plan(), restarts=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slurm_elastic.cluster.model import JobState
@@ -42,7 +44,7 @@ def _protocol(slurm: FakeSlurm, journal: Journal, *, crash_after: str | None = N
 def _shrink_plan(slurm: FakeSlurm, job_id: int) -> Plan:
     job = slurm.jobs[job_id]
     return Plan(job_id=job_id, from_gpus=job.gpus, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=1,
-                mem_per_gpu_mb=1024, entry=PlanEntry.RUNNING, reason="shrink")
+                mem_per_gpu_mb=1024, entry=PlanEntry.RUNNING, reason="shrink", user=job.user)
 
 
 @pytest.fixture
@@ -155,3 +157,80 @@ def test_release_waits_out_the_credential_revocation_second(setup):
     [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
     assert out.status == DONE
     assert at["release"] - at["requeue_hold"] >= ProtocolSettings().credential_gap_s
+
+
+# -- every step re-observes the job (issue 14, class 2) -----------------------------------------------------
+def test_a_job_cancelled_during_the_ack_wait_is_abandoned_and_never_requeued(setup):
+    slurm, job_id, journal = setup
+    slurm.ack = False
+    proto = _protocol(slurm, journal, ack_timeout_s=30.0)
+    sleep = proto._sleep
+
+    def owner_cancels_during_the_wait(s: float) -> None:
+        if proto._clock() >= 1.0 and slurm.jobs[job_id].state is JobState.RUNNING:
+            slurm.cancel(job_id)
+        sleep(s)
+    proto._sleep = owner_cancels_during_the_wait
+    [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == ABANDONED and "cancelled" in out.note
+    assert [v for v, _ in slurm.calls] == ["signal", "cancel"]
+    assert slurm.jobs[job_id].state is JobState.CANCELLED
+    assert proto._clock() < 10.0, "a cancelled job is not waited for until the ACK deadline"
+    assert [s for s, _, _ in journal.steps(out.plan_id)] == ["open", "signal", "ack", ABANDONED]
+
+
+def test_a_job_held_or_resized_by_someone_else_before_the_hold_is_left_alone(setup):
+    slurm, job_id, journal = setup
+    real_signal = slurm.signal
+
+    def admin_holds_it_meanwhile(jid: int, sig: str) -> None:
+        real_signal(jid, sig)
+        slurm.requeue_hold(jid)      # someone else's requeuehold: the job is held, not by us
+    slurm.signal = admin_holds_it_meanwhile  # type: ignore[method-assign]
+    [out] = _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == ABANDONED and "held by someone else" in out.note
+    assert slurm.jobs[job_id].held, "someone else's hold is theirs to release"
+    assert [v for v, _ in slurm.calls] == ["signal", "requeue_hold"]
+
+    other = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=2)
+    plan = Plan(job_id=other, from_gpus=2, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=1,
+                mem_per_gpu_mb=1024, entry=PlanEntry.RUNNING, reason="grow")
+    snap = slurm.snapshot()
+    slurm.jobs[other] = dataclasses.replace(slurm.jobs[other], gpus_per_node=1)   # shrunk in place by an admin
+    slurm.calls.clear()
+    [out] = _protocol(slurm, journal).execute([plan], snap)
+    assert out.status == ABANDONED and "resized by someone else" in out.note
+    assert slurm.calls == []
+
+
+def test_recovery_abandons_a_plan_whose_job_id_now_belongs_to_someone_else(setup):
+    slurm, job_id, journal = setup
+    with pytest.raises(SimulatedCrash):
+        _protocol(slurm, journal, crash_after="signal").execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    slurm.jobs[job_id] = dataclasses.replace(slurm.jobs[job_id], user="mallory")   # a new cluster reused the id
+    slurm.calls.clear()
+    [out] = _protocol(slurm, journal).recover(slurm.snapshot())
+    assert out.status == ABANDONED and "mallory" in out.note
+    assert slurm.calls == []
+
+
+def test_a_queued_job_that_started_before_its_hold_is_not_requeued(setup):
+    slurm, job_id, journal = setup
+    queued = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=4, run=False)
+    slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], reason="Resources")
+    plan = Plan(job_id=queued, from_gpus=4, to_gpus=2, nodes=1, gpus_per_node=2, cpus_per_gpu=1,
+                mem_per_gpu_mb=1024, entry=PlanEntry.PENDING, reason="queued job resized to what fits now")
+    snap = slurm.snapshot()
+    slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], state=JobState.RUNNING, nodes=("n4",))
+    [out] = _protocol(slurm, journal).execute([plan], snap)
+    assert out.status == ABANDONED and "started before it could be held" in out.note
+    assert slurm.jobs[queued].state is JobState.RUNNING and slurm.jobs[queued].restarts == 0
+
+
+def test_may_act_stops_a_plan_before_its_first_step(setup):
+    slurm, job_id, journal = setup
+    proto = RequeueProtocol(slurm, journal, ProtocolSettings(ack_timeout_s=1.0),
+                            may_act=lambda: "the admin daemon (pid 1 on h) is running")
+    [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == ABANDONED and "admin daemon" in out.note
+    assert slurm.calls == [] and slurm.jobs[job_id].gpus == 8
