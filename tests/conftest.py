@@ -29,6 +29,13 @@ Backend code and subprocesses find it without passing `env`.
 
 Tests that break the cluster restore it: `slurm_cluster.restore()` restarts
 stopped nodes, retires started spares and waits until the usual nodes serve.
+
+SlurmdTimeout: the local cluster the tests start runs with 300 s, so a loaded
+machine cannot make Slurm call a healthy node DOWN (with 10 s it did: running
+jobs requeued, nodes drained). A test that kills a node and leaves the
+detection to Slurm (`slurm_cluster.local.node_down(name)` without mark_down)
+asks for the short one by doing so: SlurmdTimeout is 10 s from that call to
+the end of the test (one such test at a time across sessions).
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ from slurm_elastic.errors import ElasticError
 T = TypeVar("T")
 
 TEST_CLUSTER_ENV = "SLURM_ELASTIC_TEST_CLUSTER"
+TEST_SLURMD_TIMEOUT_S = 300          # the shared cluster's: load cannot trip it
+NODE_FAILURE_SLURMD_TIMEOUT_S = 10   # while a test waits for Slurm to notice a node it killed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -228,9 +237,62 @@ def _describe(conf: Path, local: LocalCluster | None) -> SlurmTestCluster:
     )
 
 
+class _SharedLocalCluster(LocalCluster):
+    """The LocalCluster the live tests share: a node killed for Slurm to notice gets the short SlurmdTimeout."""
+
+    _retiring = False
+
+    def node_down(self, name: str, **kwargs: object) -> int:
+        if not kwargs.get("mark_down") and not self._retiring:
+            _shorten_slurmd_timeout(self)
+        return super().node_down(name, **kwargs)  # type: ignore[arg-type]
+
+    def retire_spare(self, name: str) -> None:
+        # retire_spare marks the node DOWN itself: Slurm need not notice anything.
+        self._retiring = True
+        try:
+            super().retire_spare(name)
+        finally:
+            self._retiring = False
+
+
+# state dir -> (cluster, SlurmdTimeout to go back to, the lock held meanwhile)
+_SHORTENED: dict[Path, tuple[LocalCluster, int, object]] = {}
+
+
+def _shorten_slurmd_timeout(local: LocalCluster) -> None:
+    if local.state_dir in _SHORTENED:
+        return
+    handle = (local.state_dir / "slurmd-timeout.lock").open("a")
+    fcntl.flock(handle, fcntl.LOCK_EX)   # another session's node-failure test finishes first
+    try:
+        old = local.set_slurmd_timeout(NODE_FAILURE_SLURMD_TIMEOUT_S)
+    except BaseException:
+        handle.close()
+        raise
+    _SHORTENED[local.state_dir] = (local, old, handle)
+
+
+@pytest.fixture(autouse=True)
+def _slurmd_timeout_back_after_each_test() -> Iterator[None]:
+    """A shortened SlurmdTimeout lasts one test (cheap when nothing was shortened)."""
+    yield
+    for state_dir, (local, old, handle) in list(_SHORTENED.items()):
+        try:
+            if local.is_up():
+                local.set_slurmd_timeout(old)
+        except ElasticError as exc:
+            import warnings
+
+            warnings.warn(f"could not set SlurmdTimeout back to {old} s: {exc}")
+        finally:
+            handle.close()   # closing releases the flock
+            del _SHORTENED[state_dir]
+
+
 def _local_owning(conf: Path) -> LocalCluster | None:
     """The running LocalCluster whose slurm.conf is conf, if any (<state>/etc/slurm.conf)."""
-    local = LocalCluster(conf.resolve().parent.parent)
+    local = _SharedLocalCluster(conf.resolve().parent.parent)
     return local if local.exists() and local.slurm_conf == conf.resolve() and local.is_up() else None
 
 
@@ -270,7 +332,7 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
             pytest.skip(f"Slurm is not installed (slurmctld/slurmd/sinfo not found); {INSTALL_HINT}")
         if os.geteuid() != 0:
             pytest.skip(f"the local Slurm cluster needs root (or set {TEST_CLUSTER_ENV}=/path/slurm.conf)")
-        local = LocalCluster()
+        local = _SharedLocalCluster()
         users = local.state_dir / "test-sessions"
         users.mkdir(parents=True, exist_ok=True)
         marker = local.state_dir / "started-by-tests"
@@ -278,7 +340,7 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
             (users / str(os.getpid())).touch()
             if not local.is_up():
                 try:
-                    local.up(port_base=_port_base())
+                    local.up(port_base=_port_base(), slurmd_timeout=TEST_SLURMD_TIMEOUT_S)
                 except ElasticError as exc:
                     (users / str(os.getpid())).unlink(missing_ok=True)
                     pytest.fail(f"cannot start the local Slurm cluster: {exc}")

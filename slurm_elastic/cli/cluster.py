@@ -37,6 +37,7 @@ def _existing(state_dir: Path | None) -> LocalCluster:
     local = _cluster(state_dir)
     if not local.exists():
         raise click.UsageError(f"no local cluster in {local.state_dir}; start one with `slurm-elastic cluster up`")
+    local.layout  # a garbled cluster.json is one line here, before any command acts on it
     return local
 
 
