@@ -1,35 +1,76 @@
-"""The Backend over pyslurm's 25.11 object API (Nodes.load, Jobs.load, Job.modify/requeue/release).
+"""The Backend over pyslurm's object API (Nodes.load, Jobs.load, Job.modify/requeue/release/cancel).
 
-pyslurm links against one Slurm release, so it is only chosen when its major.minor equals
-the running Slurm's (see select.py). Two calls per snapshot (Nodes.load and Jobs.load, each
-one RPC). `Job.modify()` ignores a node count, so set_resources changes NumNodes through
-`scontrol update` and the rest through `Job.modify(JobSubmitDescription(...))`.
-Property names follow pyslurm/core/node.pyx and pyslurm/core/job/job.pyx of v25.11.
+pyslurm links against one Slurm release. It is used only when all of these hold (select.py):
+`import pyslurm` succeeds in a child process first (libslurm's fatal() on an unusable
+slurm.conf ends the process that imports it, so the probe must not be this one); its version
+is not known broken (`known_problem`); the resize description builds (`self_check`); and its
+major.minor is the running Slurm's.
+
+Property names and value shapes follow pyslurm's source (pyslurm/core/job/job.pyx,
+submission.pyx, node.pyx, 24.11 and 25.11). Where pyslurm cannot say what the model needs,
+the Slurm commands do, in a constant number of calls: `sbatch` submits (it reads #SBATCH lines
+as users expect), `scontrol update NumNodes=` resizes (Job.modify ignores a node count), and
+`squeue -O cpus-per-tres,mem-per-tres` gives the per-GPU requests that pyslurm's accessors
+return only in some encodings.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
-import math
+import os
+import subprocess
+import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.cli_backend import CliBackend, classify
-from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
-from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_state,
-                                                node_state, size_mb, spec_from_comment)
-from slurm_elastic.errors import SlurmError
+from slurm_elastic.cluster.cli_backend import CliBackend, classify, update_args
+from slurm_elastic.cluster.model import ClusterState, Job, Node
+from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
+                                                job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
+                                                reason_code, size_mb, spec_from_comment)
+from slurm_elastic.errors import SlurmError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
+# JobSubmitDescription(memory_per_gpu=...) raises "NameError: name 'val' is not defined" in every
+# pyslurm before 25.11.1 (submission.pyx _set_memory reads an undefined `val`); so does every
+# resize, which sets memory per GPU. Seen with pyslurm 24.11 built against Slurm 24.11.5.
+FIRST_WORKING = SlurmVersion(25, 11, 1)
 
-def import_pyslurm() -> ModuleType:
-    """`import pyslurm` (it reads slurm.conf at import, so this may fail on a machine without one)."""
-    return importlib.import_module("pyslurm")
+# Errors that mean a bug in pyslurm or in this module, never a Slurm answer: they are not
+# turned into (retryable) SlurmErrors.
+PROGRAMMING_ERRORS = (TypeError, NameError, AttributeError)
+
+PROBE_TIMEOUT_S = 60.0
+# Run by `sys.executable -c` in a child process: prints one JSON line, whatever happens.
+_PROBE = """\
+import json
+try:
+    import pyslurm
+except BaseException as exc:
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    raise SystemExit(0)
+from slurm_elastic.cluster.pyslurm_backend import self_check
+print(json.dumps({"version": str(getattr(pyslurm, "__version__", "")), "self_check": self_check(pyslurm)}))
+"""
+
+
+class PyslurmUnusable(SlurmUnavailable):
+    """pyslurm cannot be used here: not importable, kills its process, known broken, or fails its self-check."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What a child process saw of pyslurm: its version, or why it cannot be used."""
+
+    version: str | None
+    problem: str | None
 
 
 def pyslurm_version(module: ModuleType) -> SlurmVersion:
@@ -37,32 +78,147 @@ def pyslurm_version(module: ModuleType) -> SlurmVersion:
     return SlurmVersion.parse(str(getattr(module, "__version__", "")))
 
 
+def known_problem(version: SlurmVersion) -> str | None:
+    """Why this pyslurm release cannot resize jobs, or None."""
+    if version < FIRST_WORKING:
+        return (f"pyslurm {version} is known broken: JobSubmitDescription(memory_per_gpu=...) raises "
+                f"NameError: name 'val' is not defined (fixed in pyslurm {FIRST_WORKING})")
+    return None
+
+
+def resize_description(module: ModuleType, *, gpus_per_node: int, cpus_per_gpu: int, mem_per_gpu_mb: int,
+                       start_now: bool) -> Any:
+    """The JobSubmitDescription of a resize.
+
+    GRES as a dict: pyslurm turns {'gpu': N} into 'gres:gpu:N', which every Slurm from 22.05
+    takes; begin_time 'now' clears the ~120 s BeginTime of a requeued job.
+    """
+    changes: dict[str, Any] = {"gres_per_node": {"gpu": int(gpus_per_node)}, "cpus_per_gpu": int(cpus_per_gpu),
+                               "memory_per_gpu": int(mem_per_gpu_mb)}
+    if start_now:
+        changes["begin_time"] = "now"
+    return module.JobSubmitDescription(**changes)
+
+
+def self_check(module: ModuleType) -> str | None:
+    """Build the C description of a resize without sending it; None if it builds, else why not.
+
+    `_create_job_submit_desc(is_update=True)` is what Job.modify() runs before its RPC, so a
+    pyslurm that would fail a resize (the 24.11 NameError) fails here, and nothing reaches Slurm.
+    """
+    try:
+        desc = resize_description(module, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, start_now=True)
+        build = getattr(desc, "_create_job_submit_desc", None)
+        if not callable(build):
+            return "pyslurm's JobSubmitDescription has no _create_job_submit_desc, so a resize cannot be checked"
+        build(is_update=True)
+    except Exception as exc:  # the check's answer, reported by the caller: never swallowed
+        return f"self-check failed: JobSubmitDescription(gres_per_node, cpus_per_gpu, memory_per_gpu) " \
+               f"raises {type(exc).__name__}: {exc}"
+    return None
+
+
+def probe_pyslurm(env: Mapping[str, str] | None = None, *, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
+    """Import pyslurm and run `self_check` in a child process (`sys.executable -c`).
+
+    `import pyslurm` initialises libslurm, which calls fatal() -- exit(1) -- when slurm.conf is
+    missing or unusable, so trying it in this process could end it. The child gets `env` (the
+    caller's environment by default) and finds this package where this process does.
+    """
+    child_env = dict(os.environ if env is None else env)
+    package_root = str(Path(__file__).resolve().parents[2])
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=child_env,
+                              timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return Probe(None, f"`import pyslurm` did not finish within {timeout_s:.0f} s in a probe process")
+    err = proc.stderr.strip().splitlines()
+    if proc.returncode != 0:
+        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        return Probe(None, f"`import pyslurm` ended its process ({how}; libslurm exits on an unusable "
+                           f"slurm.conf): {err[-1] if err else 'no message'}")
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return Probe(None, f"the pyslurm probe printed no answer: {proc.stdout[-200:]!r} {err[-1:]}")
+    if "error" in answer:
+        return Probe(None, f"`import pyslurm` failed: {answer['error']}")
+    return Probe(str(answer.get("version") or ""), answer.get("self_check"))
+
+
+def import_pyslurm(env: Mapping[str, str] | None = None) -> ModuleType:
+    """`import pyslurm`, once a probe process showed that it neither fails nor ends the process."""
+    probe = probe_pyslurm(env)
+    if probe.version is None:
+        raise PyslurmUnusable(probe.problem or "pyslurm cannot be imported")
+    return importlib.import_module("pyslurm")
+
+
+def usable_problem(module: ModuleType) -> str | None:
+    """Why this pyslurm must not be used (unreadable version, known broken release, failed self-check), or None."""
+    try:
+        version = pyslurm_version(module)
+    except SlurmError as exc:
+        return f"pyslurm's version is unreadable: {exc}"
+    return known_problem(version) or self_check(module)
+
+
 class PyslurmBackend:
-    """Slurm through pyslurm; `module` is pyslurm itself (or, in unit tests, a stand-in)."""
+    """Slurm through pyslurm; `module` is pyslurm itself (or, in unit tests, a stand-in).
+
+    Refuses (PyslurmUnusable) a pyslurm that `usable_problem` rejects.
+    """
 
     name = "pyslurm"
 
     def __init__(self, module: ModuleType | None = None, *, cli: CliBackend | None = None) -> None:
         self._ps = module if module is not None else import_pyslurm()
+        problem = usable_problem(self._ps)
+        if problem:
+            raise PyslurmUnusable(problem)
         self._cli = cli if cli is not None else CliBackend()
-        self.calls = 0
+        self.calls = 0  # pyslurm calls; Slurm commands are counted by the CLI backend
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         try:
             return fn(*args, **kwargs)
-        except Exception as exc:  # pyslurm raises RPCError/PyslurmError/ValueError with Slurm's text
-            if isinstance(exc, SlurmError):
-                raise
+        except PROGRAMMING_ERRORS:
+            raise  # a bug is not a Slurm outage: never retried as one
+        except SlurmError:
+            raise
+        except Exception as exc:  # pyslurm.RPCError (str() is Slurm's message), ValueError from its parsers
             raise classify(str(exc) or type(exc).__name__, ("pyslurm", what), getattr(exc, "errno", None)) from exc
 
+    # --- reading -----------------------------------------------------------------------------------
     def snapshot(self) -> ClusterState:
         taken_at = time.time()
-        nodes = self._call("Nodes.load", self._ps.Nodes.load)
-        jobs = self._call("Jobs.load", self._ps.Jobs.load)
-        return state_from_pyslurm(_values(nodes), _values(jobs), taken_at=taken_at,
-                                  slurm_version=str(pyslurm_version(self._ps)))
+        nodes = _values(self._call("Nodes.load", self._ps.Nodes.load))
+        jobs = _values(self._call("Jobs.load", self._ps.Jobs.load))
+        return state_from_pyslurm(nodes, jobs, taken_at=taken_at, slurm_version=str(self._cli.version),
+                                  per_gpu=self._per_gpu_requests(jobs))
 
+    def _job(self, job_id: int) -> Job:
+        """One job, read back from slurmctld (UnknownJob when Slurm does not know it)."""
+        raw = self._call("Job.load", self._ps.Job.load, int(job_id))
+        return job_from_pyslurm(raw, self._per_gpu_requests([raw]).get(int(raw.id)))
+
+    def _per_gpu_requests(self, jobs: list[Any]) -> dict[int, tuple[int | None, int | None]]:
+        """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call.
+
+        pyslurm's cpus_per_gpu is None whenever Slurm also sets cpus_per_task (it always does, 1
+        by default), and memory_per_gpu is None whenever Slurm sets a memory per node (23.02+
+        do for --mem-per-gpu jobs); both parse only 'gres:gpu:N', not 23.02's 'gres/gpu:N'.
+        """
+        missing = [int(j.id) for j in jobs if _lacks_per_gpu(j)]
+        if not missing:
+            return {}
+        return per_gpu_requests(self._cli._run(
+            ["squeue", "--noheader", "--states=all", f"--jobs={','.join(map(str, missing))}",
+             "-O", "JobID:|,cpus-per-tres:|,mem-per-tres:|"]))
+
+    # --- acting ------------------------------------------------------------------------------------
     def submit(self, description: SubmitDescription) -> int:
         # sbatch reads #SBATCH lines and the script's environment exactly as a user would get.
         return self._cli.submit(description)
@@ -75,17 +231,56 @@ class PyslurmBackend:
 
     def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
                       mem_per_gpu_mb: int, start_now: bool = True) -> None:
+        """All or nothing: the new shape is read back, and any failure restores the old one."""
         if min(nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb) < 1:
             raise SlurmError(f"set_resources: every size must be >= 1 (nodes={nodes}, gpus_per_node="
                              f"{gpus_per_node}, cpus_per_gpu={cpus_per_gpu}, mem_per_gpu_mb={mem_per_gpu_mb})")
-        # Job.modify() silently ignores the node count (pyslurm 25.11), so scontrol does that part.
-        self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}"])
-        changes: dict[str, Any] = {"gres_per_node": f"gpu:{int(gpus_per_node)}",
-                                   "cpus_per_gpu": int(cpus_per_gpu), "memory_per_gpu": int(mem_per_gpu_mb)}
-        if start_now:
-            changes["begin_time"] = "now"
-        desc = self._ps.JobSubmitDescription(**changes)
-        self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
+        before = self._job(job_id)
+        target = (int(nodes), int(gpus_per_node), int(cpus_per_gpu), int(mem_per_gpu_mb))
+        try:
+            # Job.modify first: it is where pyslurm fails (before its RPC when the description does
+            # not build), so the commonest failure leaves Slurm untouched.
+            desc = resize_description(self._ps, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu,
+                                      mem_per_gpu_mb=mem_per_gpu_mb, start_now=start_now)
+            self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
+            # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum).
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}"])
+            after = self._job(job_id)
+            if _shape(after) != target:
+                raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
+                                 f"{_show(_shape(after))}")
+        except Exception as exc:
+            self._roll_back(job_id, before, exc)
+            raise
+
+    def _roll_back(self, job_id: int, before: Job, cause: BaseException) -> None:
+        """Put back the shape `before` had (through scontrol, which takes every spelling on every version)."""
+        try:
+            now = self._job(job_id)
+        except SlurmError as exc:
+            log.error("job %d: resize failed (%s) and the job cannot be read back to roll it back: %s",
+                      job_id, cause, exc)
+            return
+        if _shape(now) == _shape(before):
+            log.warning("job %d: resize failed (%s: %s); the job is unchanged", job_id, type(cause).__name__, cause)
+            return
+        nodes, gpus, cpus, mem = _shape(before)
+        if min(gpus, cpus or 0, mem or 0) >= 1:
+            args = update_args(self._cli.version, job_id, nodes=nodes, gpus_per_node=gpus, cpus_per_gpu=cpus or 1,
+                               mem_per_gpu_mb=mem or 1, start_now=False)
+        else:  # no per-GPU request to restore: the node count is what this backend changed alone
+            args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={nodes}-{nodes}"]
+        try:
+            self._cli._run(args)
+            restored = _shape(self._job(job_id))
+        except SlurmError as exc:
+            raise SlurmError(f"job {job_id}: resize failed ({cause}) and rolling back to {_show(_shape(before))} "
+                             f"failed too: {exc}") from cause
+        if restored != _shape(before):
+            raise SlurmError(f"job {job_id}: resize failed ({cause}); after the roll-back Slurm shows "
+                             f"{_show(restored)}, not {_show(_shape(before))}") from cause
+        log.warning("job %d: resize failed (%s: %s); rolled back to %s", job_id, type(cause).__name__, cause,
+                    _show(restored))
 
     def release(self, job_id: int) -> None:
         self._call("Job.release", self._ps.Job(int(job_id)).release)
@@ -98,7 +293,37 @@ class PyslurmBackend:
                    int(name) if name.isdigit() else name, steps="all")
 
     def cancel(self, job_id: int) -> None:
+        """Cancel; an unknown or finished job is an error, as `scancel --verbose` reports it.
+
+        pyslurm's cancel (send_signal(9)) ignores ESLURM_ALREADY_DONE and, for SIGKILL,
+        ESLURM_INVALID_JOB_ID on purpose (job.pyx), so the job is looked at first.
+        """
+        job = self._job(job_id)  # UnknownJob "Invalid job id specified" for an id Slurm does not know
+        if job.state.finished:
+            raise SlurmError(f"pyslurm Job.cancel: job {job_id} is {job.state.value}: "
+                             "Job/step already completing or completed", command=("pyslurm", "Job.cancel"))
         self._call("Job.cancel", self._ps.Job(int(job_id)).cancel)
+
+
+def _shape(job: Job) -> tuple[int, int, int | None, int | None]:
+    return job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb
+
+
+def _show(shape: tuple[int, int, int | None, int | None]) -> str:
+    nodes, gpus, cpus, mem = shape
+    return f"{nodes}x{gpus} GPUs, {cpus} CPUs and {mem} MB per GPU"
+
+
+def per_gpu_requests(squeue_out: str) -> dict[int, tuple[int | None, int | None]]:
+    """`squeue -O JobID:|,cpus-per-tres:|,mem-per-tres:|` lines -> {job id: (CPUs per GPU, MB per GPU)}."""
+    out: dict[int, tuple[int | None, int | None]] = {}
+    for line in squeue_out.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) < 3 or not fields[0].isdigit():
+            continue
+        cpg, mpg = per_gpu_value(fields[1]), per_gpu_value(fields[2])
+        out[int(fields[0])] = (int(cpg) if cpg and cpg.isdigit() else None, size_mb(mpg) if mpg else None)
+    return out
 
 
 def _values(collection: Any) -> Iterable[Any]:
@@ -138,34 +363,64 @@ def node_from_pyslurm(n: Any) -> Node:
     )
 
 
-def job_from_pyslurm(j: Any) -> Job:
+def _accessor(j: Any, name: str) -> Any:
+    """A pyslurm per-GPU accessor, or None where it cannot parse Slurm's encoding.
+
+    cpus_per_gpu and memory_per_gpu take field [2] of 'gres:gpu:N', so the 23.02+ spelling
+    'gres/gpu:N' raises IndexError inside pyslurm (job.pyx); the squeue fill-in covers those.
+    """
+    try:
+        return getattr(j, name)
+    except (IndexError, ValueError):
+        return None
+
+
+def _allocated_mem_per_node(j: Any) -> int | None:
+    """The largest memory Slurm allocated on a node of a running job (get_resource_layout_per_node)."""
+    layout = getattr(j, "get_resource_layout_per_node", None)
+    if not callable(layout):
+        return None
+    mems = [int(v["memory"]) for v in (layout() or {}).values() if isinstance(v, dict) and v.get("memory")]
+    return max(mems) if mems else None
+
+
+def _lacks_per_gpu(j: Any) -> bool:
+    """A live job with GPUs whose per-GPU CPUs or memory pyslurm does not give."""
+    return (not job_state(str(j.state)).finished and bool(_gpu_count(j.gres_per_node))
+            and (_accessor(j, "cpus_per_gpu") is None or _accessor(j, "memory_per_gpu") is None))
+
+
+def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = None) -> Job:
+    """One pyslurm Job; `per_gpu` (CPUs, MB per GPU) fills what its accessors leave out."""
     state = job_state(str(j.state))
-    reason = str(j.state_reason or "")
-    reason = "" if reason == "None" else reason
     nodes = expand_hostlist(j.allocated_nodes or "")
     num_nodes = len(nodes) if (nodes and state.active) else int(j.num_nodes or 1)
     gpn = _gpu_count(j.gres_per_node)
     if gpn is None:
         total = _gpu_count(getattr(j, "gpus", None))
-        gpn = math.ceil(total / max(num_nodes, 1)) if total else 0
-    cpus = int(j.cpus or 0)
-    cpus_per_node = math.ceil(cpus / max(num_nodes, 1)) if cpus else 0
-    mem_per_gpu = _mem(j.memory_per_gpu)
-    if j.memory_per_node:
-        mem_node = _mem(j.memory_per_node) or 0
-    elif j.memory_per_cpu:
-        mem_node = (_mem(j.memory_per_cpu) or 0) * cpus_per_node
-    else:
-        mem_node = (mem_per_gpu or 0) * gpn
+        gpn = -(-total // max(num_nodes, 1)) if total else 0
+    cpus_per_gpu = _accessor(j, "cpus_per_gpu")
+    cpus_per_gpu = int(cpus_per_gpu) if cpus_per_gpu else None
+    mem_per_gpu = _mem(_accessor(j, "memory_per_gpu"))
+    if per_gpu is not None:
+        cpus_per_gpu = cpus_per_gpu or per_gpu[0]
+        mem_per_gpu = mem_per_gpu or per_gpu[1]
+    cpus_per_node = job_cpus_per_node(int(j.cpus or 0), num_nodes, gpus_per_node=gpn, cpus_per_gpu=cpus_per_gpu,
+                                      running=state.active)
+    mem_node = job_mem_per_node(
+        allocated=_allocated_mem_per_node(j) if state.active else None, per_gpu=mem_per_gpu, gpus_per_node=gpn,
+        per_node=_mem(j.memory_per_node), per_cpu=_mem(j.memory_per_cpu), cpus_per_node=cpus_per_node)
     comment = str(j.comment or "")
     spec, spec_error = spec_from_comment(comment)
     ran = state.active or state.finished
     return Job(
-        job_id=int(j.id), user=str(j.user_name or j.user_id), name=str(j.name or ""), state=state, reason=reason,
+        job_id=int(j.id), user=str(j.user_name or j.user_id), name=str(j.name or ""), state=state,
+        # pyslurm gives the state description where Slurm set one ("job requeued in held state")
+        reason=reason_code(str(j.state_reason or "")),
         nodes=nodes, num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node, mem_per_node_mb=mem_node,
-        cpus_per_gpu=int(j.cpus_per_gpu) if j.cpus_per_gpu else None, mem_per_gpu_mb=mem_per_gpu,
+        cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=int(j.requeue_count or 0), requeue=bool(j.is_requeueable),
-        held=state is JobState.PENDING and j.priority == 0,
+        held=job_held(state, hold_flag=False, priority=j.priority),
         partition=str(j.partition or ""), comment=comment, user_id=j.user_id,
         submit_time=float(j.submit_time) if j.submit_time else None,
         start_time=float(j.start_time) if (j.start_time and ran) else None,
@@ -181,14 +436,16 @@ def _mem(value: Any) -> int | None:
     return size_mb(str(value))
 
 
-def state_from_pyslurm(nodes: Iterable[Any], jobs: Iterable[Any], *, taken_at: float,
-                       slurm_version: str = "") -> ClusterState:
+def state_from_pyslurm(nodes: Iterable[Any], jobs: Iterable[Any], *, taken_at: float, slurm_version: str = "",
+                       per_gpu: Mapping[int, tuple[int | None, int | None]] | None = None) -> ClusterState:
     """Translate pyslurm objects; a node whose GPU use pyslurm does not report gets it from its jobs.
 
     pyslurm exposes a node's used GRES only through its allocated TRES, which lack gres/gpu
     unless the site accounts GPUs (AccountingStorageTRES); the running jobs say the same thing.
+    `per_gpu` holds the per-GPU requests read elsewhere (PyslurmBackend._per_gpu_requests).
     """
-    job_list = tuple(job_from_pyslurm(j) for j in jobs)
+    per_gpu = per_gpu or {}
+    job_list = tuple(job_from_pyslurm(j, per_gpu.get(int(j.id))) for j in jobs)
     held: dict[str, int] = {}
     for job in job_list:
         if job.state.active:
@@ -201,4 +458,5 @@ def state_from_pyslurm(nodes: Iterable[Any], jobs: Iterable[Any], *, taken_at: f
             node = replace(node, gpus_alloc=held.get(node.name, 0))
         node_list.append(node)
     return ClusterState(nodes=tuple(node_list), jobs=job_list, taken_at=taken_at, slurm_version=slurm_version)
+
 

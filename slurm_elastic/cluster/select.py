@@ -10,7 +10,8 @@ from typing import Callable, Mapping
 
 from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.cli_backend import CliBackend
-from slurm_elastic.cluster.pyslurm_backend import PyslurmBackend, import_pyslurm, pyslurm_version
+from slurm_elastic.cluster.pyslurm_backend import (PyslurmBackend, PyslurmUnusable, import_pyslurm, pyslurm_version,
+                                                   usable_problem)
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable
 
@@ -31,12 +32,18 @@ class Selection:
 
 
 def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None = None,
-                   importer: Callable[[], ModuleType] = import_pyslurm,
+                   importer: Callable[[], ModuleType] | None = None,
                    slurm_version: Callable[[], SlurmVersion] | None = None) -> Selection:
-    """Pick a backend; `auto` takes pyslurm only if it imports and matches the running Slurm's major.minor.
+    """Pick a backend. `auto` takes pyslurm only if all of these hold, else the CLI backend, saying why:
 
-    `importer` and `slurm_version` exist so the decision can be tested where pyslurm cannot
-    be installed; by default they import pyslurm and ask `scontrol --version`.
+    - `import pyslurm` works in a probe process (it can end the process that tries it);
+    - it is not a release known to be broken, and a resize description builds (self-check);
+    - its major.minor equals the running Slurm's.
+
+    An explicit `pyslurm` that fails any of the first two is an error (one line naming the
+    reason), not a quiet fallback. `importer` and `slurm_version` exist so the decision can be
+    tested where pyslurm cannot be installed; by default they probe and import pyslurm with
+    `env`, and ask `scontrol --version`.
     """
     env = os.environ if env is None else env
     source = "--backend" if choice else (BACKEND_ENV if env.get(BACKEND_ENV) else "default")
@@ -46,13 +53,21 @@ def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None =
     cli = CliBackend(env=env)
     if name == "cli":
         return Selection(cli, f"requested by {source}")
+    module: ModuleType | None = None
     try:
-        module = importer()
-    except Exception as exc:  # ImportError, or pyslurm failing to read slurm.conf at import
+        module = (importer or (lambda: import_pyslurm(env)))()
+    except PyslurmUnusable as exc:  # the probe process's answer
+        problem: str | None = str(exc)
+    except Exception as exc:  # ImportError from an importer that does not probe
+        problem = f"pyslurm is not importable ({type(exc).__name__}: {exc})"
+    else:
+        problem = usable_problem(module)
+    if problem:
         if name == "pyslurm":
-            raise SlurmUnavailable(f"pyslurm backend requested by {source} but `import pyslurm` failed: "
-                                   f"{type(exc).__name__}: {exc}") from None
-        return Selection(cli, f"auto: pyslurm is not importable ({type(exc).__name__}: {exc})")
+            raise SlurmUnavailable(f"pyslurm backend requested by {source} but unusable: {problem}; "
+                                   f"use --backend cli") from None
+        return Selection(cli, f"auto: {problem}")
+    assert module is not None
     ps_version = pyslurm_version(module)
     if name == "pyslurm":
         return Selection(PyslurmBackend(module, cli=cli), f"requested by {source} (pyslurm {ps_version})")

@@ -1,200 +1,315 @@
-"""pyslurm -> model translation and the backend's calls, against stand-ins for pyslurm 25.11.
+"""The pyslurm backend against a stand-in that behaves like the real pyslurm (tests/cluster/pyslurm_standin.py).
 
-pyslurm cannot be installed here (it builds only against Slurm 25.11), so the classes below
-stand in for pyslurm.Node/Job/Nodes/Jobs/JobSubmitDescription. They carry the property names
-and value shapes of pyslurm v25.11 (pyslurm/core/node.pyx, pyslurm/core/job/job.pyx): node
-state as slurm_node_state_string_complete prints it, GRES as cstr.to_gres_dict returns it,
-times as plain epoch ints, collections as MultiClusterMaps with values().
+The stand-in's jobs and nodes are real 24.11.5 and 26.05.5 records, so each snapshot is checked
+against what the CLI backend's parser makes of the very same capture.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
-from slurm_elastic.cluster.pyslurm_backend import (PyslurmBackend, job_from_pyslurm, node_from_pyslurm,
-                                                   pyslurm_version, state_from_pyslurm)
+from slurm_elastic.cluster import pyslurm_backend
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.parse_json import parse_jobs, parse_nodes
+from slurm_elastic.cluster.pyslurm_backend import (FIRST_WORKING, PyslurmBackend, PyslurmUnusable, known_problem,
+                                                   per_gpu_requests, probe_pyslurm, pyslurm_version, self_check)
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
-from slurm_elastic.spec import ElasticSpec
 
-from tests.cluster.captures import EXPECTED_JOBS, EXPECTED_NODES
-from tests.cluster.test_parse_json import assert_job, assert_node
+from tests.cluster.captures import MEM_PER_GPU_JOB, load, project_load, project_text
+from tests.cluster.pyslurm_standin import FakeCli, FakePyslurm, FakeSlurmctld
 
-
-def fake_node(name, state, *, gres="gpu:4", alloc_cpus=0, alloc_mem=0, alloc_tres=None, reason=None):
-    """Stand-in for pyslurm.Node (v25.11 property names)."""
-    return SimpleNamespace(
-        name=name, state=state, configured_gres={"gpu": 4} if gres else {}, total_cpus=8, effective_cpus=8,
-        allocated_cpus=alloc_cpus, real_memory=16000, allocated_memory=alloc_mem,
-        allocated_gres={k.replace("gres/", ""): v for k, v in (alloc_tres or {}).items() if "gres/" in k},
-        partitions=["gpu"], reason=reason)
+NEW_VERSIONS = ("24.11", "26.05")  # the data_parser versions of the struct pyslurm reads
+PROJECT = ("squeue-mem-per-gpu-running.json", "squeue-requeue-held.json", "squeue-held-then-cancelled.json")
 
 
-def fake_job(jid, name, state, *, reason="None", nodes=None, num_nodes=1, gres_per_node=None, cpus=1,
-             mem_node=1024, restarts=0, priority=1, comment=None, start=None, mem_gpu=None, cpus_gpu=None):
-    """Stand-in for pyslurm.Job (v25.11 property names)."""
-    return SimpleNamespace(
-        id=jid, name=name, user_name="root", user_id=0, state=state, state_reason=reason, allocated_nodes=nodes,
-        num_nodes=num_nodes, gres_per_node=gres_per_node or {}, gpus={}, cpus=cpus, memory_per_node=mem_node,
-        memory_per_cpu=None, memory_per_gpu=mem_gpu, cpus_per_gpu=cpus_gpu, requeue_count=restarts,
-        is_requeueable=True, priority=priority, comment=comment, partition="gpu", submit_time=1796011840,
-        start_time=start)
+def backend_on(squeue_doc: dict, nodes_doc: dict | None = None, *, version: str = "25.11.2",
+               **cli_kwargs) -> tuple[PyslurmBackend, FakePyslurm, FakeCli]:
+    ctld = FakeSlurmctld(squeue_doc, nodes_doc)
+    ps, cli = FakePyslurm(ctld, version=version), FakeCli(ctld, **cli_kwargs)
+    return PyslurmBackend(ps, cli=cli), ps, cli  # type: ignore[arg-type]
 
 
-class FakeMap(dict):
-    """Stand-in for pyslurm.xcollections.MultiClusterMap: {cluster: {key: obj}}, values() flattens."""
+# --- the snapshot is the CLI backend's model of the same Slurm -----------------------------------------
 
-    def values(self):  # noqa: D401 - mimics MultiClusterMap.values()
-        return [v for per_cluster in dict.values(self) for v in per_cluster.values()]
-
-
-# The captures' cluster, as pyslurm would return it (to_gres_dict keeps 'gres/gpu' for 'gres/gpu:3').
-NODES = [fake_node("n1", "MIXED", alloc_cpus=2, alloc_mem=1024, alloc_tres={"cpu": "2", "mem": "1G"}),
-         fake_node("n2", "DOWN+NOT_RESPONDING", reason="Not responding"), fake_node("n3", "IDLE"),
-         fake_node("n4", "IDLE")]
-JOBS = [fake_job(1, "jobA", "RUNNING", nodes="n1", gres_per_node={"gres/gpu": 3}, cpus=2, restarts=1,
-                 start=1796011853),
-        fake_job(2, "jobB", "PENDING", reason="BeginTime", gres_per_node={"gres/gpu": 1}, restarts=1,
-                 start=1796011961),
-        fake_job(3, "jobC", "PENDING", reason="JobHeldUser", gres_per_node={"gpu": 1}, priority=0)]
-
-
-def test_translation_gives_the_same_model_as_the_captures() -> None:
-    state = state_from_pyslurm(NODES, JOBS, taken_at=1.0, slurm_version="25.11.2")
-    jobs = {j.job_id: j for j in state.jobs}
-    for jid, expected in EXPECTED_JOBS.items():
-        assert_job(jobs[jid], expected)
-    nodes = {n.name: n for n in state.nodes}
-    for name, expected in EXPECTED_NODES.items():
-        assert_node(nodes[name], expected)  # n1's 3 used GPUs come from jobA: its TRES lack gres/gpu
-
-
-def test_translation_details() -> None:
-    n = node_from_pyslurm(fake_node("n9", "IDLE+DRAIN", alloc_tres={"gres/gpu": "2"}))
-    assert (n.state, n.flags, n.gpus_alloc) == (NodeState.IDLE, frozenset({NodeFlag.DRAIN}), 2)
-    spec = ElasticSpec(2, 8, cpus_per_gpu=2, mem_per_gpu_mb=1000)
-    j = job_from_pyslurm(fake_job(7, "e", "RUNNING", nodes="n[1-2]", num_nodes=2, gres_per_node={"gpu:a100": 2},
-                                  cpus=8, mem_node=None, mem_gpu=1000, cpus_gpu=2, comment=spec.to_comment()))
-    assert (j.nodes, j.num_nodes, j.gpus_per_node, j.cpus_per_node, j.mem_per_node_mb) == (("n1", "n2"), 2, 2, 4, 2000)
-    assert j.spec == spec and j.cpus_per_gpu == 2 and j.mem_per_gpu_mb == 1000
-    bad = job_from_pyslurm(fake_job(8, "b", "PENDING", comment="elastic:v1 gpus=0-1"))
-    assert bad.spec is None and bad.spec_error
-
-
-class FakeRPCError(Exception):
-    """Stand-in for pyslurm.RPCError: str() is Slurm's own message."""
-
-
-class FakeJobHandle:
-    def __init__(self, module: "FakePyslurm", jid: int) -> None:
-        self.m, self.id = module, jid
-
-    def _record(self, what, *args, **kwargs):
-        if self.id not in self.m.known:
-            raise FakeRPCError("Invalid job id specified")
-        self.m.log.append((what, self.id, args, kwargs))
-
-    def hold(self):
-        self._record("hold")
-
-    def requeue(self, hold=False):
-        self._record("requeue", hold=hold)
-
-    def modify(self, desc):
-        self._record("modify", desc.changes)
-
-    def release(self):
-        self._record("release")
-
-    def send_signal(self, sig, steps="children"):
-        self._record("send_signal", sig, steps=steps)
-
-    def cancel(self):
-        self._record("cancel")
-
-
-class FakePyslurm:
-    """Stand-in for the pyslurm module (Nodes, Jobs, Job, JobSubmitDescription, __version__)."""
-
-    __version__ = "25.11.2"
-
-    def __init__(self, down: bool = False) -> None:
-        self.log: list = []
-        self.known = {1, 2, 3}
-        self.down = down
-        outer = self
-
-        class Nodes:
-            @staticmethod
-            def load():
-                if outer.down:
-                    raise FakeRPCError("Unable to contact slurm controller (connect failure)")
-                return FakeMap({"elastic": {n.name: n for n in NODES}})
-
-        class Jobs:
-            @staticmethod
-            def load():
-                return FakeMap({"elastic": {j.id: j for j in JOBS}})
-
-        class JobSubmitDescription:
-            def __init__(self, **changes):
-                self.changes = changes
-
-        self.Nodes, self.Jobs, self.JobSubmitDescription = Nodes, Jobs, JobSubmitDescription
-
-    def Job(self, jid):  # noqa: N802 - pyslurm's class name
-        return FakeJobHandle(self, jid)
-
-
-class RecordingCli:
-    """Stand-in for the CLI backend where only scontrol's NumNodes update goes (recorded, not run)."""
-
-    def __init__(self) -> None:
-        self.runs: list[list[str]] = []
-
-    def _run(self, argv, **kwargs):
-        self.runs.append(list(argv))
-        return ""
-
-
-def test_backend_calls_pyslurm_as_documented() -> None:
-    ps, cli = FakePyslurm(), RecordingCli()
-    b = PyslurmBackend(ps, cli=cli)  # type: ignore[arg-type]
+@pytest.mark.parametrize("version", NEW_VERSIONS)
+def test_snapshot_equals_the_cli_parse_of_the_same_capture(version: str) -> None:
+    squeue, nodes = load(version, "squeue.json"), load(version, "scontrol-show-nodes.json")
+    b, _, cli = backend_on(squeue, nodes)
     state = b.snapshot()
-    assert len(state.nodes) == 4 and len(state.jobs) == 3 and b.calls == 2
-    assert state.slurm_version == "25.11.2"
+    assert sorted(state.jobs, key=lambda j: j.job_id) == sorted(parse_jobs(squeue), key=lambda j: j.job_id)
+    assert sorted(state.nodes, key=lambda n: n.name) == sorted(parse_nodes(nodes), key=lambda n: n.name)
+    # Nodes.load + Jobs.load, and one squeue -O for every live GPU job: pyslurm's per-GPU accessors
+    # are None for --mem jobs too, so it cannot tell which ones asked per GPU.
+    assert b.calls == 2 and [r[:4] for r in cli.runs] == [["squeue", "--noheader", "--states=all", "--jobs=1,2,3"]]
+
+
+@pytest.mark.parametrize("version", NEW_VERSIONS)
+@pytest.mark.parametrize("name", PROJECT)
+def test_per_gpu_jobs_reasons_and_holds_equal_the_cli_parse(version: str, name: str) -> None:
+    """(d), (f) and the held flag on the cases where pyslurm's accessors fall short."""
+    doc = project_load(version, name)
+    b, ps, cli = backend_on(doc)
+    raw = ps.Job.load(1)
+    # what the real pyslurm gives for job 1 here: no per-GPU values, and the description as reason
+    assert raw.cpus_per_gpu is None and raw.memory_per_gpu is None
+    assert raw.memory_per_node == 500
+    jobs = {j.job_id: j for j in b.snapshot().jobs}
+    assert jobs == {j.job_id: j for j in parse_jobs(doc)}
+    assert {k: getattr(jobs[1], k) for k in MEM_PER_GPU_JOB} == MEM_PER_GPU_JOB
+    if name == "squeue-requeue-held.json":
+        assert raw.state_reason == "job requeued in held state"
+        assert (jobs[1].reason, jobs[1].held) == ("JobHeldUser", True)
+    if name == "squeue-held-then-cancelled.json":
+        assert (jobs[2].state, jobs[2].held) == (JobState.CANCELLED, False)
+    live_gpu_jobs = [j for j in jobs.values() if j.gpus_per_node and not j.state.finished]
+    assert len(cli.runs) == 1 and cli.runs[0][0] == "squeue"  # one call for all of them
+    assert cli.runs[0][3] == "--jobs=" + ",".join(str(j.job_id) for j in live_gpu_jobs)
+
+
+@pytest.mark.parametrize("version", NEW_VERSIONS)
+def test_the_squeue_call_prints_what_real_squeue_printed(version: str) -> None:
+    # The stand-in's `squeue -O` against the real one at the same moment (requeue-held).
+    ctld = FakeSlurmctld(project_load(version, "squeue-requeue-held.json"))
+    real = {int(line.split("|")[0]): line.split("|") for line in project_text(version, "squeue-format.txt").splitlines()}
+    fake = ctld.squeue_format([1, 2])
+    for line in fake.splitlines():
+        jid, cpg, mpg, _ = line.split("|")
+        assert [cpg, mpg] == real[int(jid)][2:4]
+    assert per_gpu_requests(fake)[1] == (1, 500)
+
+
+def test_slurm_version_is_slurms_not_pyslurms() -> None:
+    b, ps, _ = backend_on(load("26.05", "squeue.json"), load("26.05", "scontrol-show-nodes.json"))
+    assert ps.__version__ == "25.11.2"
+    assert b.snapshot().slurm_version == "26.05.5"
+
+
+# --- actions -----------------------------------------------------------------------------------------
+
+def test_resize_is_applied_and_read_back() -> None:
+    b, ps, cli = backend_on(project_load("26.05", "squeue-mem-per-gpu-running.json"))
     b.requeue_hold(1)
-    b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=1000)
-    b.release(1)
-    b.signal(1, "USR2")
-    b.hold(2)
-    b.cancel(3)
-    assert cli.runs == [["scontrol", "update", "JobId=1", "NumNodes=1-1"]]
-    assert ps.log == [
-        ("requeue", 1, (), {"hold": True}),
-        ("modify", 1, ({"gres_per_node": "gpu:3", "cpus_per_gpu": 2, "memory_per_gpu": 1000, "begin_time": "now"},),
-         {}),
-        ("release", 1, (), {}), ("send_signal", 1, ("SIGUSR2",), {"steps": "all"}), ("hold", 2, (), {}),
-        ("cancel", 3, (), {})]
+    b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+    job = {j.job_id: j for j in b.snapshot().jobs}[1]
+    assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb, job.mem_per_node_mb,
+            job.held) == (1, 3, 2, 700, 2100, True)
+    assert ["scontrol", "update", "JobId=1", "NumNodes=1-1"] in cli.runs
+    update = [r for r in ps.ctld.rpcs if r[0] == "update"][0]
+    assert update[2] == {"tres_per_node": "gres:gpu:3", "cpus_per_tres": "gres:gpu:2", "mem_per_tres": "gres:gpu:700"}
 
 
-def test_backend_errors_are_typed_with_slurms_message() -> None:
-    b = PyslurmBackend(FakePyslurm(), cli=RecordingCli())  # type: ignore[arg-type]
+def test_pyslurm_that_cannot_build_the_resize_leaves_the_job_and_is_not_a_slurm_error(monkeypatch) -> None:
+    """pyslurm 24.11's NameError: raised as it is (a bug, not an outage), and the job keeps its shape."""
+    monkeypatch.setattr(pyslurm_backend, "usable_problem", lambda module: None)  # as if the checks missed it
+    b, ps, cli = backend_on(project_load("24.11", "squeue-requeue-held.json"), version="24.11.0")
+    before = ps.Job.load(1)
+    with pytest.raises(NameError, match="'val' is not defined"):
+        b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+    after = ps.Job.load(1)
+    assert (after.num_nodes, after.gres_per_node) == (before.num_nodes, before.gres_per_node) == (2, {"gres/gpu": 2})
+    assert not [r for r in cli.runs if r[:2] == ["scontrol", "update"]]  # the node count was never touched
+
+
+def test_failed_node_count_rolls_the_gpus_back() -> None:
+    b, ps, cli = backend_on(project_load("24.11", "squeue-requeue-held.json"),
+                            fail_numnodes="Requested node configuration is not available")
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        b.set_resources(1, nodes=3, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+    job = {j.job_id: j for j in b.snapshot().jobs}[1]
+    assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
+    rollback = [r for r in cli.runs if any(a.startswith("TresPerNode=") for a in r)]
+    assert rollback == [["scontrol", "update", "JobId=1", "NumNodes=2-2", "TresPerNode=gres/gpu:2",
+                         "CpusPerTres=gres/gpu:1", "MemPerTres=gres/gpu:500"]]
+
+
+def test_a_field_slurm_did_not_keep_fails_the_resize_and_rolls_back() -> None:
+    b, ps, cli = backend_on(project_load("26.05", "squeue-requeue-held.json"))
+    ps.ctld.ignore_memory_updates = True
+    with pytest.raises(SlurmError, match="did not take the resize to 1x3 GPUs, 2 CPUs and 700 MB per GPU"):
+        b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+    job = {j.job_id: j for j in b.snapshot().jobs}[1]
+    assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
+
+
+def test_programming_errors_pass_through_unwrapped() -> None:
+    b, ps, _ = backend_on(project_load("26.05", "squeue-requeue-held.json"))
+
+    def broken(self):  # e.g. a pyslurm whose Job lost a method
+        raise AttributeError("'pyslurm.core.job.job.Job' object has no attribute 'ptr'")
+    ps.Job.release = broken
+    with pytest.raises(AttributeError):
+        b.release(1)
+
+
+@pytest.mark.parametrize("version", NEW_VERSIONS)
+def test_finished_and_unknown_jobs_raise_what_the_cli_backend_raises(version: str) -> None:
+    """The contract of test_cli_backend::test_finished_and_unknown_job_errors_as_slurm_words_them."""
+    b, ps, _ = backend_on(project_load(version, "squeue-held-then-cancelled.json"))
+    ps.Job(999999).cancel()   # the real pyslurm returns silently here ...
+    ps.Job(2).cancel()        # ... and here (job 2 is CANCELLED)
     with pytest.raises(UnknownJob, match="Invalid job id specified"):
-        b.release(99)
+        b.cancel(999999)
+    with pytest.raises(SlurmError, match="already completing or completed") as info:
+        b.cancel(2)
+    assert type(info.value) is SlurmError
+    with pytest.raises(UnknownJob, match="Invalid job id specified"):
+        b.signal(2, "USR2")
+    for action in (b.hold, b.release,
+                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+        with pytest.raises(SlurmError, match="Job has already finished") as info:
+            action(2)
+        assert type(info.value) is SlurmError
+    for action in (b.hold, b.requeue_hold, b.release, lambda j: b.signal(j, "USR2"),
+                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+        with pytest.raises(UnknownJob, match="Invalid job id specified"):
+            action(999999)
+
+
+def test_cancel_of_a_live_job() -> None:
+    b, ps, _ = backend_on(project_load("26.05", "squeue-mem-per-gpu-running.json"))
+    b.cancel(2)
+    assert ps.ctld.jobs[2].base == "CANCELLED" and ("kill", 2, 9) in ps.ctld.rpcs
+
+
+def test_signal_hold_release() -> None:
+    b, ps, _ = backend_on(project_load("26.05", "squeue-mem-per-gpu-running.json"))
+    b.signal(1, "USR2")
+    assert ("kill", 1, 12) in ps.ctld.rpcs
+    b.release(2)
+    assert not {j.job_id: j for j in b.snapshot().jobs}[2].held
+    b.hold(2)
+    job = {j.job_id: j for j in b.snapshot().jobs}[2]
+    assert job.held and job.reason == "JobHeldAdmin"  # pyslurm's hold() is an admin hold
+
+
+def test_controller_down_is_unavailable() -> None:
+    b, ps, _ = backend_on(load("26.05", "squeue.json"), load("26.05", "scontrol-show-nodes.json"))
+    ps.ctld.down = True
+    with pytest.raises(SlurmUnavailable, match="Unable to contact"):
+        b.snapshot()
     with pytest.raises(SlurmError, match=">= 1"):
         b.set_resources(1, nodes=0, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1)
-    down = PyslurmBackend(FakePyslurm(down=True), cli=RecordingCli())  # type: ignore[arg-type]
-    with pytest.raises(SlurmUnavailable, match="Unable to contact"):
-        down.snapshot()
+
+
+# --- refusing a pyslurm known broken: by version and by the self-check --------------------------------
+
+def test_known_broken_versions() -> None:
+    assert "NameError: name 'val' is not defined" in known_problem(SlurmVersion(24, 11, 0))
+    assert known_problem(SlurmVersion(25, 11, 0)) and known_problem(FIRST_WORKING) is None
+
+
+def test_self_check_finds_the_24_11_bug_without_calling_slurm() -> None:
+    ctld = FakeSlurmctld(project_load("24.11", "squeue-requeue-held.json"))
+    assert "NameError: name 'val' is not defined" in self_check(FakePyslurm(ctld, version="24.11.0"))
+    assert self_check(FakePyslurm(ctld, version="25.11.2")) is None
+    assert ctld.rpcs == []
+
+
+def test_the_backend_refuses_a_broken_pyslurm() -> None:
+    ctld = FakeSlurmctld(project_load("24.11", "squeue-requeue-held.json"))
+    with pytest.raises(PyslurmUnusable, match="known broken"):
+        PyslurmBackend(FakePyslurm(ctld, version="24.11.0"), cli=FakeCli(ctld))  # type: ignore[arg-type]
+    odd = FakePyslurm(ctld, version="25.11.3")
+    odd.JobSubmitDescription.broken_memory_per_gpu = True  # a future release that breaks it again
+    with pytest.raises(PyslurmUnusable, match="self-check failed"):
+        PyslurmBackend(odd, cli=FakeCli(ctld))  # type: ignore[arg-type]
 
 
 def test_pyslurm_version() -> None:
-    assert pyslurm_version(FakePyslurm()) == SlurmVersion(25, 11, 2)  # type: ignore[arg-type]
+    ctld = FakeSlurmctld(load("26.05", "squeue.json"))
+    assert pyslurm_version(FakePyslurm(ctld)) == SlurmVersion(25, 11, 2)  # type: ignore[arg-type]
 
 
-def test_job_states_from_pyslurm_strings() -> None:
-    assert job_from_pyslurm(fake_job(1, "a", "REQUEUE_HOLD", priority=0)).state is JobState.REQUEUE_HOLD
+# --- probing pyslurm cannot take this process down -------------------------------------------------------
+
+FATAL_PYSLURM = '''
+import os, sys
+conf = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+if not os.path.isfile(conf):
+    # libslurm's fatal() when slurm_init() cannot read slurm.conf: a message, then exit(1)
+    sys.stderr.write(f"error: s_p_parse_file: unable to status file {conf}: No such file or directory\\n")
+    sys.stderr.write("fatal: Unable to process configuration file\\n")
+    sys.stderr.flush()
+    os._exit(1)
+__version__ = "{version}"
+
+class JobSubmitDescription:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+    def _create_job_submit_desc(self, is_update=False):
+        if self.__dict__.get("memory_per_gpu") and {broken}:
+            raise NameError("name 'val' is not defined")
+'''
+
+
+def fake_pyslurm_package(root: Path, *, version: str = "25.11.2", broken: bool = False) -> Path:
+    """A `pyslurm` that dies like libslurm without a usable slurm.conf, on `root` for PYTHONPATH."""
+    (root / "pyslurm").mkdir(parents=True)
+    (root / "pyslurm" / "__init__.py").write_text(FATAL_PYSLURM.replace("{version}", version)
+                                                  .replace("{broken}", str(broken)))
+    return root
+
+
+def child_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(fake_pyslurm_package(tmp_path / "site"))
+    env.update(extra)
+    return env
+
+
+def test_probe_survives_a_pyslurm_that_kills_its_process(tmp_path: Path) -> None:
+    env = child_env(tmp_path, SLURM_CONF=str(tmp_path / "missing.conf"))
+    probe = probe_pyslurm(env)
+    assert probe.version is None
+    assert "exit code 1" in probe.problem and "Unable to process configuration file" in probe.problem
+    with pytest.raises(PyslurmUnusable, match="ended its process"):
+        pyslurm_backend.import_pyslurm(env)   # and this process is still here to say so
+
+
+def test_probe_reports_version_and_self_check(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    env = child_env(tmp_path, SLURM_CONF=str(conf))
+    probe = probe_pyslurm(env)
+    assert (probe.version, probe.problem) == ("25.11.2", None)
+    broken = fake_pyslurm_package(tmp_path / "broken", version="24.11.0", broken=True)
+    probe = probe_pyslurm({**env, "PYTHONPATH": str(broken)})
+    assert probe.version == "24.11.0" and "NameError: name 'val' is not defined" in probe.problem
+
+
+def test_probe_without_pyslurm(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path)  # no pyslurm there, and none is installed here
+    probe = probe_pyslurm(env)
+    if probe.version is not None:
+        pytest.skip("a real pyslurm is installed here")
+    assert "No module named 'pyslurm'" in probe.problem
+
+
+def test_collecting_the_live_tests_survives_a_fatal_pyslurm(tmp_path: Path) -> None:
+    """pytest collection must not die when SLURM_CONF is unset (test_live.py asks for pyslurm at collection)."""
+    env = child_env(tmp_path)
+    env.pop("SLURM_ELASTIC_TEST_CLUSTER", None)
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "tests/cluster/test_live.py"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "test_contract_snapshot_and_unknown_jobs[pyslurm]" in proc.stdout
+
+
+def test_selection_logs_why_it_refused(tmp_path: Path, caplog) -> None:
+    from slurm_elastic.cluster.select import select_backend
+    env = child_env(tmp_path, SLURM_CONF=str(tmp_path / "missing.conf"))
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.cluster.select"):
+        backend = select_backend("auto", env=env)
+    assert backend.name == "cli"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "slurm_elastic.cluster.select"]
+    assert line.startswith("Slurm backend: cli (auto: `import pyslurm` ended its process (exit code 1")
