@@ -95,9 +95,16 @@ def sbatch(args: tuple[str, ...]) -> None:
       --watch              stay in the foreground and rebalance your elastic jobs (user mode)
       --dry-run            print the sbatch command instead of submitting
       --parsable           print only the job id
-    Every other sbatch option is passed through unchanged. Refused: --array,
-    --nodes/-N, --gres, -G, --gpus-per-*, --no-requeue, --comment, --wrap,
-    --mem, --mem-per-cpu, --cpus-per-task/-c (the controller sets the shape).
+    Every other sbatch option is passed on (spelled out in full). Refused,
+    in any spelling sbatch accepts (an unambiguous prefix such as --arr,
+    bundled short options such as -Ha 0-2, #SBATCH or #SLURM lines, SBATCH_*
+    variables): --array/-a, --nodes/-N, --gres, -G, --gpus-per-*,
+    --tres-per-task, --no-requeue, --comment, --wrap, --mem, --mem-per-cpu,
+    --cpus-per-task/-c (the controller sets the shape); in #SBATCH lines also
+    --gpus, --cpus-per-gpu, --mem-per-gpu (write them as #ELASTIC lines).
+    #PBS/#BSUB lines are refused (sbatch runs with --ignore-pbs). Your --export (command line,
+    #SBATCH or SBATCH_EXPORT) keeps its meaning; the wrapper's variables
+    (SLURM_ELASTIC_CKPT_DIR) are added to it.
 
     \b
     Examples:

@@ -184,12 +184,17 @@ def test_cluster_commands_by_a_non_root_user_are_one_line_and_change_nothing(
     args = [part.format(node=node, spare=(slurm_cluster.spares or ("",))[0]) for part in command]
     user = user_pythons("se-inputsec")
     proc = subprocess.run(user.cli_argv("cluster", *args, "--state-dir", str(local.state_dir)), capture_output=True,
-                          text=True, timeout=120, cwd="/", env={"PATH": os.environ["PATH"]})
+                          text=True, timeout=120, cwd="/", env=_user_env())
     assert proc.returncode != 0, proc.stdout
     assert "must run as root" in _one_error_line(proc.stderr)
     after = local.status()
     assert after.controller_pid == before.controller_pid
     assert [(n.name, n.slurmd_pid) for n in after.nodes] == [(n.name, n.slurmd_pid) for n in before.nodes]
+
+
+def _user_env() -> dict[str, str]:
+    """What the user's command inherits: PATH, and PYTHONPATH when the tests run another tree's code."""
+    return {key: os.environ[key] for key in ("PATH", "PYTHONPATH") if key in os.environ}
 
 
 GARBLED = {
@@ -235,7 +240,7 @@ def _run_sbatch(path: Path, cwd: Path, argv_prefix: list[str] | None = None) -> 
     try:
         # The refusal needs no Slurm: a wrong SLURM_CONF makes any Slurm call fail loudly.
         return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd,
-                              env={**os.environ, "SLURM_CONF": "/nonexistent/slurm.conf"})
+                              env={**_user_env(), "SLURM_CONF": "/nonexistent/slurm.conf"})
     except subprocess.TimeoutExpired:
         pytest.fail(f"`slurm-elastic sbatch {path}` hung for 60 s instead of refusing")
 
