@@ -75,6 +75,14 @@ class ElasticLoop:
         except BaseException:
             _flush()
             raise
+        self._own_group = False
+        if not dist.is_initialized():
+            # One rank too: a torchrun-ready script builds its DistributedSampler and DDP on a
+            # process group, and the same script must run when the job shrinks to one GPU.
+            env = self.session.env
+            dist.init_process_group(self.session.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                                    init_method=env.init_method, rank=env.rank, world_size=env.world_size)
+            self._own_group = True
         self._had_group = dist.is_initialized()
         _export_torch_env(self.session.env)
         sys.excepthook = self._excepthook
@@ -207,12 +215,11 @@ class ElasticLoop:
             for p in model.parameters():
                 if p.requires_grad:
                     p.register_hook(_divide_by(a))
-        if self.world_size > 1:
-            device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
-            ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
-            self._sync_target = ddp
-            return ddp
-        return OneRank(model)
+        # DDP at one rank too: the same `.module`, `no_sync()` and state_dict keys at every world size.
+        device_ids = [torch.cuda.current_device()] if torch.cuda.is_available() else None
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        self._sync_target = ddp
+        return ddp
 
     # -- the hooks the wrappers call -------------------------------------------------------------
     def _epoch_of_step(self, step: int) -> int:
@@ -247,6 +254,8 @@ class ElasticLoop:
             raise ElasticError("optimizer.step() without a new batch from the prepared DataLoader; call it once "
                                "per batch")
         self._stepped_current = True
+        if self._scheduler is not None:
+            self._scheduler._batches += 1
         if self._current[1] < self.accumulation - 1:
             return                                        # accumulating: the update comes at the last micro-batch
         self._window_has_grads = False
@@ -289,6 +298,8 @@ class ElasticLoop:
             _flush()
             self.session.__exit__(SystemExit, exc, exc.__traceback__)
             raise
+        if self._own_group and dist.is_initialized():
+            dist.destroy_process_group()
         _flush()
 
     def __enter__(self) -> ElasticLoop:
@@ -309,6 +320,8 @@ class ElasticLoop:
         sys.excepthook = self._previous_excepthook
         _flush()   # the session may os._exit, which drops block-buffered output
         self.session.__exit__(type(exc), exc, exc.__traceback__)
+        if self._own_group and isinstance(exc, SystemExit) and dist.is_initialized():
+            dist.destroy_process_group()   # as the session does with its own group
         _flush()
 
     def _excepthook(self, exc_type: Any, exc: BaseException, tb: Any) -> None:
@@ -321,22 +334,6 @@ class ElasticLoop:
         if not self._closed:
             log.info("elastic loop closed at interpreter exit (call loop.close() to choose the moment)")
             self.close()
-
-
-class OneRank(nn.Module):
-    """The single-process stand-in for DDP: the same `.module` and `no_sync()`, so one script fits every world size."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
-    def no_sync(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
 
 
 class ElasticOptimizer(torch.optim.Optimizer):
@@ -388,7 +385,9 @@ class ElasticScheduler:
 
     The loop's own `scheduler.step()` calls change nothing; they are counted
     so that a loop stepping per epoch under scheduler_interval='step' (or the
-    reverse) is an error instead of a silently different schedule.
+    reverse) is an error instead of a silently different schedule. Once per
+    batch counts as once per step: that is what the loop meant before the
+    session split its batches into micro-batches.
     """
 
     def __init__(self, scheduler: Any, loop: ElasticLoop) -> None:
@@ -396,6 +395,7 @@ class ElasticScheduler:
         self._loop = loop
         self._user_calls = 0
         self._real_steps = 0
+        self._batches = 0          # optimizer.step() calls of the loop, one per micro-batch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["scheduler"], name)
@@ -407,10 +407,11 @@ class ElasticScheduler:
         self._user_calls += 1
 
     def _check(self) -> None:
-        calls, steps = self._user_calls, self._real_steps
-        self._user_calls = self._real_steps = 0
+        calls, steps, batches = self._user_calls, self._real_steps, self._batches
+        self._user_calls = self._real_steps = self._batches = 0
         interval = self._loop.scheduler_interval
-        ok = calls in (0, steps) if interval == "step" else calls <= 1
+        # Per step: a loop written for one batch per optimizer step calls it once per batch.
+        ok = calls in (0, steps, batches) if interval == "step" else calls <= 1
         if not ok:
             other = "epoch" if interval == "step" else "step"
             raise ElasticError(f"scheduler.step() was called {calls} times over {steps} optimizer steps; with "

@@ -1,0 +1,264 @@
+"""ElasticLoop.prepare(): the user's epoch loop, made exact and resumable (in-process at one rank, and 4 -> 2 -> 3 ranks)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from slurm_elastic.errors import ElasticError
+from slurm_elastic.train import ElasticLoop, protocol
+from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.sampler import ElasticSampler
+
+from .launch import start_ranks, wait_ranks
+
+TUTORIAL = Path(__file__).resolve().parent / "tutorial"
+N = 10
+
+
+def _single() -> JobEnvironment:
+    return JobEnvironment.from_env({"SLURM_JOB_ID": "91"})
+
+
+def _objects(lr: float = 1.0, batch_size: int = 2) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    x = torch.arange(N, dtype=torch.float64).unsqueeze(1)
+    data = TensorDataset(x, torch.arange(N))
+    return model, optimizer, DataLoader(data, batch_size=batch_size, shuffle=True)
+
+
+def _loop(tmp_path: Path, **kw) -> ElasticLoop:
+    return ElasticLoop(global_batch=4, ckpt_dir=str(tmp_path / "ck"), env=_single(), fast_exit=False, **kw)
+
+
+def test_epochs_see_every_sample_once_and_accumulate_to_the_global_mean(tmp_path: Path) -> None:
+    loop = _loop(tmp_path)
+    model, optimizer, loader = _objects()
+    w0 = [p.detach().clone() for p in model.parameters()]
+    ddp, optimizer, loader = loop.prepare(model, optimizer, loader)
+    assert loop.accumulation == 2 and isinstance(ddp, nn.parallel.DistributedDataParallel)
+    seen: list[int] = []
+    after_step_0: list[torch.Tensor] = []
+    for epoch in range(3):
+        loader.sampler.set_epoch(epoch)
+        for x, idx in loader:
+            optimizer.zero_grad()          # per batch, as the tutorial does: must not drop micro-batch 0
+            loss = (ddp(x).squeeze(1) - 1.0).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            seen += idx.tolist()
+            if loop.step == 1 and not after_step_0:
+                after_step_0 = [p.detach().clone() for p in model.parameters()]
+    loop.close()
+    # Epoch boundaries 10 and 20 fall inside steps (global batch 4): epoch e iterates the steps
+    # that start in it, so 3 epochs ran steps 0..7 = the first 32 samples of the stream.
+    assert loop.step == 8
+    assert seen == ElasticSampler(N, seed=0).indices(0, 32)
+    for e in range(3):
+        assert sorted(seen[e * N:(e + 1) * N]) == list(range(N))
+    # Step 0's update (SGD, lr 1) is the mean gradient over its 4 samples, though they came
+    # in 2 micro-batches with zero_grad() before each.
+    ref = nn.Linear(1, 1).double()
+    with torch.no_grad():
+        for p, w in zip(ref.parameters(), w0):
+            p.copy_(w)
+    x = torch.tensor(seen[:4], dtype=torch.float64).unsqueeze(1)
+    (ref(x).squeeze(1) - 1.0).pow(2).mean().backward()
+    for got, w, p in zip(after_step_0, w0, ref.parameters()):
+        assert torch.allclose(got, w - p.grad, rtol=0, atol=1e-12), (got, w - p.grad)
+
+
+def test_a_signalled_stop_resumes_where_it_stopped_and_done_epochs_yield_nothing(tmp_path: Path) -> None:
+    by_step: dict[int, list[int]] = {}
+
+    def run(signal_after: int | None) -> tuple[int, list[int]]:
+        loop = _loop(tmp_path)
+        model, optimizer, loader = _objects()
+        ddp, optimizer, loader = loop.prepare(model, optimizer, loader)
+        start, lengths, fresh = loop.step, [], set()
+        try:
+            for epoch in range(3):
+                loader.sampler.set_epoch(epoch)
+                lengths.append(len(loader))
+                for x, idx in loader:
+                    if loop.step not in fresh:          # a step redone after the restart replaces the old one
+                        fresh.add(loop.step)
+                        by_step[loop.step] = []
+                    by_step[loop.step] += idx.tolist()
+                    ddp(x).squeeze(1).pow(2).mean().backward()
+                    optimizer.step()
+                    if loop.step == signal_after:
+                        os.kill(os.getpid(), signal.SIGUSR2)
+        except SystemExit as exc:
+            assert exc.code == protocol.REQUEUE_EXIT_CODE
+            return -1, lengths
+        loop.close()
+        return start, lengths
+
+    assert run(signal_after=4)[0] == -1
+    ack = _json(protocol.ack_path(str(tmp_path / "ck"), "91", "91", 0))
+    # Seen at the boundary after step 5; step 6's micro-batches were the checkpoint pass.
+    assert ack["committed"] and ack["step"] == 5
+    start, lengths = run(signal_after=None)
+    assert start == 5
+    assert lengths == [0, 0, 6]          # epochs 0 (steps 0-2) and 1 (3-4) are done: nothing to yield
+    assert sorted(by_step) == list(range(8))
+    assert [i for s in sorted(by_step) for i in by_step[s]] == ElasticSampler(N, seed=0).indices(0, 32)
+
+
+def test_optimizer_step_after_every_batch_is_required(tmp_path: Path) -> None:
+    loop = _loop(tmp_path)
+    ddp, optimizer, loader = loop.prepare(*_objects())
+    it = iter(loader)
+    x, _ = next(it)
+    ddp(x).sum().backward()
+    optimizer.step()
+    next(it)
+    with pytest.raises(ElasticError, match="call optimizer.step\\(\\) after every batch"):
+        next(it)              # step 0 (2 micro-batches) never finished
+    with pytest.raises(ElasticError, match="once per batch"):
+        loop._stepped_current = True
+        optimizer.step()
+    loop.close()
+
+
+def test_skipping_ahead_and_unknown_objects_are_refused(tmp_path: Path) -> None:
+    loop = _loop(tmp_path)
+    with pytest.raises(ElasticError, match="does not know what to do with a str"):
+        loop.prepare(*_objects(), "lr=0.1")
+    loop2 = _loop(tmp_path / "b")
+    ddp, optimizer, loader = loop2.prepare(*_objects())
+    loader.sampler.set_epoch(2)
+    with pytest.raises(ElasticError, match="asks for epoch 2 but the data position \\(step 0\\) is in epoch 0"):
+        iter(loader).__next__()
+    loop2.close()
+
+
+def test_a_global_batch_that_is_no_multiple_of_the_micro_batch_is_one_clear_error(tmp_path: Path) -> None:
+    loop = ElasticLoop(global_batch=6, ckpt_dir=str(tmp_path / "ck"), env=_single(), fast_exit=False)
+    with pytest.raises(ElasticError, match="global batch 6 is not a multiple of the micro batch 4"):
+        loop.prepare(*_objects(batch_size=4))
+
+
+def test_scheduler_steps_per_optimizer_step_or_per_epoch_and_mismatch_is_an_error(tmp_path: Path) -> None:
+    for interval, calls_per_epoch, want_steps in (("step", "batch", 8), ("epoch", "epoch", 3)):
+        loop = _loop(tmp_path / interval, scheduler_interval=interval)
+        model, optimizer, loader = _objects()
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: 1.0 / (1 + n))
+        ddp, optimizer, loader, sched = loop.prepare(model, optimizer, loader, sched)
+        for epoch in range(3):
+            for x, _ in loader:
+                ddp(x).sum().backward()
+                optimizer.step()
+                if calls_per_epoch == "batch":
+                    sched.step()
+            if calls_per_epoch == "epoch":
+                sched.step()
+        loop.close()
+        assert sched.last_epoch == want_steps, interval
+        assert math.isclose(optimizer.param_groups[0]["lr"], 1.0 / (1 + want_steps))
+
+    loop = _loop(tmp_path / "mismatch")
+    model, optimizer, loader = _objects()
+    sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    ddp, optimizer, loader, sched = loop.prepare(model, optimizer, loader, sched)
+    with pytest.raises(ElasticError, match="scheduler_interval='epoch'"):
+        for epoch in range(2):
+            for x, _ in loader:
+                ddp(x).sum().backward()
+                optimizer.step()
+            sched.step()
+    loop.close()
+
+
+# -- the tutorial script, as separate ranks ----------------------------------------------------------
+def _tutorial_env(tmp: Path) -> dict[str, str]:
+    return {"SLURM_ELASTIC_CKPT_DIR": str(tmp / "ck"), "PYTHONPATH": str(TUTORIAL)}
+
+
+def _run_tutorial(tmp: Path, world: int, restart: int, *, signal_on: str | None, epochs: int = 3) -> list[str]:
+    """Start the elastic tutorial as `world` ranks; with signal_on, SIGUSR2 them when rank 0 prints it."""
+    snap = tmp / "snapshot.pt"
+    procs = start_ranks("multigpu_elastic", [str(epochs), "1", "--snapshot_path", str(snap)], world_size=world,
+                        job_id="313", restart_count=restart, extra_env=_tutorial_env(tmp))
+    head: list[str] = []
+    if signal_on is not None:
+        assert procs[0].stdout is not None
+        for line in procs[0].stdout:
+            head.append(line)
+            if signal_on in line:
+                for p in procs:
+                    p.send_signal(signal.SIGUSR2)
+                break
+    results = wait_ranks(procs, timeout=600)
+    outs = ["".join(head) + r.stdout if i == 0 else r.stdout for i, r in enumerate(results)]
+    want = 0 if signal_on is None else protocol.REQUEUE_EXIT_CODE
+    for r, out in zip(results, outs):
+        assert r.returncode == want, out[-4000:]
+    return outs
+
+
+def _final_params(tmp: Path) -> list[float]:
+    snap = torch.load(tmp / "snapshot.pt", weights_only=True)
+    assert snap["EPOCHS_RUN"] == 3
+    return [float(v) for k in sorted(snap["MODEL_STATE"]) for v in snap["MODEL_STATE"][k].flatten()]
+
+
+def test_tutorial_diff_is_at_most_ten_lines() -> None:
+    out = subprocess.run(["diff", str(TUTORIAL / "multigpu_torchrun.py"), str(TUTORIAL / "multigpu_elastic.py")],
+                         capture_output=True, text=True, check=False).stdout
+    changed = [line for line in out.splitlines() if line.startswith(("<", ">"))]
+    assert 0 < len(changed) <= 10, out
+
+
+def test_tutorial_resumes_exactly_across_4_2_3_ranks(tmp_path: Path) -> None:
+    straight = tmp_path / "straight"
+    _run_tutorial(straight, 4, 0, signal_on=None)
+
+    elastic = tmp_path / "elastic"
+    outs = _run_tutorial(elastic, 4, 0, signal_on="[RANK0] Epoch 0")
+    ack0 = protocol.ack_path(str(elastic / "ck"), "313", "313", 0)
+    first = _json(ack0)
+    # Rank output printed before the exit reaches the pipe (os._exit would drop a block buffer).
+    for rank, out in enumerate(outs):
+        assert f"[RANK{rank}] Epoch 0 | Batchsize: 4 | Steps: 114" in out, out[-2000:]
+    outs = _run_tutorial(elastic, 2, 1, signal_on="Steps: ")
+    assert _resumes_at(first["step"], world=2) in outs[0], outs[0][-3000:]      # 0 steps lost
+    second = _json(protocol.ack_path(str(elastic / "ck"), "313", "313", 1))
+    outs = _run_tutorial(elastic, 3, 2, signal_on=None)
+    assert _resumes_at(second["step"], world=3) in outs[0], outs[0][-3000:]
+    assert first["committed"] and second["committed"] and first["step"] < second["step"]
+    assert first["world_size"] == 4 and second["world_size"] == 2
+
+    a, b = _final_params(straight), _final_params(elastic)
+    worst = max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b) if abs(x) > 1e-8)
+    assert worst <= 1e-9, worst
+
+
+def _resumes_at(step: int, *, world: int) -> str:
+    """The tutorial's own epoch line when its loader continues at `step`: the rest of that epoch's batches."""
+    digits, global_batch, micro = 1797, 48, 4
+    epoch = step * global_batch // digits
+    end = -(-(epoch + 1) * digits // global_batch)
+    return f"[RANK0] Epoch {epoch} | Batchsize: {micro} | Steps: {(end - step) * global_batch // micro // world}\n"
+
+
+def _json(path: str) -> dict:
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
