@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,6 +240,15 @@ def _secure(path: Path) -> None:
     A directory that does not exist yet is made 0700; the daemon's own (made by its lock, 0711)
     is only checked. Older versions left the journal 0644: it is narrowed, with its -wal/-shm.
     """
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        st = None
+    if os.geteuid() == 0 and st is not None and stat.S_ISREG(st.st_mode) and st.st_uid != 0:
+        # Root reading a user's own watch journal (an admin looking, the tests): that user's file to
+        # keep private, not ours to chmod. Controllers never get here for a foreign directory: their
+        # lock (state_dir.InstanceLock) refuses it first.
+        return
     dir_fd = open_state_dir(path.parent, mode=USER_DIR_MODE)
     try:
         for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):

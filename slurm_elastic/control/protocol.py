@@ -156,7 +156,7 @@ class RequeueProtocol:
             if why is None and guard is not None and not ours:
                 why = guard
             if why is not None:
-                finished[rec.plan_id] = self._abandon(rec, why, before)
+                finished[rec.plan_id] = self._abandon(rec, why, f"before {before}")
 
     def _observe_settled(self, records: Sequence[PlanRecord], held: set[int]) -> ClusterState:
         """A snapshot in which no job we have not held yet is COMPLETING (cancelled, or requeued by Slurm:
@@ -171,8 +171,9 @@ class RequeueProtocol:
             log.debug("jobs %s are COMPLETING; looking again", ending)
             self._sleep(self.settings.settle_poll_s)
 
-    def _abandon(self, rec: PlanRecord, why: str, before: str) -> Outcome:
-        note = f"{why} (before {before})"
+    def _abandon(self, rec: PlanRecord, why: str, when: str) -> Outcome:
+        """Finish a plan whose job moved on, taking no step on it (journaled with the reason)."""
+        note = f"{why} ({when})"
         log.warning("job %d: plan %d abandoned: %s", rec.job_id, rec.plan_id, note)
         self.journal.finish(rec.plan_id, ABANDONED, note)
         return Outcome(rec.plan_id, rec.job_id, ABANDONED, note)
@@ -189,8 +190,10 @@ class RequeueProtocol:
             if job is not None and job.state is JobState.COMPLETING and not ours:
                 job = _find(self._observe_settled([rec], held), rec.job_id)
             why = departed(rec.plan, job, restarts=rec.restarts, held_by_us=ours)
+            if why is None and not ours and self._may_act is not None:
+                why = self._may_act()   # not held yet: the admin daemon, if it runs now, plans the job
             if why is not None:
-                outcomes.append(self._abandon(rec, why, "recovery"))
+                outcomes.append(self._abandon(rec, why, "on recovery"))
                 continue
             if rec.step == "open":
                 # Nothing was taken yet: the signal is journaled before it is sent.
@@ -227,7 +230,7 @@ class RequeueProtocol:
             if step == "hold":
                 why = self._hold(rec, fresh=crash)
                 if why is not None:
-                    return self._abandon(rec, why, "hold")
+                    return self._abandon(rec, why, "at hold")
             elif step == "resize":
                 self._resize(plan, rec.plan_id)
                 log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
@@ -239,7 +242,7 @@ class RequeueProtocol:
             if crash:
                 self._maybe_crash(step)
         except _Departed as gone:
-            return self._abandon(rec, str(gone), step)
+            return self._abandon(rec, str(gone), f"at {step}")
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")
         return None
