@@ -181,3 +181,30 @@ def test_watch_stops_a_plan_when_the_daemon_starts_mid_cycle(tmp_path):
               stop=stop, on_cycle=on_cycle)
     assert [o.status for o in outcomes] == [ABANDONED] and "admin daemon" in outcomes[0].note
     assert slurm.calls == []
+
+
+def test_a_busy_lock_whose_file_names_a_dead_pid_names_the_real_holder(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from slurm_elastic.control.state_dir import LOCK_FILE
+
+    directory = tmp_path / "d"
+    with InstanceLock(directory, "daemon"):
+        pass
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (directory / LOCK_FILE).write_text(f"pid {gone.pid} uid 0 host {socket.gethostname()}\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+                               str(directory / LOCK_FILE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ControllerBusy) as busy:
+            InstanceLock(directory, "daemon").acquire()
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    assert f"held by pid {holder.pid}" in str(busy.value)
+    assert f"names pid {gone.pid}, which is not running" in str(busy.value)
