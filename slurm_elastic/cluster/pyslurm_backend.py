@@ -34,7 +34,7 @@ from slurm_elastic.cluster.model import ClusterState, Job, Node
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
                                                 reason_code, size_mb, spec_from_comment)
-from slurm_elastic.errors import SlurmError, SlurmUnavailable
+from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +214,14 @@ class PyslurmBackend:
         missing = [int(j.id) for j in jobs if _lacks_per_gpu(j)]
         if not missing:
             return {}
-        return per_gpu_requests(self._cli._run(
-            ["squeue", "--noheader", "--states=all", f"--jobs={','.join(map(str, missing))}",
-             "-O", "JobID:|,cpus-per-tres:|,mem-per-tres:|"]))
+        try:
+            out = self._cli._run(["squeue", "--noheader", "--states=all", f"--jobs={','.join(map(str, missing))}",
+                                  "-O", "JobID:|,cpus-per-tres:|,mem-per-tres:|"])
+        except UnknownJob:
+            # squeue fails only when *every* listed id is gone (it skips single unknown ones, 22.05
+            # to 26.05): those jobs were purged since Jobs.load and the next snapshot has none of them.
+            return {}
+        return per_gpu_requests(out)
 
     # --- acting ------------------------------------------------------------------------------------
     def submit(self, description: SubmitDescription) -> int:

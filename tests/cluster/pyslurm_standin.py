@@ -441,6 +441,8 @@ class FakeCli:
             return ""
         if argv[0] == "squeue" and "-O" in argv:
             ids = [int(x) for x in next(a for a in argv if a.startswith("--jobs=")).split("=", 1)[1].split(",")]
+            if not any(j in self.ctld.jobs for j in ids):  # squeue skips unknown ids unless all are (seen live)
+                raise classify("slurm_load_jobs error: Invalid job id specified", tuple(argv), 1)
             return self.ctld.squeue_format(ids)
         raise AssertionError(f"unexpected command {argv}")
 

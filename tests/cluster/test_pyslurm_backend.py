@@ -85,6 +85,13 @@ def test_the_squeue_call_prints_what_real_squeue_printed(version: str) -> None:
     assert per_gpu_requests(fake)[1] == (1, 500)
 
 
+def test_jobs_purged_between_the_two_reads_have_no_per_gpu_requests() -> None:
+    b, ps, _ = backend_on(project_load("26.05", "squeue-mem-per-gpu-running.json"))
+    gone = ps.Job.load(1)
+    del ps.ctld.jobs[1], ps.ctld.jobs[2]
+    assert b._per_gpu_requests([gone]) == {}
+
+
 def test_slurm_version_is_slurms_not_pyslurms() -> None:
     b, ps, _ = backend_on(load("26.05", "squeue.json"), load("26.05", "scontrol-show-nodes.json"))
     assert ps.__version__ == "25.11.2"
