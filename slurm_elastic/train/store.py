@@ -1,19 +1,27 @@
-"""The checkpoint store: step directories of safetensors files, a manifest committed last, LATEST, retention."""
+"""The checkpoint store: step directories of safetensors files, a manifest committed last, LATEST, retention.
+
+Every name in the job directory is reached through a verified directory fd
+(jobdir.JobDir), never through a link; every manifest and safetensors header
+passes its schema (manifest.py) before restore uses it; and only the
+incarnation named in the owner file (incarnation.py) commits or deletes.
+A step is written into `writing-<step>-<incarnation tag>/`, this
+incarnation's own directory, and renamed to `step-<N>/` when its manifest is
+in place, so no two writers ever share a directory or overwrite a committed
+step, and a failed write is removed without touching anyone else's files.
+"""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import fcntl
-import hashlib
 import json
 import logging
 import mmap
 import os
 import re
-import shutil
+import stat
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,18 +29,39 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import xxhash
 from safetensors.torch import load as safetensors_load
 
 from slurm_elastic.errors import CheckpointError
 from slurm_elastic.train import protocol
+from slurm_elastic.train.incarnation import OWNER_FILE, Incarnation, StaleWriter, check_still_writer, claim
+from slurm_elastic.train.jobdir import (
+    DIR_MODE,
+    FILE_MODE,
+    JobDir,
+    UnsafeJobDir,
+    fsync_fd,
+    open_private_dir,
+    temp_name,
+    write_atomic_at,
+)
+from slurm_elastic.train.manifest import (
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    FORMAT,
+    MANIFEST_MAX_BYTES,
+    check_file_name,
+    check_safetensors_layout,
+    parse_json,
+    validate_file_record,
+    validate_manifest,
+)
+
+__all__ = ["CHECKSUMS", "DEFAULT_CHECKSUM", "DIR_MODE", "FORMAT", "CheckpointStore", "CompleteStep", "FileRecord",
+           "Incarnation", "StaleWriter", "TensorSource", "UnsafeJobDir", "atomic_write", "check_file_name",
+           "fsync_dir", "make_private_dirs", "validate_manifest", "write_safetensors"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "slurm-elastic-ckpt/1"
-DIR_MODE = 0o700
-_FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.safetensors")
-_REQUIRED = ("format", "step", "samples_consumed", "world_size", "global_batch", "model_fingerprint", "files")
 # Lustre/GPFS like large sequential writes; 8 MiB matches a common stripe size.
 _WRITE_CHUNK = 8 << 20
 # O_DIRECT wants buffer address, file offset and length aligned to the device's logical
@@ -41,14 +70,11 @@ _DIRECT_ALIGN = 4096
 # Files read at once on restore: enough to keep a disk or a parallel filesystem busy
 # while others are being checksummed.
 READ_WORKERS = 4
-
-# The data files' checksum is for damage (a torn or truncated write, bit rot, a file from
-# elsewhere), not for an adversary: whoever can rewrite a file can rewrite the manifest
-# too. xxh3-128 costs about 0.04 CPU-seconds per GB here, sha256 (with SHA-NI) 0.55, and a
-# checkpoint every step on a busy CPU pays that out of training's own time. Manifests
-# name the algorithm per file, so either verifies; sha256 stays selectable.
-CHECKSUMS: dict[str, Callable[..., Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
-DEFAULT_CHECKSUM = "xxh3_128"
+WRITING_PREFIX = "writing-"
+_WRITING_RE = re.compile(re.escape(WRITING_PREFIX) + r"([0-9]{10,18})-([A-Za-z0-9._-]{1,80})")
+_LATEST_MAX_BYTES = 64
+# Temp files of the job directory that the store itself writes (others' files are not its to collect).
+_OWN_TEMPS = (protocol.LATEST_FILE + ".tmp-", OWNER_FILE + ".tmp-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +100,26 @@ class CompleteStep:
     manifest: Mapping[str, Any]
 
 
-class CheckpointStore:
-    """`<ckpt_root>/<job-key>/step-<N>/`: data files first, `manifest.json` last, then `LATEST`."""
+def writing_dir_name(step: int, tag: str) -> str:
+    """Where incarnation `tag` writes `step` until it commits it."""
+    return f"{WRITING_PREFIX}{int(step):010d}-{tag}"
 
-    def __init__(self, job_dir: str, *, keep: int = 2, checksum: str = DEFAULT_CHECKSUM) -> None:
+
+def parse_writing_dir_name(name: str) -> tuple[int, str] | None:
+    m = _WRITING_RE.fullmatch(name)
+    return (int(m[1]), m[2]) if m else None
+
+
+class CheckpointStore:
+    """`<ckpt_root>/<job-key>/step-<N>/`: data files first, `manifest.json` last, then `LATEST`.
+
+    `writer` names the incarnation this process is (default: from the job's
+    environment); only the writer named in the job directory's owner file
+    commits or deletes, see incarnation.py. Each rank of a job uses its own store.
+    """
+
+    def __init__(self, job_dir: str, *, keep: int = 2, checksum: str = DEFAULT_CHECKSUM,
+                 writer: Incarnation | None = None) -> None:
         if keep < 1:
             raise CheckpointError(f"retention must keep at least 1 complete checkpoint, got {keep}")
         if checksum not in CHECKSUMS:
@@ -85,75 +127,213 @@ class CheckpointStore:
         self.job_dir = os.path.abspath(job_dir)
         self.keep = keep
         self.checksum = checksum
+        self._writer = writer
+        self._dir: JobDir | None = None
+        self._dir_lock = threading.Lock()
+        self._claimed = False
+        self._writing: set[int] = set()       # steps this store began and has not committed or discarded
+        self._last_commit: int | None = None
+        self._warned: set[str] = set()
 
-    # -- writing ---------------------------------------------------------------------
+    # -- the job directory and who writes it ------------------------------------------------
+    def _job(self, *, create: bool) -> JobDir | None:
+        with self._dir_lock:
+            if self._dir is None:
+                self._dir = JobDir.open(self.job_dir, create=create)
+            return self._dir
+
+    def close(self) -> None:
+        """Let go of the job directory (the store reopens and re-verifies it when used again)."""
+        with self._dir_lock:
+            if self._dir is not None:
+                self._dir.close()
+                self._dir = None
+
+    def _job_or_fail(self) -> JobDir:
+        jd = self._job(create=False)
+        if jd is None:
+            raise FileNotFoundError(errno.ENOENT, "no job directory", self.job_dir)
+        return jd
+
+    @property
+    def writer(self) -> Incarnation:
+        if self._writer is None:
+            self._writer = Incarnation.from_environment()
+        return self._writer
+
+    def claim(self) -> None:
+        """Become the job directory's writer (a newer incarnation takes over from an older one).
+
+        Call it on the rank that commits before restoring, so a stale incarnation
+        still running elsewhere stops at its next commit instead of racing this one.
+        The first commit claims too when nobody called this.
+        """
+        claim(self._job(create=True), self.writer)   # type: ignore[arg-type]
+        self._claimed = True
+
+    def _check_writer(self, jd: JobDir, action: str) -> None:
+        if not self._claimed:
+            claim(jd, self.writer)
+            self._claimed = True
+        else:
+            check_still_writer(jd, self.writer, action)
+
+    # -- writing ---------------------------------------------------------------------------
     def ensure_job_dir(self) -> None:
-        make_private_dirs(self.job_dir)
+        self._job(create=True)
 
     def step_path(self, step: int) -> str:
+        """Where a committed step lives."""
         return os.path.join(self.job_dir, protocol.step_dir_name(step))
 
+    def writing_path(self, step: int) -> str:
+        """Where this incarnation writes `step` until it commits it."""
+        return os.path.join(self.job_dir, writing_dir_name(step, self.writer.tag))
+
     def begin_step(self, step: int) -> str:
-        path = self.step_path(step)
-        make_private_dirs(path)
-        return path
+        """Create this incarnation's directory for `step` (every rank calls this); returns its path.
+
+        A directory that cannot be made is logged, not raised: the writes into it fail
+        and are reported, so that checkpoint is not committed and training goes on.
+        """
+        jd = self._job(create=True)
+        assert jd is not None
+        name = writing_dir_name(step, self.writer.tag)
+        self._writing.add(step)
+        try:
+            os.close(jd.open_dir(name, create=True))
+        except (OSError, CheckpointError) as exc:
+            log.error("checkpoint of step %d: cannot create %s: %s", step, jd.where(name), exc)
+        return jd.where(name)
 
     def write_tensors(self, step: int, name: str, tensors: Mapping[str, torch.Tensor] | TensorSource, *,
                       rank: int) -> FileRecord:
         """Stream `tensors` as safetensors to `<step dir>/<name>`; durable (fsynced) when this returns."""
         check_file_name(name)
         source = tensors if isinstance(tensors, TensorSource) else TensorSource(tensors)
-        size, digest = write_safetensors(os.path.join(self.step_path(step), name), source, checksum=self.checksum)
+        jd = self._job_or_fail()
+        dfd = jd.open_dir(writing_dir_name(step, self.writer.tag))
+        try:
+            size, digest = write_safetensors(name, source, checksum=self.checksum, dir_fd=dfd, where=jd.path)
+        finally:
+            os.close(dfd)
         return FileRecord(name=name, size=size, checksum=self.checksum, digest=digest, rank=rank)
 
     def commit(self, step: int, manifest: Mapping[str, Any]) -> None:
-        """Write the manifest (the commit point), then LATEST, then apply retention."""
-        path = self.step_path(step)
-        # The data files were renamed into place by other ranks; one directory
-        # fsync here makes all of their names durable before the manifest exists.
-        fsync_dir(path)
+        """Write the manifest, rename the step into place (the commit point), then LATEST, then retention.
+
+        StaleWriter, before anything is committed or deleted, when another
+        incarnation writes this job directory now. An OSError (a full disk, a
+        non-directory where the step goes) leaves the step uncommitted.
+        """
+        jd = self._job_or_fail()
+        self._check_writer(jd, f"commit step {step}")
+        writing = writing_dir_name(step, self.writer.tag)
         body = dict(manifest)
         body["format"] = FORMAT
         body["step"] = int(step)
-        atomic_write(os.path.join(path, protocol.MANIFEST_FILE), _dump(body))
-        atomic_write(os.path.join(self.job_dir, protocol.LATEST_FILE),
-                     (protocol.step_dir_name(step) + "\n").encode())
+        listed = {rec["name"] for rec in body.get("files", ())} | {protocol.MANIFEST_FILE}
+        dfd = jd.open_dir(writing)
+        try:
+            # Whatever the manifest does not list is a leftover of a killed process of this
+            # incarnation (its temp files): a committed step holds exactly its files.
+            for leftover in set(jd.names(dfd)) - listed:
+                jd.unlink_quietly(dfd, leftover)
+            # The data files were renamed into place by other ranks; one directory
+            # fsync here makes all of their names durable before the manifest exists.
+            fsync_fd(dfd)
+            jd.write_atomic(dfd, protocol.MANIFEST_FILE, _dump(body))
+        finally:
+            os.close(dfd)
+        self._check_writer(jd, f"commit step {step}")
+        self._rename_into_place(jd, writing, protocol.step_dir_name(step))
+        self._writing.discard(step)
+        self._last_commit = step if self._last_commit is None else max(self._last_commit, step)
+        # LATEST's directory fsync also makes the step's rename durable.
+        jd.write_atomic(jd.fd, protocol.LATEST_FILE, (protocol.step_dir_name(step) + "\n").encode())
         self.apply_retention()
 
-    def discard_step(self, step: int) -> None:
-        """Remove an uncommitted step directory (after a failed write); never a committed one."""
-        path = self.step_path(step)
-        if os.path.exists(os.path.join(path, protocol.MANIFEST_FILE)):
+    def _rename_into_place(self, jd: JobDir, writing: str, final: str) -> None:
+        try:
+            os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
             return
-        shutil.rmtree(path, ignore_errors=True)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                # ENOTDIR: a file or a link sits where the step goes; it is never replaced or followed.
+                raise OSError(exc.errno, f"cannot commit: {exc.strerror}", jd.where(final)) from None
+        if self._is_committed(jd, final):
+            raise FileExistsError(errno.EEXIST, "a committed step of that number exists (another incarnation's?)",
+                                  jd.where(final))
+        # An uncommitted leftover under the final name (a crash halfway through retention): collect it.
+        jd.remove_tree(final)
+        os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
+
+    def discard_step(self, step: int) -> None:
+        """Remove this incarnation's uncommitted directory of `step` (after a failed write); nothing else."""
+        self._writing.discard(step)
+        jd = self._job(create=False)
+        if jd is not None:
+            jd.remove_tree(writing_dir_name(step, self.writer.tag))
 
     def apply_retention(self) -> None:
+        """Keep the newest `keep` committed steps at or below this writer's newest commit; collect leftovers.
+
+        Only the current writer collects (StaleWriter otherwise), and never a step
+        newer than its own newest commit: that may be another incarnation's.
+        """
+        jd = self._job(create=False)
+        if jd is None:
+            return
+        self._check_writer(jd, "delete old checkpoints")
         committed = self.committed_steps()
-        for step in committed[self.keep:]:
+        bound = self._last_commit if self._last_commit is not None else (committed[0] if committed else None)
+        below = [s for s in committed if bound is not None and s <= bound]
+        for step in below[self.keep:]:
+            name = protocol.step_dir_name(step)
             # Un-commit first: rmtree removes files in directory order, and a crash halfway must
             # leave an uncommitted leftover (ignored, collected later), never a manifest whose files are gone.
-            _unlink_quietly(os.path.join(self.step_path(step), protocol.MANIFEST_FILE))
-            shutil.rmtree(self.step_path(step), ignore_errors=True)
-        newest = committed[0] if committed else None
-        for step, name in self._step_dirs():
-            # Uncommitted directories older than the newest commit are leftovers of
-            # failed or interrupted writes; newer ones may still be in progress.
-            if newest is not None and step < newest and step not in committed:
-                shutil.rmtree(os.path.join(self.job_dir, name), ignore_errors=True)
-        # Temp files of a writer killed mid-write (LATEST, shards of a step rewritten after the
-        # crash) would otherwise pile up one per crash: the job directory and committed steps are
-        # written by this process alone now, so a temp file of another process there is dead.
-        for directory in [self.job_dir] + [self.step_path(s) for s in committed[:self.keep]]:
-            _remove_dead_temps(directory)
+            try:
+                dfd = jd.open_dir(name)
+            except (OSError, CheckpointError):
+                continue
+            try:
+                jd.unlink_quietly(dfd, protocol.MANIFEST_FILE)
+            finally:
+                os.close(dfd)
+            jd.remove_tree(name)
+        newest = below[0] if below else None
+        if newest is None:
+            return
+        for name in jd.names():
+            st = jd.lstat(name)
+            if st is None:
+                continue
+            step = protocol.parse_step_dir_name(name)
+            writing = parse_writing_dir_name(name)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+                # Uncommitted directories older than the newest commit are leftovers of failed,
+                # interrupted or stale writes; newer ones may still be in progress.
+                if step is not None and step < newest and step not in committed:
+                    jd.remove_tree(name)
+                elif writing is not None and writing[0] < newest:
+                    jd.remove_tree(name)
+            elif stat.S_ISREG(st.st_mode) and name.startswith(_OWN_TEMPS) and f".tmp-{os.getpid()}-" not in name:
+                # A LATEST or owner-file temp of a writer killed mid-write (this one is the writer now).
+                jd.unlink_quietly(jd.fd, name)
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
-        line = json.dumps(dict(row), sort_keys=True) + "\n"
+        line = (json.dumps(dict(row), sort_keys=True) + "\n").encode()
+        jd = self._job(create=True)
+        assert jd is not None
         # 0600 like every other file of the job: the umask would leave it readable by others.
-        with open(os.path.join(self.job_dir, protocol.METRICS_FILE), "a", encoding="utf-8",
-                  opener=lambda path, flags: os.open(path, flags, 0o600)) as f:
-            f.write(line)
+        fd = os.open(protocol.METRICS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     FILE_MODE, dir_fd=jd.fd)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
 
-    # -- reading ---------------------------------------------------------------------
+    # -- reading ---------------------------------------------------------------------------
     def _check_model(self, step: int, manifest: dict, model_fingerprint: str | None) -> None:
         """A checkpoint of another model is an error, never a silent fallback to an older step."""
         if model_fingerprint is not None and manifest["model_fingerprint"] != model_fingerprint:
@@ -162,25 +342,80 @@ class CheckpointStore:
                 f"{manifest['model_fingerprint'][:12]} != {model_fingerprint[:12]}); point "
                 f"{protocol.CKPT_DIR_ENV} elsewhere or remove that directory")
 
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _is_committed(self, jd: JobDir, name: str) -> bool:
+        try:
+            dfd = jd.open_dir(name)
+        except (OSError, CheckpointError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                self._warn_once(name, "ignoring %s: %s", jd.where(name), exc)
+            return False
+        try:
+            st = jd.lstat(protocol.MANIFEST_FILE, dfd)
+            return st is not None and stat.S_ISREG(st.st_mode)
+        finally:
+            os.close(dfd)
+
     def committed_steps(self) -> list[int]:
-        """Steps with a manifest, newest first (checksums not yet verified)."""
-        return sorted((s for s, name in self._step_dirs()
-                       if os.path.isfile(os.path.join(self.job_dir, name, protocol.MANIFEST_FILE))), reverse=True)
+        """Steps with a manifest, newest first (checksums not yet verified). Links and other
+        users' entries are not steps."""
+        jd = self._job(create=False)
+        if jd is None:
+            return []
+        steps = []
+        for name in jd.names():
+            step = protocol.parse_step_dir_name(name)
+            if step is not None and self._is_committed(jd, name):
+                steps.append(step)
+        return sorted(steps, reverse=True)
 
     def latest_pointer(self) -> int | None:
+        """The step LATEST names; None when it is missing or not a step name (restore scans anyway)."""
+        jd = self._job(create=False)
+        if jd is None:
+            return None
         try:
-            with open(os.path.join(self.job_dir, protocol.LATEST_FILE), encoding="utf-8") as f:
-                return protocol.parse_step_dir_name(f.read().strip())
-        except OSError:
+            data = jd.read_file(jd.fd, protocol.LATEST_FILE, jd.where(protocol.LATEST_FILE), limit=_LATEST_MAX_BYTES)
+            return protocol.parse_step_dir_name(data.decode("ascii").strip())
+        except (OSError, CheckpointError, UnicodeDecodeError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                self._warn_once("LATEST", "ignoring %s: %s", jd.where(protocol.LATEST_FILE), exc)
             return None
 
-    def read_manifest(self, step: int) -> dict[str, Any]:
-        path = os.path.join(self.step_path(step), protocol.MANIFEST_FILE)
+    @contextmanager
+    def _step_dir(self, step: int) -> Iterator[tuple[JobDir, int, str]]:
+        """The committed directory of `step`, or the one this store is still writing it in."""
+        jd = self._job(create=False)
+        if jd is None:
+            raise CheckpointError(f"{self.step_path(step)}: missing (no job directory)")
+        name = protocol.step_dir_name(step)
         try:
-            with open(path, "rb") as f:
-                manifest = json.loads(f.read().decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: unreadable manifest ({exc})") from exc
+            try:
+                dfd = jd.open_dir(name)
+            except FileNotFoundError:
+                if step not in self._writing:
+                    raise
+                name = writing_dir_name(step, self.writer.tag)
+                dfd = jd.open_dir(name)
+        except OSError as exc:
+            raise CheckpointError(f"{jd.where(name)}: missing or unreadable ({exc.strerror})") from None
+        try:
+            yield jd, dfd, jd.where(name)
+        finally:
+            os.close(dfd)
+
+    def read_manifest(self, step: int) -> dict[str, Any]:
+        with self._step_dir(step) as (jd, dfd, where):
+            path = os.path.join(where, protocol.MANIFEST_FILE)
+            try:
+                data = jd.read_file(dfd, protocol.MANIFEST_FILE, path, limit=MANIFEST_MAX_BYTES)
+            except OSError as exc:
+                raise CheckpointError(f"{path}: unreadable manifest ({exc.strerror})") from None
+        manifest = parse_json(data, path)
         validate_manifest(manifest, path)
         if manifest["step"] != step:
             raise CheckpointError(f"{path}: manifest says step {manifest['step']} but lives in "
@@ -188,11 +423,18 @@ class CheckpointStore:
         return manifest
 
     def verify(self, step: int) -> dict[str, Any]:
-        """The manifest of `step` after checking every file's size and sha256."""
+        """The manifest of `step` after checking every file's size and checksum."""
         manifest = self.read_manifest(step)
         for rec in manifest["files"]:
             self._read_verified(step, rec)
         return manifest
+
+    def _notice_latest(self, chosen: int | None) -> None:
+        latest = self.latest_pointer()
+        if latest is not None and (chosen is None or latest > chosen):
+            log.warning("%s names %s, which is missing or damaged; restoring %s", protocol.LATEST_FILE,
+                        protocol.step_dir_name(latest),
+                        "nothing (a fresh start)" if chosen is None else protocol.step_dir_name(chosen))
 
     def newest_complete(self, *, model_fingerprint: str | None = None) -> CompleteStep | None:
         """The newest step that verifies; damaged steps are skipped with a warning.
@@ -208,29 +450,33 @@ class CheckpointStore:
                 log.warning("skipping damaged checkpoint: %s", exc)
                 continue
             self._check_model(step, manifest, model_fingerprint)
+            self._notice_latest(step)
             return CompleteStep(step=step, path=self.step_path(step), manifest=manifest)
+        self._notice_latest(None)
         return None
 
     def candidates(self, *, model_fingerprint: str | None = None) -> list[int]:
         """Committed steps, newest first, whose manifest is sound and whose files have the listed
-        sizes. Cheap (no reading of data); `read_tensors` checks the sha256 while loading."""
+        sizes. Cheap (no reading of data); `read_tensors` checks the checksums while loading."""
         out = []
         for step in self.committed_steps():
             try:
                 manifest = self.read_manifest(step)
-                for rec in manifest["files"]:
-                    path = os.path.join(self.step_path(step), rec["name"])
-                    try:
-                        size = os.stat(path).st_size
-                    except OSError:
-                        raise CheckpointError(f"{path}: missing") from None
-                    if size != rec["size"]:
-                        raise CheckpointError(f"{path}: size {size} != {rec['size']} in the manifest (truncated?)")
+                with self._step_dir(step) as (jd, dfd, where):
+                    for rec in manifest["files"]:
+                        path = os.path.join(where, rec["name"])
+                        try:
+                            size = jd.stat_file(dfd, rec["name"], path).st_size
+                        except OSError:
+                            raise CheckpointError(f"{path}: missing") from None
+                        if size != rec["size"]:
+                            raise CheckpointError(f"{path}: size {size} != {rec['size']} in the manifest (truncated?)")
             except CheckpointError as exc:
                 log.warning("skipping damaged checkpoint: %s", exc)
                 continue
             self._check_model(step, manifest, model_fingerprint)
             out.append(step)
+        self._notice_latest(out[0] if out else None)
         return out
 
     def read_tensors(self, step: int, record: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -255,131 +501,42 @@ class CheckpointStore:
             yield from self.read_tensors(complete.step, rec).items()
 
     def _read_verified(self, step: int, rec: Mapping[str, Any]) -> bytes:
+        validate_file_record(rec, f"step {step}")
         name = rec["name"]
-        check_file_name(name)
-        path = os.path.join(self.step_path(step), name)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as exc:
-            raise CheckpointError(f"{path}: missing or unreadable ({exc.strerror})") from exc
+        with self._step_dir(step) as (jd, dfd, where):
+            path = os.path.join(where, name)
+            try:
+                # Never more than the manifest's size: a planted huge file is refused unread.
+                data = jd.read_file(dfd, name, path, limit=rec["size"])
+            except OSError as exc:
+                raise CheckpointError(f"{path}: missing or unreadable ({exc.strerror})") from None
         if len(data) != rec["size"]:
             raise CheckpointError(f"{path}: size {len(data)} != {rec['size']} in the manifest (truncated?)")
         for algo in CHECKSUMS:
             if algo in rec and CHECKSUMS[algo](data).hexdigest() != rec[algo]:
                 raise CheckpointError(f"{path}: {algo} mismatch (damaged)")
-        _check_safetensors_layout(data, path)
+        check_safetensors_layout(data, path)
         return data
-
-    def _step_dirs(self) -> list[tuple[int, str]]:
-        try:
-            names = os.listdir(self.job_dir)
-        except FileNotFoundError:
-            return []
-        out = []
-        for name in names:
-            step = protocol.parse_step_dir_name(name)
-            if step is not None and os.path.isdir(os.path.join(self.job_dir, name)):
-                out.append((step, name))
-        return out
-
-
-def validate_manifest(manifest: Any, where: str) -> None:
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{where}: manifest is not a JSON object")
-    missing = [k for k in _REQUIRED if k not in manifest]
-    if missing:
-        raise CheckpointError(f"{where}: not a slurm-elastic manifest (missing {', '.join(missing)})")
-    if manifest["format"] != FORMAT:
-        raise CheckpointError(f"{where}: unknown format {manifest['format']!r} (this version reads {FORMAT})")
-    for key in ("step", "samples_consumed", "world_size", "global_batch"):
-        if not isinstance(manifest[key], int) or isinstance(manifest[key], bool) or manifest[key] < 0:
-            raise CheckpointError(f"{where}: {key} must be a non-negative integer")
-    files = manifest["files"]
-    if not isinstance(files, list) or not files:
-        raise CheckpointError(f"{where}: manifest lists no files")
-    seen = set()
-    for rec in files:
-        sums = [k for k in CHECKSUMS if isinstance(rec, dict) and k in rec]
-        if not isinstance(rec, dict) or not {"name", "size"} <= rec.keys() or not sums:
-            raise CheckpointError(f"{where}: malformed file entry {rec!r} (needs name, size and one of "
-                                  f"{', '.join(CHECKSUMS)})")
-        check_file_name(rec["name"])
-        if rec["name"] in seen:
-            raise CheckpointError(f"{where}: file {rec['name']!r} listed twice")
-        seen.add(rec["name"])
-        if not isinstance(rec["size"], int) or isinstance(rec["size"], bool) or \
-                not all(isinstance(rec[k], str) for k in sums):
-            raise CheckpointError(f"{where}: malformed file entry {rec!r}")
-
-
-def _check_safetensors_layout(data: bytes, where: str) -> None:
-    """Header length, JSON header and data extent agree: catches foreign bytes whose checksum was forged."""
-    if len(data) < 8:
-        raise CheckpointError(f"{where}: not a safetensors file (too short)")
-    n = int.from_bytes(data[:8], "little")
-    if n > len(data) - 8 or n > 100 << 20:
-        raise CheckpointError(f"{where}: not a safetensors file (bad header length)")
-    try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{where}: not a safetensors file (header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{where}: not a safetensors file (header is not an object)")
-    end = max((v["data_offsets"][1] for k, v in header.items()
-               if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v), default=0)
-    if 8 + n + end != len(data):
-        raise CheckpointError(f"{where}: safetensors data extent does not match the file size")
-
-
-def check_file_name(name: Any) -> None:
-    """Manifest file names are bare names: no separators, no '..', nothing hidden."""
-    if not isinstance(name, str) or not _FILE_NAME_RE.fullmatch(name) or ".." in name:
-        raise CheckpointError(f"refusing checkpoint file name {name!r}: only plain *.safetensors names "
-                              f"inside the step directory are allowed")
 
 
 def make_private_dirs(path: str) -> None:
-    """mkdir -p with 0700 on every directory this call creates (existing ones are left alone)."""
-    path = os.path.abspath(path)
-    missing = []
-    while not os.path.isdir(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    for p in reversed(missing):
-        try:
-            os.mkdir(p, DIR_MODE)
-        except FileExistsError:
-            if not os.path.isdir(p):
-                raise CheckpointError(f"{p} exists and is not a directory") from None
-            continue
-        os.chmod(p, DIR_MODE)  # the umask may have removed bits we do not want anyway; make it exact
+    """mkdir -p with 0700 on every directory this call creates; the last one must be this user's
+    own and not writable by others (UnsafeJobDir otherwise: it is never used as it is)."""
+    open_private_dir(path)
 
 
 def atomic_write(path: str, data: bytes, *, sync_dir: bool = True) -> None:
-    """temp name, write, fsync, rename, (fsync the directory): readers see all or nothing."""
-    tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """temp name, write, fsync, rename, (fsync the directory): readers see all or nothing.
+
+    The temp name is created exclusively and the rename replaces a link at `path`
+    rather than writing through it.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        for start in range(0, len(view), _WRITE_CHUNK):
-            _write_all(fd, view[start:start + _WRITE_CHUNK])
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _unlink_quietly(tmp)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    if sync_dir:
-        fsync_dir(os.path.dirname(path))
+        write_atomic_at(dfd, name, data, sync_dir=sync_dir)
+    finally:
+        os.close(dfd)
 
 
 class TensorSource:
@@ -416,7 +573,8 @@ class TensorSource:
         """The writer has read all of `key`."""
 
 
-def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAULT_CHECKSUM) -> tuple[int, str]:
+def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAULT_CHECKSUM, dir_fd: int | None = None,
+                      where: str | None = None) -> tuple[int, str]:
     """Write the safetensors format from the tensors' memory through one page-aligned
     staging buffer: hashed while it is hot in cache, written with O_DIRECT.
 
@@ -426,6 +584,9 @@ def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAUL
     filesystem that refuses O_DIRECT (ramfs, tmpfs before Linux 6.6, some FUSE mounts) is written through
     the page cache, with a warning once per directory. The copies into the buffer,
     os.write and the hash all release the GIL.
+
+    With `dir_fd`, `path` is a name in that directory (nothing is reached through a
+    link); `where` names the directory in the warning.
     """
     header: dict[str, Any] = {}
     offset = 0
@@ -437,9 +598,11 @@ def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAUL
     head += b" " * (-len(head) % 8)  # the format wants the data 8-byte aligned
     prefix = len(head).to_bytes(8, "little") + head
     digest = CHECKSUMS[checksum]()
-    tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    fd = _open_for_data(tmp)
-    out = _StagedFile(fd, digest, tmp)
+    # The warning about O_DIRECT names the job directory: once per job, not per step.
+    where = where or os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    tmp = temp_name(path)
+    fd = _open_for_data(tmp, dir_fd, where)
+    out = _StagedFile(fd, digest, where)
     try:
         out.put_bytes(prefix)
         for key in source.keys():
@@ -456,13 +619,13 @@ def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAUL
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, dir_fd)
         raise
     os.close(fd)
     try:
-        os.replace(tmp, path)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        _unlink_quietly(tmp)
+        _unlink_quietly(tmp, dir_fd)
         raise
     return len(prefix) + offset, digest.hexdigest()
 
@@ -470,21 +633,21 @@ def write_safetensors(path: str, source: TensorSource, *, checksum: str = DEFAUL
 _NO_DIRECT_WARNED: set[str] = set()
 
 
-def _open_for_data(path: str) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+def _open_for_data(path: str, dir_fd: int | None, where: str) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        return os.open(path, flags | os.O_DIRECT, 0o600)
+        return os.open(path, flags | os.O_DIRECT, FILE_MODE, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-    _warn_no_direct(path, "open")
+    _warn_no_direct(where, "open")
     # Some filesystems (ramfs) create the file before refusing O_DIRECT; the name is this
     # process's own temp name, so opening it again without O_EXCL is safe.
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE,
+                   dir_fd=dir_fd)
 
 
-def _warn_no_direct(path: str, how: str) -> None:
-    where = os.path.dirname(os.path.dirname(path))   # the job directory: once per job, not per step
+def _warn_no_direct(where: str, how: str) -> None:
     if where not in _NO_DIRECT_WARNED:
         _NO_DIRECT_WARNED.add(where)
         log.warning("%s refuses O_DIRECT (at %s); checkpoints there go through the page cache", where, how)
@@ -508,10 +671,10 @@ _STAGING = _Staging()
 class _StagedFile:
     """Fills an aligned buffer, hashes it and writes it out whole; the tail goes out buffered."""
 
-    def __init__(self, fd: int, digest: Any, path: str) -> None:
+    def __init__(self, fd: int, digest: Any, where: str) -> None:
         self.fd = fd
         self.digest = digest
-        self.path = path
+        self.where = where
         self.view, self.addr = _STAGING.get()
         self.fill = 0
         self.direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
@@ -564,7 +727,7 @@ class _StagedFile:
             # Some filesystems take O_DIRECT at open and refuse it at the first write.
             if not (self.direct and exc.errno == errno.EINVAL):
                 raise
-            _warn_no_direct(self.path, "write")
+            _warn_no_direct(self.where, "write")
             fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
             self.direct = False
             _write_all(self.fd, chunk)
@@ -584,31 +747,16 @@ _DTYPE_NAMES = {
 
 
 def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some network filesystems refuse fsync on a directory; the rename is still atomic.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
+        fsync_fd(fd)
     finally:
         os.close(fd)
 
 
-def _remove_dead_temps(directory: str) -> None:
-    mine = f".tmp-{os.getpid()}-"
+def _unlink_quietly(path: str, dir_fd: int | None = None) -> None:
     try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if ".tmp-" in name and mine not in name:
-            _unlink_quietly(os.path.join(directory, name))
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
+        os.unlink(path, dir_fd=dir_fd)
     except OSError:
         pass
 

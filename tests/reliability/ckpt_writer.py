@@ -59,17 +59,23 @@ def build_model() -> Any:
 
 
 def train_forever(root: str, job_id: str, trace_path: str | None, keep: int, job_name: str = "same-name",
-                  steps: int = 10**9) -> int:
+                  steps: int = 10**9, restart_count: int | None = None) -> int:
     """Train and checkpoint every step until killed (or `steps`), resuming from the newest complete step.
 
     With a trace (a child process) the store is instrumented; without one
     (in the test process) it is left alone. Returns the last committed step.
+    `restart_count` (for a child process: it sets SLURM_JOB_ID and SLURM_RESTART_COUNT,
+    which is where the store reads its incarnation from) makes this process that
+    incarnation of the job.
     """
     import torch
 
     from slurm_elastic.train.environment import JobEnvironment
     from slurm_elastic.train.session import ElasticSession
 
+    if restart_count is not None:
+        os.environ["SLURM_JOB_ID"] = job_id
+        os.environ["SLURM_RESTART_COUNT"] = str(restart_count)
     fd = -1
     if trace_path is not None:
         torch.set_num_threads(1)
@@ -77,7 +83,7 @@ def train_forever(root: str, job_id: str, trace_path: str | None, keep: int, job
         instrument(fd)
     env = JobEnvironment(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
                          master_addr="127.0.0.1", master_port=1, job_id=job_id, job_name=job_name,
-                         restart_count=0, launcher="single")
+                         restart_count=restart_count or 0, launcher="single")
     gen = torch.Generator().manual_seed(int(job_id) if job_id.isdigit() else 0)
     x = torch.randn(64, 6, generator=gen, dtype=torch.float64)
     y = x.sum(1, keepdim=True)

@@ -11,6 +11,7 @@ import torch
 
 from slurm_elastic.errors import CheckpointError
 from slurm_elastic.train import protocol
+from slurm_elastic.train.incarnation import OWNER_FILE
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore, check_file_name
 
 
@@ -42,7 +43,7 @@ def test_retention_keeps_newest_k_and_removes_stale_partials(tmp_path: Path) -> 
         _commit(store, step)
     assert store.committed_steps() == [6, 4]
     assert sorted(os.listdir(tmp_path / "job")) == [protocol.LATEST_FILE, protocol.step_dir_name(4),
-                                                    protocol.step_dir_name(6)]
+                                                    protocol.step_dir_name(6), OWNER_FILE]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "manifest-garbage", "manifest-truncated"])
@@ -145,12 +146,12 @@ def test_files_are_written_with_o_direct_and_verified_by_their_named_checksum(tm
 
     store = CheckpointStore(str(tmp_path / "job"), checksum=checksum)
     store.ensure_job_dir()
-    store.begin_step(1)
+    writing = Path(store.begin_step(1))
     big = torch.arange((9 << 20) // 8 + 3, dtype=torch.float64)        # spans two staging buffers
     odd = torch.arange(7, dtype=torch.int16).reshape(7, 1).t()           # not contiguous
     rec = store.write_tensors(1, "group-00000.safetensors", {"big": big, "odd": odd, "empty": torch.zeros(0)},
                               rank=0)
-    data = (tmp_path / "job" / protocol.step_dir_name(1) / "group-00000.safetensors").read_bytes()
+    data = (writing / "group-00000.safetensors").read_bytes()
     assert rec.checksum == checksum and rec.size == len(data)
     want = hashlib.sha256(data).hexdigest() if checksum == "sha256" else CHECKSUMS["xxh3_128"](data).hexdigest()
     assert rec.digest == want and rec.to_json()[checksum] == want
@@ -179,6 +180,7 @@ def test_a_filesystem_without_o_direct_is_written_through_the_page_cache_with_a_
         assert torch.equal(store.read_tensors(1, rec.to_json())["w"], t)
         warnings = [r.getMessage() for r in caplog.records if "O_DIRECT" in r.getMessage()]
         assert len(warnings) == 1 and "page cache" in warnings[0] and str(mnt / "job") in warnings[0]
+        store.close()     # the store holds the job directory open
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
 
@@ -191,12 +193,12 @@ def test_unknown_checksum_is_refused() -> None:
 def test_read_files_returns_every_file_in_order_and_raises_on_damage(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "job"))
     store.ensure_job_dir()
-    store.begin_step(1)
+    writing = Path(store.begin_step(1))
     recs = [store.write_tensors(1, f"group-{i:05d}.safetensors", {"w": torch.full((1000,), float(i))}, rank=0).to_json()
             for i in range(6)]
     got = store.read_files(1, recs, workers=3)
     assert [float(t["w"][0]) for t in got] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
-    path = tmp_path / "job" / protocol.step_dir_name(1) / "group-00004.safetensors"
+    path = writing / "group-00004.safetensors"
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0x10
     path.write_bytes(bytes(raw))
