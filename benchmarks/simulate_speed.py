@@ -24,12 +24,12 @@ DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "po
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", type=Path, action="append", help="workload file (repeatable)")
-    parser.add_argument("--policy", action="append", help="policy (repeatable; default l1)")
+    parser.add_argument("--policy", action="append", help="policy (repeatable; default controller)")
     parser.add_argument("--cluster", default="16x4")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
     args = parser.parse_args()
     workloads = args.workload or [DEFAULT]
-    policies = args.policy or ["l1"]
+    policies = args.policy or ["controller"]
     rows = []
     for path in workloads:
         if not path.exists():

@@ -1,4 +1,4 @@
-"""`slurm-elastic simulate`: replay a workload under elastic L1 scheduling and baselines."""
+"""`slurm-elastic simulate`: replay a workload under the shipped controller and baselines."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.command()
 @click.argument("workloads", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--policy", "policy_name", default="all", show_default=True,
-              type=click.Choice(["l1", "static", "tiresias", "optimus", "all"]), help="Policy to replay under.")
+              type=click.Choice(["controller", "static", "tiresias", "optimus", "all"]),
+              help="Policy to replay under (controller: the shipped Reconciler, what a site runs).")
 @click.option("--cluster", "cluster_spec", default="16x4", show_default=True,
               help="NODESxGPUS[:CPUS[:MEM_GB]], groups joined by commas (e.g. 8x4,4x8:64:512).")
 @click.option("--interval", default=60.0, show_default=True, help="Scheduling interval in seconds.")
@@ -43,8 +44,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--sacct-elastic", default="comment", show_default=True,
               type=click.Choice(["comment", "all", "none"]),
               help="sacct import: which jobs are elastic (elastic spec in Comment, every GPU job, none).")
-@click.option("--l1-max-scale", default=2.0, show_default=True,
-              help="l1 asks for at most this many times a job's requested GPUs (0: the job's own max).")
+@click.option("--max-scale", default=2.0, show_default=True,
+              help="Elastic jobs declare at most this many times their requested GPUs (0: the trace's max).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of result rows.")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -56,9 +57,9 @@ RESTARTS = ("forward-layer", "traditional", "both")
 def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float, immediate: bool,
              failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
              checkpoint_interval: float,
-             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, l1_max_scale: float, as_json: bool,
+             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, max_scale: float, as_json: bool,
              markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
-    """Replay workload traces under the l1 policy and the baselines.
+    """Replay workload traces under the shipped controller and the baselines.
 
     WORKLOADS are Pollux workload CSVs, generic CSVs or sacct --parsable2
     exports (see docs/simulator.md). Every policy sees the same jobs,
@@ -102,7 +103,7 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
                         if bar is not None:
                             bar.update(_task, completed=done)
 
-                    result = Simulation(jobs, make_policy(name, l1_max_scale=l1_max_scale), config, report).run()
+                    result = Simulation(jobs, make_policy(name, max_scale=max_scale), config, report).run()
                     if bar is not None:
                         bar.update(task, completed=len(jobs))
                     results.append(result)

@@ -206,6 +206,7 @@ class Reconciler:
         self._sleep = sleep
         self._available: frozenset[str] | None = None
         self._reported_malformed: set[int] = set()
+        self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
 
     def cycle(self, *, dry_run: bool = False, job_ids: frozenset[int] | None = None) -> CycleReport:
         """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
@@ -272,8 +273,12 @@ class Reconciler:
         policy = self.config.policy
         requests = self.requests.requests(scoped, now, policy)
         problem = pin_jobs(AllocationProblem(requests, capacity_from_state(scoped), policy), pins, hit)
-        with native_stdout_silenced():
-            allocation = self.allocator(problem)
+        if problem == self._last_solved[0] and self._last_solved[1] is not None:
+            allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
+        else:
+            with native_stdout_silenced():
+                allocation = self.allocator(problem)
+            self._last_solved = (problem, allocation)
         allocation = with_basis(allocation, self.requests.basis())
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}

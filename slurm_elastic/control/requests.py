@@ -8,7 +8,10 @@ What the default source (`MeasuredRequests`) reads, per job, from
 
 - speed: steps/s per GPU count and node count, fitted online
   (`allocate.throughput.MeasuredThroughput`, with its rule for sizes never
-  run); the default model (linear, a penalty per extra node) until a row exists;
+  run: nothing beyond 2x the largest size measured); the default model
+  (linear, a penalty per extra node, credited up to 2x the job's size) until a
+  row exists, and a job just started keeps its size until its first rows
+  exist (`measure_first_s`), so it is measured at the size it asked for;
 - restart cost: from the job's own restarts seen in its rows (the wall time
   from the last row before a restart to the first after it, less the steps
   that interval did at the new speed: startup plus lost work); 30 s until one
@@ -17,7 +20,8 @@ What the default source (`MeasuredRequests`) reads, per job, from
   (written when the training loop declares its length).
 
 Weights favour short remaining time (shortest remaining time first is what
-minimises average completion time): w = user weight x clamp(H / remaining s).
+minimises average completion time): w = user weight x clamp(H / remaining s),
+in steps of 19 % (`quantised`).
 Anti-starvation, stated: a job that has waited without GPUs for
 `starve_after_s` must run (at its minimum, if anything fits at all), and a job
 the controller has taken to zero GPUs once is not taken to zero again while it
@@ -33,6 +37,7 @@ job's weight.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import errno
 import json
@@ -48,7 +53,7 @@ from typing import Mapping, Protocol, Sequence
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
 from slurm_elastic.allocate.shapes import spanning_widths
-from slurm_elastic.allocate.throughput import LinearThroughput, MeasuredThroughput, measured_throughput, speed_frontier
+from slurm_elastic.allocate.throughput import LinearThroughput, MeasuredThroughput, concave_hull, speed_frontier
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.train import protocol as shim
 
@@ -79,6 +84,7 @@ class RequestSettings:
     hold_s: float = 300.0                     # a new size is kept at least this long (the hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
+    measure_first_s: float = 300.0            # a job just started keeps its size this long unless measured
     restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
     prior: LinearThroughput = LinearThroughput()
@@ -132,25 +138,44 @@ def validate_row(row: object) -> dict[str, float | int] | None:
 
 @dataclass(slots=True)
 class MetricsTail:
-    """What was read of one growing metrics file so far (the controller reads only what was appended)."""
+    """What was read of one growing metrics file so far (the controller reads only what was appended).
+
+    Kept bounded: the newest SPEEDS_KEPT speeds per GPU count, the newest
+    COSTS_KEPT restart intervals, and the last row.
+    """
 
     inode: tuple[int, int] = (0, 0)
     offset: int = 0
     partial: bytes = b""
-    rows: list[dict[str, float | int]] = dataclasses.field(default_factory=list)
+    speeds: dict[int, collections.deque[float]] = dataclasses.field(default_factory=dict)
+    nodes: dict[int, int] = dataclasses.field(default_factory=dict)
+    lost_s: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=16))
+    last: dict[str, float | int] | None = None
+    count: int = 0
     bad: int = 0
 
+    def add(self, row: dict[str, float | int]) -> None:
+        g, v = int(row["gpus"]), float(row["steps_per_s"])
+        if v > 0:
+            self.speeds.setdefault(g, collections.deque(maxlen=SPEEDS_KEPT)).append(v)
+            self.nodes[g] = max(self.nodes.get(g, 1), int(row["nodes"]))
+        prev = self.last
+        if prev is not None and v > 0 and float(row["time"]) > float(prev["time"]):
+            # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
+            # interval loses nothing; time that did no steps is a restart: startup, plus redone steps.
+            self.lost_s.append(float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v)
+        self.last = row
+        self.count += 1
 
-MAX_ROWS_KEPT = 4096
 
-
+SPEEDS_KEPT = 64
 def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
                      tail: MetricsTail | None = None) -> tuple[MetricsTail, str]:
     """Validated rows of a job's metrics file (appended to `tail`), and a problem ("" when none).
 
     Opened without following links and without blocking (a FIFO), it must be a
     regular file owned by `owner_uid`; at most `max_bytes` are read per call
-    (the newest ones), and at most MAX_ROWS_KEPT rows are kept.
+    (the newest ones); what is kept stays bounded (MetricsTail).
     """
     tail = tail if tail is not None else MetricsTail()
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -194,34 +219,29 @@ def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
         if row is None:
             tail.bad += 1
         else:
-            tail.rows.append(row)
-    if len(tail.rows) > MAX_ROWS_KEPT:
-        del tail.rows[: len(tail.rows) - MAX_ROWS_KEPT]
-    if tail.bad > max(1, len(tail.rows)):   # a torn line is normal; mostly garbage is not a shim's file
-        return tail, f"has {tail.bad} invalid lines of {tail.bad + len(tail.rows)}"
+            tail.add(row)
+    if tail.bad > max(1, tail.count):   # a torn line is normal; mostly garbage is not a shim's file
+        return tail, f"has {tail.bad} invalid lines of {tail.bad + tail.count}"
     return tail, ""
 
 
-def measure(rows: Sequence[Mapping[str, float | int]], settings: RequestSettings) -> JobMeasurements:
-    """Speed model, restart costs and progress from validated rows (in file order)."""
-    if not rows:
+def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings) -> JobMeasurements:
+    """Speed model, restart costs and progress from validated rows (in file order) or a file's tail."""
+    if not isinstance(rows, MetricsTail):
+        tail = MetricsTail()
+        for row in rows:
+            tail.add(dict(row))
+        rows = tail
+    tail = rows
+    if tail.last is None:
         return JobMeasurements()
-    model = measured_throughput(rows, prior=settings.prior)
-    costs: list[float] = []
-    for a, b in zip(rows, rows[1:]):
-        speed = float(b["steps_per_s"])
-        gap = float(b["time"]) - float(a["time"])
-        if speed <= 0 or gap <= 0:
-            continue
-        # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
-        # interval loses nothing; time that did no steps is a restart: startup, plus redone steps if it went back.
-        cost = gap - (int(b["step"]) - int(a["step"])) / speed
-        if settings.restart_min_s <= cost <= settings.max_restart_cost_s:
-            costs.append(cost)
-    last = rows[-1]
-    total = last.get("total_steps")
-    return JobMeasurements(model=model, restart_costs_s=tuple(costs), step=int(last["step"]),
-                           total_steps=int(total) if total is not None else None, rows=len(rows))
+    medians = {g: statistics.median(v) for g, v in tail.speeds.items() if v}
+    model = (MeasuredThroughput(concave_hull(medians.items()), tuple(sorted(tail.nodes.items())),
+                                float(max(medians)), settings.prior) if medians else None)
+    costs = tuple(c for c in tail.lost_s if settings.restart_min_s <= c <= settings.max_restart_cost_s)
+    total = tail.last.get("total_steps")
+    return JobMeasurements(model=model, restart_costs_s=costs, step=int(tail.last["step"]),
+                           total_steps=int(total) if total is not None else None, rows=tail.count)
 
 
 class MeasuredRequests:
@@ -278,9 +298,13 @@ class MeasuredRequests:
             pts = ", ".join(f"{int(g)}:{v:.3g}" for g, v in model.points[1:])
             notes.append(f"speed measured ({m.rows} rows; GPUs:steps/s {pts})")
         else:
-            model = s.prior
-            notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra node)"
-                         + (f"; metrics file ignored: {m.problem}" if m.problem else ""))
+            # The default model, credited up to explore_factor x the size the job has now (or asked for):
+            # the same rule as for a measured job's sizes never run.
+            size = max(job.gpus, spec.min_gpus)
+            model = MeasuredThroughput(((0.0, 0.0), (float(size), s.prior(size, 1))), ((size, 1),), float(size),
+                                       s.prior)
+            notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra "
+                         f"node) up to {2 * size} GPUs" + (f"; metrics file ignored: {m.problem}" if m.problem else ""))
 
         def nodes_for(g: int) -> int:
             return max(1, math.ceil(g / biggest))
@@ -290,6 +314,13 @@ class MeasuredRequests:
 
         counts = range(spec.min_gpus, spec.max_gpus + 1, spec.gpu_step)
         allowed = speed_frontier(counts, model, nodes_for, placeable) if m.model is not None else None
+        started = job.start_time if job.start_time is not None else now
+        if (m.model is None and job.state is JobState.RUNNING and m.problem == ""
+                and now - started < s.measure_first_s):
+            # Measure first: a job that has just started keeps its size until its first rows exist, so
+            # every job is measured at the size it asked for before it is moved.
+            allowed = (job.gpus,) if job.gpus in counts else allowed
+            notes.append(f"kept at {job.gpus} GPUs until measured (started {now - started:.0f}s ago)")
         best = max((model(g, nodes_for(g)) for g in (allowed or counts) if placeable(g)), default=0.0)
 
         restart = m.restart_cost_s
@@ -303,7 +334,7 @@ class MeasuredRequests:
         if m.total_steps is not None and m.step is not None and best > 0:
             left_s = max(m.total_steps - m.step, 0) / best
             lo, hi = s.weight_range
-            weight = min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9)))
+            weight = quantised(min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9))))
             notes.append(f"{m.total_steps - m.step} of {m.total_steps} steps left, ~{left_s:.0f}s at its best")
         else:
             notes.append("remaining work unknown (no total_steps)")
@@ -350,7 +381,7 @@ class MeasuredRequests:
             return cached[2]
         tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes,
                                          tail=cached[1] if cached is not None else None)
-        result = self._report(job, path, problem) if problem else measure(tail.rows, self.settings)
+        result = self._report(job, path, problem) if problem else measure(tail, self.settings)
         self._cache[path] = (key, tail, result)
         return result
 
@@ -359,6 +390,12 @@ class MeasuredRequests:
             log.warning("job %d: %s %s; deciding with the default model", job.job_id, path, problem)
             self._reported[job.job_id] = problem
         return JobMeasurements(problem=problem)
+
+
+def quantised(weight: float) -> float:
+    """The weight in steps of 2^(1/4) (19 %): it changes only when the remaining time does by that much,
+    so the allocation does not churn with the drift of every cycle (and an unchanged problem is not re-solved)."""
+    return 2.0 ** (round(4.0 * math.log2(weight)) / 4.0)
 
 
 def _uid_of(user: str) -> int | None:

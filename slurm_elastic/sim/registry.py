@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from slurm_elastic.errors import TraceError
-from slurm_elastic.sim.l1 import L1Policy
+from slurm_elastic.sim.controller import ControllerPolicy
 from slurm_elastic.sim.optimus import OptimusPolicy
 from slurm_elastic.sim.policy import SchedulingPolicy
 from slurm_elastic.sim.static import StaticPolicy
 from slurm_elastic.sim.tiresias import TiresiasPolicy
 
-POLICIES = ("static", "tiresias", "optimus", "l1")
+# "controller" is the shipped Reconciler (default request source, L1 allocator, protocol, hysteresis, budget).
+_FACTORIES: dict[str, Callable[[float | None], SchedulingPolicy]] = {
+    "static": lambda max_scale: StaticPolicy(),
+    "tiresias": lambda max_scale: TiresiasPolicy(),
+    "optimus": lambda max_scale: OptimusPolicy(),
+    "controller": lambda max_scale: ControllerPolicy(max_scale=max_scale),
+}
+POLICIES = tuple(_FACTORIES)
 
 
-def make_policy(name: str, *, l1_max_scale: float | None = 2.0) -> SchedulingPolicy:
-    """A fresh policy (policies keep per-run state such as Tiresias' promotions)."""
-    if name == "static":
-        return StaticPolicy()
-    if name == "tiresias":
-        return TiresiasPolicy()
-    if name == "optimus":
-        return OptimusPolicy()
-    if name == "l1":
-        return L1Policy(max_scale=l1_max_scale or None)
-    raise TraceError(f"unknown policy {name!r} (choose {', '.join(POLICIES)} or all)")
+def make_policy(name: str, *, max_scale: float | None = 2.0) -> SchedulingPolicy:
+    """A fresh policy (policies keep per-run state such as Tiresias' promotions or the controller's journal)."""
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise TraceError(f"unknown policy {name!r} (choose {', '.join(POLICIES)} or all)")
+    return factory(max_scale or None)

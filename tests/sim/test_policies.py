@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_elastic.sim import RestartModel, SimConfig, Simulation, parse_cluster
-from slurm_elastic.sim.l1 import L1Policy
+from slurm_elastic.sim.controller import ControllerPolicy
 from slurm_elastic.sim.optimus import OptimusPolicy
 from slurm_elastic.sim.static import StaticPolicy
 from slurm_elastic.sim.jobs import SimJob
@@ -69,45 +69,69 @@ def test_optimus_gives_gpus_by_marginal_gain():
     assert recs["a"].restarts == 1
 
 
-def test_l1_gives_a_lone_elastic_job_the_whole_cluster():
-    recs, result = run([job("a", 0, 2, 400, lo=1, hi=8)], L1Policy(max_scale=None), cluster="2x4")
-    assert recs["a"].finish_s == pytest.approx(400 * 2 / 8)
-    assert result.decisions[0].changes == (("a", 0, 8),)
+def _sizes(result, key):
+    return [after for d in result.decisions for k, _, after in d.changes if k == key]
 
 
-def test_l1_caps_at_twice_the_request_by_default():
-    _, result = run([job("a", 0, 2, 400, lo=1, hi=8)], L1Policy(), cluster="2x4")
-    assert result.decisions[0].changes == (("a", 0, 4),)
+def test_controller_grows_a_lone_job_as_it_measures_up_to_the_whole_cluster():
+    # measured at the size it asked for first, then at most twice the largest size measured, with the
+    # 300 s hysteresis between resizes
+    recs, result = run([job("a", 0, 2, 4000, lo=1, hi=8)], ControllerPolicy(max_scale=None), cluster="2x4")
+    assert _sizes(result, "a")[:3] == [2, 4, 8]
+    times = [d.time_s for d in result.decisions if any(k == "a" for k, _, _ in d.changes)]
+    assert times[1] - times[0] >= 60 and times[2] - times[1] >= 300
+    assert recs["a"].finish_s < 4000 * 2 / 4
 
 
-def test_l1_never_asks_for_a_count_slower_than_a_smaller_one():
-    # measured speed drops past 4 GPUs (as yolov3's does across nodes): 4 is the best count
-    slow_past_4 = TableSpeed(((1, 1.0), (2, 2.0), (4, 3.0), (8, 2.0)))
-    a = SimJob("a", 0.0, 4, 1, 8, work=300.0, speed=slow_past_4, restart_overhead_s=0.0)
-    recs, result = run([a], L1Policy(max_scale=None), cluster="2x4")
-    assert result.decisions[0].changes == (("a", 0, 4),)
-    assert recs["a"].finish_s == pytest.approx(100)
+def test_controller_caps_at_twice_the_request_by_default():
+    _, result = run([job("a", 0, 2, 4000, lo=1, hi=8)], ControllerPolicy(), cluster="2x4")
+    assert max(_sizes(result, "a")) == 4
 
 
-def test_l1_runs_rigid_jobs_that_fit_side_by_side():
-    recs, _ = run([job("a", 0, 2, 100), job("b", 0, 2, 50)], L1Policy())
+def test_controller_runs_rigid_jobs_that_fit_side_by_side():
+    recs, _ = run([job("a", 0, 2, 100), job("b", 0, 2, 50)], ControllerPolicy())
     assert recs["a"].start_s == 0 and recs["b"].start_s == 0
     assert recs["a"].finish_s == pytest.approx(100) and recs["b"].finish_s == pytest.approx(50)
 
 
-def test_l1_calls_the_real_allocator(monkeypatch):
-    import slurm_elastic.allocate as allocate
+def test_controller_is_the_shipped_reconciler_reading_what_the_jobs_wrote():
+    from slurm_elastic.control.reconcile import Reconciler
+    from slurm_elastic.control.requests import MeasuredRequests
 
+    policy = ControllerPolicy(max_scale=None)
     seen = []
-    real = allocate.solve
+    real = policy.reconciler.decide
 
-    def spy(problem):
-        seen.append(problem)
-        return real(problem)
+    def spy(state, now, **kw):
+        decision = real(state, now, **kw)
+        seen.append((now, decision))
+        return decision
 
-    monkeypatch.setattr(allocate, "solve", spy)
-    run([job("a", 0, 2, 100, lo=1, hi=4)], L1Policy())
-    request = seen[0].jobs[0]
-    assert (request.key, request.min_gpus, request.max_gpus) == ("a", 1, 4)
-    assert request.throughput(2, 1) == pytest.approx(2 * request.throughput(1, 1))
-    assert [n.name for n in seen[0].nodes] == ["n000"]
+    policy.reconciler.decide = spy
+    # a scales, b does not (its speed is the same at any size): once measured, b is not grown
+    flat = TableSpeed(((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0)))
+    b = SimJob("b", 0.0, 2, 1, 8, work=4000.0, speed=flat, restart_overhead_s=0.0)
+    run([job("a", 0, 2, 4000, lo=1, hi=8), b], policy, cluster="4x4", immediate=False)
+    assert type(policy.reconciler) is Reconciler and isinstance(policy.reconciler.requests, MeasuredRequests)
+    assert all(t % 60 == 0 for t, _ in seen)                      # on the virtual clock, at the 60 s ticks
+    last = seen[-1][1]
+    basis = last.allocation.basis
+    assert any("speed measured" in why for why in basis.values())
+    assert policy.journal.plans()                                  # the protocol ran and journaled
+    b_id = str(policy.slurm.jobs and next(j.job_id for j in policy.slurm.jobs.values() if j.name == "b"))
+    req = next(r for r in seen[-1][1].problem.jobs if r.key == b_id)
+    assert req.allowed_gpus is not None and max(req.allowed_gpus) <= 2   # measured: no faster with more
+
+
+def test_controller_gives_the_job_that_scales_more_gpus_once_both_are_measured():
+    flat = TableSpeed(((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0)))
+    b = SimJob("b", 0.0, 2, 1, 8, work=20000.0, speed=flat, restart_overhead_s=0.0)
+    _, result = run([job("a", 0, 2, 20000, lo=1, hi=8), b], ControllerPolicy(max_scale=None), cluster="2x4",
+                    immediate=False)
+    at = {}
+    for d in result.decisions:
+        for k, _, after in d.changes:
+            at[k] = after
+        if d.time_s >= 1500:
+            break
+    assert at["a"] > at["b"], result.decisions[:8]

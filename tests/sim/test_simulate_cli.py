@@ -20,16 +20,16 @@ def test_simulate_sacct_sample_all_policies_json(tmp_path):
                                        "--decisions", str(decisions)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output[result.output.index("["):])
-    assert [r["policy"] for r in rows] == ["static", "tiresias", "optimus", "l1"]
+    assert [r["policy"] for r in rows] == ["static", "tiresias", "optimus", "controller"]
     for r in rows:
         assert r["finished"] == r["jobs"] == 26
         assert 0 < r["gpu_util"] <= 1
         assert r["avg_jct_s"] <= r["p99_jct_s"]
     assert rows[0]["restarts"] == 0  # static never restarts a job without failures
     names = {p.name for p in (tmp_path / "plots").iterdir()}
-    assert {"jct-cdf.png", "utilisation.png", "gpus-per-job-l1.png", "gpus-per-job-static.png"} <= names
+    assert {"jct-cdf.png", "utilisation.png", "gpus-per-job-controller.png", "gpus-per-job-static.png"} <= names
     lines = [json.loads(x) for x in decisions.read_text().splitlines()]
-    assert {x["policy"] for x in lines} == {"static", "tiresias", "optimus", "l1"}
+    assert {x["policy"] for x in lines} == {"static", "tiresias", "optimus", "controller"}
 
 
 def test_simulate_with_failures_and_both_restart_methods(tmp_path):

@@ -1,0 +1,187 @@
+"""The shipped controller as the simulator's policy: the real Reconciler over the in-memory Slurm, on virtual time.
+
+At every scheduling point the engine's view is mirrored into an
+`InMemorySlurm` (nodes that failed or came back, arrivals submitted as the
+wrapper submits them, finished jobs ended), each running job's "shim" appends
+the row the training shim writes to its `metrics.jsonl` (step, declared total,
+GPUs, nodes, steps/s at its placement), and one `Reconciler.cycle()` runs:
+the default request source reads those files, the allocator solves, the
+requeue protocol signals, holds, updates and releases, the journal records
+every step, and hysteresis and the restart budget apply. Whatever Slurm then
+runs is the placement handed back to the engine. Nothing sleeps: the
+protocol's waits advance the virtual clock.
+
+The controller's settings are the shipped defaults (ControllerConfig()),
+except the solver's limits (2 s, one thread: the simulator solves hundreds of
+times per trace on a shared machine).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from typing import Callable
+
+from slurm_elastic.allocate.problem import Policy
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.plan import Plan
+from slurm_elastic.control.reconcile import Allocator, ControllerConfig, Reconciler
+from slurm_elastic.control.requests import RequestSource
+from slurm_elastic.sim.jobs import SimJob, packed_placement
+from slurm_elastic.sim.policy import ClusterView, Decision
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+log = logging.getLogger(__name__)
+
+SIM_CONFIG = ControllerConfig(policy=Policy(time_limit_s=2.0, threads=1))
+
+
+class ClockedJournal(Journal):
+    """The controller's journal stamped with the simulation's clock (the protocol passes no time itself)."""
+
+    def __init__(self, path: str, clock: Callable[[], float]) -> None:
+        super().__init__(path)
+        self._sim_clock = clock
+
+    def open_plan(self, plan: Plan, *, restarts: int, now: float | None = None) -> int:
+        return super().open_plan(plan, restarts=restarts, now=self._sim_clock() if now is None else now)
+
+    def record(self, plan_id: int, step: str, note: str = "", now: float | None = None) -> None:
+        super().record(plan_id, step, note, now=self._sim_clock() if now is None else now)
+
+    def finish(self, plan_id: int, status: str, note: str = "", now: float | None = None) -> None:
+        super().finish(plan_id, status, note, now=self._sim_clock() if now is None else now)
+
+
+class VirtualClock:
+    """The engine's time plus whatever the protocol slept through inside one scheduling point."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(seconds, 0.0)
+
+
+class ControllerPolicy:
+    """The shipped Reconciler behind the simulator's policy interface (see the module docstring).
+
+    `max_scale` bounds the range a user declares: a job asks for
+    `[min, min(max, ceil(max_scale x requested))]` GPUs (None: the trace's max).
+    `allocator` replaces the L1 MILP (the allocator seam), `requests` the
+    request source; both default to what the daemon runs.
+    """
+
+    name = "controller"
+
+    def __init__(self, config: ControllerConfig = SIM_CONFIG, *, max_scale: float | None = 2.0,
+                 allocator: Allocator | None = None, requests: RequestSource | None = None,
+                 workdir: str | None = None) -> None:
+        self.config = config
+        self.max_scale = max_scale
+        self.clock = VirtualClock()
+        self._tmp = tempfile.TemporaryDirectory(prefix="se-sim-") if workdir is None else None
+        root = workdir or self._tmp.name  # type: ignore[union-attr]
+        self.ckpt_root = os.path.join(root, "ckpt")
+        os.makedirs(self.ckpt_root, mode=0o700, exist_ok=True)
+        self.slurm = InMemorySlurm(nodes=0, clock=self.clock)
+        # In memory: the journal's durability is for crashes, and a simulation that crashes starts over.
+        self.journal = ClockedJournal(":memory:", self.clock)
+        self.reconciler = Reconciler(self.slurm, self.journal, config, clock=self.clock, sleep=self.clock.sleep,
+                                     requests=requests, allocator=allocator)
+        self._ids: dict[str, int] = {}
+        self._keys: dict[int, str] = {}
+        self._last_row: dict[str, tuple[float, float, int]] = {}   # key -> (time, work done, gpus)
+        self._user = getpass.getuser()
+        self._node_names: set[str] = set()
+        self.cycles = 0
+        self.solve_s = 0.0
+
+    def close(self) -> None:
+        self.journal.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    # -- the SchedulingPolicy interface --------------------------------------------------------
+    def decide(self, view: ClusterView) -> Decision:
+        self.clock.t = max(self.clock.t, view.now)
+        self._sync_nodes(view)
+        active = {jv.key for jv in view.jobs}
+        for key, job_id in list(self._ids.items()):
+            if key not in active:
+                if not self.slurm.jobs[job_id].state.finished:
+                    self.slurm.finish(job_id)                   # the training loop reached its end
+                del self._ids[key]
+        gpn = view.gpus_per_node
+        for jv in view.jobs:
+            if jv.key not in self._ids:
+                self._submit(jv.job, gpn)
+            elif jv.placement:
+                self._write_metrics(jv.key, jv.job, jv.placement, jv.job.work - jv.remaining, view.now)
+        t0 = time.perf_counter()
+        report = self.reconciler.cycle()
+        self.solve_s += time.perf_counter() - t0
+        self.cycles += 1
+        placements: dict[str, dict[str, int]] = {}
+        for key, job_id in self._ids.items():
+            job = self.slurm.jobs[job_id]
+            if job.state is JobState.RUNNING:
+                placements[key] = {n: job.gpus_per_node for n in job.nodes}
+        notes = tuple(p.describe() for p in report.plans)
+        return Decision(placements, notes, report.cycle_s,
+                        {"method": report.allocation.method if report.allocation else "",
+                         "objective": report.allocation.objective if report.allocation else math.nan})
+
+    # -- the world around the controller --------------------------------------------------------
+    def _sync_nodes(self, view: ClusterView) -> None:
+        up = {n.name: n for n in view.nodes}
+        for name, node in up.items():
+            if name not in self.slurm.nodes:
+                self.slurm.add_node(name, gpus=node.gpus, cpus=node.cpus, mem_mb=node.mem_mb)
+            elif not self.slurm.nodes[name].available:
+                self.slurm.node_up(name)
+        for name, node in self.slurm.nodes.items():
+            if name not in up and node.available:
+                self.slurm.node_down(name)
+
+    def _submit(self, job: SimJob, gpn: int) -> None:
+        hi = job.max_gpus if self.max_scale is None else max(
+            job.min_gpus, min(job.max_gpus, math.ceil(self.max_scale * job.requested_gpus)))
+        spec = ElasticSpec(job.min_gpus, hi, cpus_per_gpu=job.cpus_per_gpu, mem_per_gpu_mb=job.mem_per_gpu_mb,
+                           weight=job.weight, ckpt_dir=self.ckpt_root)
+        shape = packed_placement(job.requested_gpus, gpn)
+        # The wrapper submits at the requested size, as whole nodes when it spans.
+        nodes, per_node = (1, job.requested_gpus) if len(shape) == 1 else (len(shape), max(shape))
+        if nodes * per_node != job.requested_gpus:
+            nodes, per_node = 1, min(job.requested_gpus, gpn)
+        job_id = self.slurm.add_job(spec, nodes=nodes, gpus_per_node=per_node, user=self._user, name=job.key)
+        self._ids[job.key] = job_id
+        self._keys[job_id] = job.key
+        os.makedirs(shim.job_dir(self.ckpt_root, str(job_id)), mode=0o700, exist_ok=True)
+
+    def _write_metrics(self, key: str, job: SimJob, placement: dict[str, int], done: float, now: float) -> None:
+        """The row the training shim appends, once the job has stepped since its last row."""
+        per_node = tuple(sorted((g for g in placement.values() if g > 0), reverse=True))
+        gpus = sum(per_node)
+        last = self._last_row.get(key)
+        step = int(done)
+        if step <= (int(last[1]) if last is not None else 0):
+            return                                   # no step since the last row: the shim writes nothing
+        speed = job.speed(per_node)
+        row = {"step": step, "time": now, "gpus": gpus, "nodes": len(per_node), "steps_per_s": speed,
+               "total_steps": max(int(math.ceil(job.work)), 1)}
+        path = shim.metrics_path(self.ckpt_root, str(self._ids[key]))
+        with open(path, "a", encoding="utf-8", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
+            fh.write(json.dumps(row) + "\n")
+        self._last_row[key] = (now, done, gpus)
