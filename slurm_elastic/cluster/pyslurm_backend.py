@@ -17,6 +17,7 @@ return only in some encodings.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -126,6 +127,10 @@ def probe_pyslurm(env: Mapping[str, str] | None = None, *, timeout_s: float = PR
     caller's environment by default) and finds this package where this process does.
     """
     child_env = dict(os.environ if env is None else env)
+    if child_env.get("PYTHONPATH") == os.environ.get("PYTHONPATH") and importlib.util.find_spec("pyslurm") is None:
+        # Not installed where the child would look either: no process to start (find_spec only
+        # searches the path, it runs nothing).
+        return Probe(None, "`import pyslurm` failed: ModuleNotFoundError: No module named 'pyslurm'")
     package_root = str(Path(__file__).resolve().parents[2])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
     try:
