@@ -105,15 +105,15 @@ def test_a_file_owned_by_someone_else_is_refused(tmp_path):
     path = tmp_path / "m.jsonl"
     _rows(str(path), [_row(1, 0, 2, 1.0)])
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid() + 1, max_bytes=1 << 20)
-    assert tail.rows == [] and "not the job's user" in problem
+    assert tail.count == 0 and "not the job's user" in problem
 
 
 def test_only_the_bounded_tail_is_read(tmp_path):
     path = tmp_path / "m.jsonl"
     _rows(str(path), [_row(i, i, 2, 1.0) for i in range(5000)])
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096)
-    assert problem == "" and 0 < len(tail.rows) < 100 and tail.rows[-1]["step"] == 4999
+    assert problem == "" and 0 < tail.count < 100 and tail.last["step"] == 4999
     with open(path, "a") as f:                       # appended rows are read on their own
         f.write(json.dumps(_row(5000, 5000, 4, 2.0)) + "\n" + '{"step": 50')
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096, tail=tail)
-    assert problem == "" and tail.rows[-1]["step"] == 5000 and tail.partial == b'{"step": 50'
+    assert problem == "" and tail.last["step"] == 5000 and tail.partial == b'{"step": 50'
