@@ -134,8 +134,10 @@ def probe_pyslurm(env: Mapping[str, str] | None = None, *, timeout_s: float = PR
     package_root = str(Path(__file__).resolve().parents[2])
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH", "")) if p)
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=child_env,
-                              timeout=timeout_s, check=False)
+        # -P: the current directory is not put on the child's path, so a `pyslurm.py` planted where
+        # an operator happens to stand (say /tmp) is never what the probe imports.
+        proc = subprocess.run([sys.executable, "-P", "-c", _PROBE], capture_output=True, text=True,
+                              env=child_env, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return Probe(None, f"`import pyslurm` did not finish within {timeout_s:.0f} s in a probe process")
     err = proc.stderr.strip().splitlines()

@@ -291,6 +291,18 @@ def test_probe_reports_version_and_self_check(tmp_path: Path) -> None:
     assert probe.version == "24.11.0" and "NameError: name 'val' is not defined" in probe.problem
 
 
+def test_probe_never_imports_a_pyslurm_planted_in_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    planted = tmp_path / "cwd"
+    planted.mkdir()
+    (planted / "pyslurm.py").write_text("import pathlib\npathlib.Path(__file__).with_name('ran').touch()\n"
+                                        "__version__ = '99.1.1'\n")
+    monkeypatch.chdir(planted)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "empty")   # not ours, so the child runs
+    probe = probe_pyslurm(env)
+    assert probe.version != "99.1.1" and not (planted / "ran").exists()
+
+
 def test_probe_without_pyslurm(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(tmp_path)  # no pyslurm there, and none is installed here
