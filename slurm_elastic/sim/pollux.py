@@ -38,6 +38,8 @@ class ApplicationProfile:
     epochs: int
     min_local_bsz: float
     max_local_bsz: float
+    # global batch -> per-epoch (cumulative statistical progress, grad_sqr, grad_var)
+    statistics: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _interp: object = field(default=None, repr=False)
     _nearest: object = field(default=None, repr=False)
 
@@ -84,13 +86,17 @@ class ApplicationProfile:
                 values.append((number(path, line, "step_time", row["step_time"]),
                                number(path, line, "sync_time", row["sync_time"])))
         iterations: dict[int, np.ndarray] = {}
+        statistics: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         for vpath in sorted(folder.glob("validation-*.csv")):
             m = re.fullmatch(r"validation-([0-9]+)\.csv", vpath.name)
             if not m:
                 continue
-            its = [number(vpath, line, "iteration", row["iteration"])
-                   for line, row in read_rows(vpath, ("progress", "iteration"))]
-            iterations[int(m.group(1))] = np.array(its)
+            rows = list(read_rows(vpath, ("progress", "iteration")))
+            iterations[int(m.group(1))] = np.array([number(vpath, line, "iteration", r["iteration"])
+                                                    for line, r in rows])
+            if rows and "grad_sqr" in rows[0][1] and "grad_var" in rows[0][1]:
+                statistics[int(m.group(1))] = tuple(np.array([number(vpath, line, k, r[k]) for line, r in rows])
+                                                    for k in ("progress", "grad_sqr", "grad_var"))  # type: ignore[assignment]
         if not iterations:
             raise TraceError(f"{folder}: no validation-<batch>.csv files (needed for the iterations to finish)")
         epochs = EPOCHS.get(name, min(len(v) for v in iterations.values()))
@@ -101,6 +107,7 @@ class ApplicationProfile:
         max_local = min(float(all_bsz.max()), MAX_LOCAL_BSZ.get(name, math.inf))
         return cls(name=name, placements=table, points=np.array(points, dtype=float),
                    values=np.array(values, dtype=float), iterations=iterations, epochs=epochs,
+                   statistics=statistics if len(statistics) == len(iterations) else {},
                    min_local_bsz=float(all_bsz.min()), max_local_bsz=max_local)
 
     def work_iterations(self, batch_size: int) -> float:
@@ -116,6 +123,36 @@ class ApplicationProfile:
                 a, b = self.iterations[lo][last], self.iterations[hi][last]
                 return float(a + (b - a) * (batch_size - lo) / (hi - lo))
         raise AssertionError("unreachable")
+
+    def work_statistical(self, batch_size: int) -> float:
+        """Iterations at `batch_size` to reach the statistical progress the original simulator asks for.
+
+        The original counts progress, not iterations: an iteration at batch B
+        adds gain = (var + sqr) / (var / scale + sqr), scale = B / the smallest
+        validated batch, with the gradient statistics of that epoch (interpolated
+        between the validated batches around B), and a job finishes when its
+        progress reaches, after its last epoch, the least cumulative progress any
+        validated batch reached by then. Gain is constant within an epoch, so the
+        iterations are exact: the sum over epochs of the progress step / gain.
+        """
+        if not self.statistics:
+            return self.work_iterations(batch_size)
+        sizes = sorted(self.statistics)
+        init = sizes[0]
+        b = min(max(batch_size, sizes[0]), sizes[-1])
+        lo = max(s for s in sizes if s <= b)
+        hi = min(s for s in sizes if s >= b)
+        w = 0.0 if hi == lo else (b - lo) / (hi - lo)
+        scale = batch_size / init
+        total, before = 0.0, 0.0
+        for e in range(self.epochs):
+            target = min(float(v[0][e]) for v in self.statistics.values())
+            sqr = (1 - w) * self.statistics[lo][1][e] + w * self.statistics[hi][1][e]
+            var = (1 - w) * self.statistics[lo][2][e] + w * self.statistics[hi][2][e]
+            gain = (var + sqr) / (var / scale + sqr)
+            total += (target - before) / gain
+            before = target
+        return float(total)
 
     @functools.lru_cache(maxsize=65536)
     def step_times(self, placement: tuple[int, ...], local_bsz: float) -> tuple[float, float]:
@@ -141,11 +178,20 @@ class ApplicationProfile:
         return float(out[0]), float(out[1])
 
     def iteration_time(self, placement: tuple[int, ...], batch_size: int) -> float:
-        """Seconds per global-batch iteration, with gradient accumulation past the largest per-GPU batch."""
+        """Seconds per global-batch iteration, with gradient accumulation past the largest per-GPU batch.
+
+        As the original: one GPU with a batch above the smallest validated one
+        always accumulates at least once, and the per-GPU batch never exceeds
+        the largest validated batch / (GPUs x accumulation steps).
+        """
         replicas = sum(placement)
         local = math.ceil(batch_size / replicas - 1e-8)
         accum = max(0, math.ceil(local / self.max_local_bsz - 1e-8) - 1)
+        if replicas == 1 and self.iterations and batch_size > min(self.iterations):
+            accum = max(1, accum)
         atomic = math.ceil(local / (accum + 1) - 1e-8)
+        if self.iterations:
+            atomic = min(atomic, int(max(self.iterations) / (replicas * (accum + 1))))
         step, sync = self.step_times(placement, float(max(atomic, self.min_local_bsz)))
         return step + accum * (step - sync)
 
@@ -221,7 +267,7 @@ def load_workload(path: Path, applications: Path | None = None, *,
         max_gpus = max(max_gpus, replicas)
         jobs.append(SimJob(
             key=name, submit_s=submit, requested_gpus=replicas, min_gpus=1, max_gpus=max_gpus,
-            work=profile.work_iterations(batch), speed=PolluxSpeed(profile, batch),
+            work=profile.work_statistical(batch), speed=PolluxSpeed(profile, batch),
             cpus_per_gpu=1, mem_per_gpu_mb=1024, application=profile.name,
         ))
     jobs.sort(key=lambda j: (j.submit_s, j.key))
