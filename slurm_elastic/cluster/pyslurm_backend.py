@@ -345,7 +345,8 @@ def _values(collection: Any) -> Iterable[Any]:
 
 
 def _gpu_count(gres: Any) -> int | None:
-    """pyslurm GRES dicts: {'gpu': 4}, {'gpu:a100': 2}, {'gres/gpu': 3} or {'gpu': {'count': 3, ...}}."""
+    """pyslurm GRES dicts: {'gpu': 4}, {'gpu:a100': 2}, {'gres/gpu': 3}, {'gpu': {'count': 3, ...}}
+    or, from 25.11's `Job.gpus`, {'gpu': GPU(count=3)}."""
     if not gres:
         return None
     if isinstance(gres, str):
@@ -359,7 +360,7 @@ def _gpu_count(gres: Any) -> int | None:
             continue
         if isinstance(val, dict):
             val = val.get("count", 0)
-        total = (total or 0) + int(val)
+        total = (total or 0) + int(getattr(val, "count", val))
     return total
 
 
@@ -379,7 +380,8 @@ def _accessor(j: Any, name: str) -> Any:
     """A pyslurm per-GPU accessor, or None where it cannot parse Slurm's encoding.
 
     cpus_per_gpu and memory_per_gpu take field [2] of 'gres:gpu:N', so the 23.02+ spelling
-    'gres/gpu:N' raises IndexError inside pyslurm (job.pyx); the squeue fill-in covers those.
+    'gres/gpu:N' raises IndexError inside pyslurm (job.pyx, 25.11.2 too); the squeue fill-in
+    covers those.
     """
     try:
         return getattr(j, name)

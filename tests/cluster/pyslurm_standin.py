@@ -11,13 +11,15 @@ The stand-in has two halves:
   finished job -> ESLURM_ALREADY_DONE, any other signal -> ESLURM_INVALID_JOB_ID, an update of
   a finished job -> "Job has already finished".
 - `FakePyslurm` exposes them through pyslurm's own rules, as read in pyslurm's source
-  (pyslurm/core/job/job.pyx, submission.pyx, node.pyx, utils/cstr.pyx; 24.11 and 25.11):
+  (pyslurm/core/job/job.pyx, submission.pyx, node.pyx, utils/cstr.pyx: GitHub's files, and the
+  25.11.2 source distribution from PyPI):
   * `Job.state` is job_state_string(): a flag (REQUEUE_HOLD, COMPLETING, ...) before the base state;
   * `Job.state_reason` is the state description when Slurm set one, else the reason code;
   * `Job.cpus_per_gpu` is None unless cpus_per_task is NO_VAL16, `Job.memory_per_gpu` None
     unless pn_min_memory is NO_VAL64; both read field [2] of the TRES string, so the 23.02+
     spelling 'gres/gpu:1' raises IndexError;
   * `Job.gres_per_node` is to_gres_dict(tres_per_node): {'gres/gpu': 2} for 'gres/gpu:2';
+  * `Node.allocated_gres` is the gres/ part of the node's allocated TRES (25.11);
   * `Job.send_signal` ignores ESLURM_ALREADY_DONE, and ESLURM_INVALID_JOB_ID for SIGKILL;
     `cancel()` is send_signal(9), so it returns silently for an unknown or finished job;
   * `Job.modify` builds the C description first (`_create_job_submit_desc(is_update=True)`),
@@ -223,7 +225,11 @@ class FakeNode:
     name = property(lambda self: self._n["name"])
     state = property(lambda self: "+".join(self._n["state"]))          # slurm_node_state_string_complete
     configured_gres = property(lambda self: to_gres_dict(self._n["gres"]))
-    allocated_gres = property(lambda self: to_gres_dict(self._n.get("gres_used")))
+    # 25.11: gres_from_tres_dict(allocated_tres), the gres/ entries of alloc_tres_fmt_str, which
+    # lack gres/gpu unless the site accounts GPUs (AccountingStorageTRES); the captures' do not.
+    allocated_gres = property(lambda self: {k.removeprefix("gres/"): v for k, v in (
+        item.split("=", 1) for item in (self._n.get("tres_used") or "").split(",") if "=" in item)
+        if k.startswith("gres/")})
     total_cpus = property(lambda self: self._n["cpus"])
     effective_cpus = property(lambda self: self._n.get("effective_cpus"))
     allocated_cpus = property(lambda self: self._n["alloc_cpus"])
