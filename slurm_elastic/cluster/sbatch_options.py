@@ -134,6 +134,7 @@ class Option:
 class Parsed:
     options: tuple[Option, ...]
     rest: tuple[str, ...]          # the first non-option word and everything after it
+    operands: tuple[int, ...] = ()  # with stop_at_operand False: indices of the words read as operands
 
 
 def parse(words: list[str] | tuple[str, ...], grammar: Grammar = SBATCH, *, stop_at_operand: bool = True) -> Parsed:
@@ -145,6 +146,7 @@ def parse(words: list[str] | tuple[str, ...], grammar: Grammar = SBATCH, *, stop
     words = list(words)
     options: list[Option] = []
     rest: list[str] = []
+    operands: list[int] = []
     i = 0
     while i < len(words):
         word = words[i]
@@ -155,6 +157,7 @@ def parse(words: list[str] | tuple[str, ...], grammar: Grammar = SBATCH, *, stop
             if stop_at_operand:
                 rest = words[i:]
                 break
+            operands.append(i)
             i += 1
             continue
         start = i
@@ -200,7 +203,7 @@ def parse(words: list[str] | tuple[str, ...], grammar: Grammar = SBATCH, *, stop
                 options.append(Option(name, words[i], f"-{letter} {words[i]}", f"-{letter}", start))
                 i += 1
             break
-    return Parsed(tuple(options), tuple(rest))
+    return Parsed(tuple(options), tuple(rest), tuple(operands))
 
 
 def _looks_like_option(word: str) -> bool:

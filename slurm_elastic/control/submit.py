@@ -225,9 +225,6 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
     `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export values found.
     """
     words = directive_words(text)
-    for word in words:
-        if word.word in _HETJOB_WORDS:
-            raise SpecError(f"line {word.lineno}: #SBATCH {word.word}: heterogeneous elastic jobs are not supported")
     if not ignore_pbs:
         foreign = foreign_directive_lines(text)
         if foreign:
@@ -238,6 +235,10 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
         parsed = parse([w.word for w in words], SBATCH, stop_at_operand=False)
     except SpecError as exc:
         raise SpecError(f"#SBATCH lines: {exc}") from None
+    for index in parsed.operands:
+        if words[index].word in _HETJOB_WORDS:   # sbatch starts the next component of a heterogeneous job
+            raise SpecError(f"line {words[index].lineno}: #SBATCH {words[index].word}: "
+                            "heterogeneous elastic jobs are not supported")
     for option in parsed.options:
         if option.name in REFUSED_IN_SCRIPT:
             lineno = words[option.at].lineno

@@ -118,6 +118,14 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
     assert not slurm.jobs
 
 
+def test_a_value_that_spells_a_directive_word_is_only_a_value(slurm, tmp_path):
+    script = tmp_path / "named.sbatch"
+    script.write_text("#!/bin/bash\n#ELASTIC --gpus 1-2\n#SBATCH -J hetjob --acco=lab\ntrue\n")
+    result = run("sbatch", "--dry-run", str(script))
+    assert result.exit_code == 0, result.output
+    assert not slurm.jobs
+
+
 def test_status_lists_own_elastic_jobs_with_checkpoint_step(slurm, tmp_path, monkeypatch):
     monkeypatch.setattr("getpass.getuser", lambda: "alice")
     ckpt = tmp_path / "ckpt"

@@ -70,6 +70,7 @@ SPELLINGS = [
     ("slurm-magic-word", [], ["#SLURM --array=0-2"], {}, "arrays are not supported"),
     ("pbs-array", [], ["#PBS -t 0-2"], {}, "#PBS/#BSUB"),
     ("sbatch-sbatch-gpus", [], ["#SBATCH -G 2"], {}, "sbatch's --gpus is not elastic"),
+    ("sbatch-hetjob", [], ["#SBATCH -t 5", "#SBATCH hetjob", "#SBATCH -t 5"], {}, "heterogeneous"),
     ("env-array", [], [], {"SBATCH_ARRAY_INX": "0-2"}, "SBATCH_ARRAY_INX"),
     ("env-gpus-per-task", [], [], {"SBATCH_GPUS_PER_TASK": "1"}, "SBATCH_GPUS_PER_TASK"),
 ]
