@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -96,8 +97,8 @@ def test_refused_options_are_refused_in_every_spelling_and_nothing_is_queued(
         assert proc.returncode == 2, (proc.stdout, proc.stderr)
         assert reason in _one_error_line(proc.stderr)
     finally:
-        for line in _queued_with_name(slurm_cluster, name):
-            slurm_cluster.cancel(int(line.split()[0].split("_")[0]))
+        for line in _queued_with_name(slurm_cluster, name):   # 12, 12_[0-2] or 12+0: the job is 12
+            slurm_cluster.cancel(int(re.match(r"[0-9]+", line)[0]))
 
 
 ENV_DUMP = "env | grep -E '^(SLURM_ELASTIC_CKPT_DIR|INPUTSEC_[A-Z]*)=' | sort > {out}\n"
