@@ -342,16 +342,17 @@ def job_mem_per_node(*, allocated: int | None = None, per_gpu: int | None = None
 # --- held jobs and reasons -------------------------------------------------------------------------
 
 def job_held(state: JobState, *, hold_flag: bool, priority: int | None) -> bool:
-    """Held: a pending job that Slurm will not start until it is released.
+    """Held: Slurm will not start the job until it is released.
 
-    Only a PENDING (or REQUEUE_HOLD) job can be held. Slurm 24.11 and 26.05 keep `"hold": true`
-    in `squeue --json` on a held job after it was cancelled, and 22.05 keeps priority 0 there
-    (both seen live), so neither says "held" on a finished job. Priority 0 is what a hold is in
-    Slurm (`scontrol hold` and `requeuehold` set it; no scheduling plugin computes 0).
+    A finished job is never held: Slurm 24.11 and 26.05 keep `"hold": true` in `squeue --json`
+    on a held job after it was cancelled, and 22.05 keeps priority 0 there (both seen live).
+    Nor is a running one. A job still COMPLETING its `requeuehold` (or REQUEUED, as 22.05 spells
+    it) is: it lands PENDING and held. Priority 0 is what a hold is in Slurm (`scontrol hold` and
+    `requeuehold` set it; no scheduling plugin computes 0); 22.05 has no `hold` key.
     """
     if state is JobState.REQUEUE_HOLD:
         return True
-    if state is not JobState.PENDING:
+    if state.finished or state is JobState.RUNNING:
         return False
     return hold_flag or priority == 0
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
-from slurm_elastic.cluster.slurm_values import (SlurmParseError, SlurmVersion, expand_hostlist, gres_gpus, job_state,
-                                                node_state, number, per_gpu_value, size_mb, tres_gpus)
+from slurm_elastic.cluster.slurm_values import (SlurmParseError, SlurmVersion, expand_hostlist, gres_gpus,
+                                                job_cpus_per_node, job_held, job_mem_per_node, job_state,
+                                                node_state, number, per_gpu_value, reason_code, size_mb, tres_gpus)
 
 
 @pytest.mark.parametrize("text,names", [
@@ -81,3 +82,44 @@ def test_sizes_and_versions() -> None:
         SlurmVersion(26, 5, 5)
     assert SlurmVersion(22, 5) < SlurmVersion(23, 2) <= SlurmVersion(24, 11)
     assert SlurmVersion(26, 5, 5).release == "26.05"
+
+
+@pytest.mark.parametrize("state,hold_flag,priority,held", [
+    (JobState.PENDING, False, 0, True),          # 22.05: no hold key, priority 0
+    (JobState.PENDING, True, 0, True),           # 23.02+
+    (JobState.PENDING, False, 4294901757, False),
+    (JobState.COMPLETING, True, 0, True),        # still completing its requeuehold: it lands held
+    (JobState.REQUEUED, False, 0, True),         # 22.05's spelling of that moment
+    (JobState.REQUEUE_HOLD, False, None, True),
+    (JobState.CANCELLED, True, 0, False),        # 24.11/26.05 keep hold: true after scancel
+    (JobState.CANCELLED, False, 0, False),       # 22.05 keeps priority 0
+    (JobState.COMPLETED, True, 0, False),
+    (JobState.RUNNING, False, 0, False),
+])
+def test_job_held(state: JobState, hold_flag: bool, priority: int | None, held: bool) -> None:
+    assert job_held(state, hold_flag=hold_flag, priority=priority) is held
+
+
+@pytest.mark.parametrize("text,code", [
+    ("JobHeldUser", "JobHeldUser"), ("None", ""), ("", ""), ("(null)", ""),
+    ("job requeued in held state", "JobHeldUser"),       # squeue %r, pyslurm's state_reason
+    ("job_requeued_in_held_state", "JobHeldUser"),       # scontrol show job's Reason=
+    ("ReqNodeNotAvail, UnavailableNodes:n1", "ReqNodeNotAvail"),
+    ("ReqNodeNotAvail,_UnavailableNodes:n1", "ReqNodeNotAvail"),
+    ("some new description", "some new description"),   # unknown: kept as Slurm wrote it
+])
+def test_reason_code(text: str, code: str) -> None:
+    assert reason_code(text) == code
+
+
+def test_memory_per_node_precedence() -> None:
+    # the allocation wins; then per GPU (23.02+ also report the per-GPU value as per node); per node; per CPU; TRES
+    assert job_mem_per_node(allocated=1000, per_gpu=500, gpus_per_node=2, per_node=500) == 1000
+    assert job_mem_per_node(per_gpu=500, gpus_per_node=2, per_node=500) == 1000
+    assert job_mem_per_node(per_gpu=500, gpus_per_node=0, per_node=1024) == 1024
+    assert job_mem_per_node(per_cpu=100, cpus_per_node=4) == 400
+    assert job_mem_per_node(tres_total=3000, num_nodes=2) == 1500
+    assert job_mem_per_node() == 0
+    assert job_cpus_per_node(2, 2, gpus_per_node=2, cpus_per_gpu=1, running=False) == 2
+    assert job_cpus_per_node(4, 2, gpus_per_node=2, cpus_per_gpu=1, running=True) == 2
+    assert job_cpus_per_node(2, 2, gpus_per_node=2, cpus_per_gpu=3, running=False) == 6
