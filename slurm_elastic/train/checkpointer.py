@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import xxhash
 from torch import nn
 
 from slurm_elastic.errors import CheckpointError
@@ -60,6 +61,18 @@ class FinishedSnapshot:
     stall_s: float           # time the training thread spent on this snapshot (hooks + waits)
     write_s: float
     copied_bytes: int = 0    # live host state the writer had not read when optimizer.step() came
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """This rank's whole model and optimizer state as of the last step boundary, for a
+    just-in-time checkpoint: one tensor mapping per layer group, in file layout."""
+
+    replica: bool            # a full copy (DDP); False for a shard (FSDP)
+    clean: bool              # nothing changed it since the boundary (else `unclean` says what)
+    unclean: str | None
+    groups: dict[int, dict[str, torch.Tensor]]
+    digest: str              # xxh3-128 over every key, dtype, shape and byte, in key order
 
 
 @dataclass
@@ -190,6 +203,11 @@ class LayerCheckpointer:
         self._work: queue.Queue[tuple[_Snapshot, LayerGroup] | tuple[_Snapshot, None] | None] = queue.Queue()
         self._finished: queue.Queue[FinishedSnapshot] = queue.Queue()
         self._in_flight = 0
+        self._halted = False
+        # State tensors and their version counters as of the last optimizer step, and the
+        # buffers then: the forward pass after it changes BatchNorm statistics in place.
+        self._boundary_versions: list[tuple[str, torch.Tensor, int]] = []
+        self._boundary_buffers: dict[str, torch.Tensor] = {}
         self._writer = threading.Thread(target=self._write_loop, name="ckpt-writer", daemon=True)
         self._writer.start()
         module_of = {s.index: _slot_module(self.model, s) for s in self.slots}
@@ -286,6 +304,70 @@ class LayerCheckpointer:
         self._in_flight -= len(out)
         return out
 
+    # -- just-in-time checkpoint (a peer is lost) ------------------------------------------
+    def mark_boundary(self) -> None:
+        """Right after optimizer.step(): remember what the state is, so `replica_state` can
+        tell whether it is still that state and return it as of this point.
+
+        Costs a walk over the parameters (no copy) plus a copy of the persistent
+        buffers, which are small next to the parameters in the usual models.
+        """
+        versions: list[tuple[str, torch.Tensor, int]] = []
+        buffers: dict[str, torch.Tensor] = {}
+        for s in self.slots:
+            for fqn, p in s.params:
+                versions.append(("param/" + fqn, p, p._version))
+                state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        versions.append((f"optim/{fqn}/{key}", value, value._version))
+            for fqn, module, attr in s.buffers:
+                buf = module._buffers.get(attr)
+                if buf is not None:
+                    buffers["buffer/" + fqn] = buf.detach().clone()
+        self._boundary_versions = versions
+        self._boundary_buffers = buffers
+
+    def replica_state(self) -> ReplicaState:
+        """The state as of the last `mark_boundary`, read from live memory (nothing may step
+        the optimizer meanwhile: the session holds its state lock)."""
+        if self.sharded:
+            return ReplicaState(False, False, "this rank holds a shard (FSDP), not a replica", {}, "")
+        unclean = next((f"{key} changed since the last optimizer step" for key, t, v in self._boundary_versions
+                        if t._version != v), None)
+        groups: dict[int, dict[str, torch.Tensor]] = {}
+        for g in self.groups:
+            tensors: dict[str, torch.Tensor] = {}
+            for index in g.slots:
+                slot = self.slots[index]
+                for fqn, _module, _attr in slot.buffers:
+                    if "buffer/" + fqn in self._boundary_buffers:
+                        tensors["buffer/" + fqn] = _host(self._boundary_buffers["buffer/" + fqn])
+                for fqn, p in slot.params:
+                    tensors["param/" + fqn] = _host(p.detach())
+                    state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor):
+                            tensors[f"optim/{fqn}/{key}"] = _host(value.detach())
+                        elif type(value) in _PY_SCALAR_TAGS:
+                            tensors[f"optimpy/{fqn}/{key}:{_PY_SCALAR_TAGS[type(value)]}"] = _encode_scalar(value)
+            groups[g.index] = tensors
+        digest = state_digest(kv for tensors in groups.values() for kv in tensors.items())
+        return ReplicaState(True, unclean is None, unclean, groups, digest)
+
+    def halt_writer(self, timeout_s: float) -> bool:
+        """Let the writer finish the file it is on and write nothing after it (snapshots still
+        queued are dropped): the just-in-time checkpoint may reuse their step directory."""
+        self._halted = True
+        done = threading.Event()
+        self._work.put(done)   # type: ignore[arg-type]
+        return done.wait(timeout_s)
+
+    def write_replica(self, step: int, state: ReplicaState, *, rank: int) -> list[FileRecord]:
+        """Write every group of `state` as step `step`'s files, from this one rank."""
+        self.store.begin_step(step)
+        return [self.store.write_tensors(step, g.file_name, state.groups[g.index], rank=rank) for g in self.groups]
+
     def close(self) -> None:
         for h in self._handles:
             h.remove()
@@ -378,6 +460,11 @@ class LayerCheckpointer:
             item = self._work.get()
             if item is None:
                 return
+            if isinstance(item, threading.Event):   # halt_writer's marker: all before it is done
+                item.set()
+                continue
+            if self._halted:
+                continue
             snap, group = item
             if group is None:
                 self._finished.put(FinishedSnapshot(snap.step, True, (), None, snap.stall_s, 0.0))
@@ -521,6 +608,17 @@ def _build_groups(slots: Sequence[LayerSlot], world_size: int, group_bytes: int)
             for i, p in enumerate(packs)]
 
 
+def state_digest(tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """xxh3-128 of checkpoint-keyed host tensors: key, dtype, shape and bytes, in key order.
+    Replicas of one step have the same digest; so has that step's checkpoint, read back."""
+    h = xxhash.xxh3_128()
+    for key, t in sorted(tensors, key=lambda kv: kv[0]):
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(memoryview(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
 def model_fingerprint(model: nn.Module) -> str:
     """Names, shapes and dtypes of every parameter and persistent buffer: two models that
     could exchange checkpoints have the same fingerprint."""
@@ -563,6 +661,10 @@ def merge_shards(per_rank: Sequence[Iterable[tuple[str, torch.Tensor]]]) -> Iter
             yield key[: -len(SHARD_SUFFIX)], torch.cat(parts, dim=0)
         else:
             yield key, parts[0]
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t if t.device.type == "cpu" else t.to("cpu")
 
 
 def _host_copy_now(t: torch.Tensor) -> torch.Tensor:

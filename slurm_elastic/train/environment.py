@@ -13,10 +13,6 @@ from slurm_elastic.errors import ElasticError
 
 log = logging.getLogger(__name__)
 
-# Ports below 20000 are left to services; the range stays under the usual
-# ephemeral range (32768+) so a derived port is rarely taken by a client socket.
-PORT_BASE = 20000
-PORT_SPAN = 10000
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +31,8 @@ class JobEnvironment:
     job_name: str
     restart_count: int
     launcher: str                      # "slurm", "torchrun" or "single"
+    node_name: str = ""                # the Slurm node name (not always the host name)
+    step_id: int = 0                   # the srun step: ranks relaunched inside one job get a new one
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobEnvironment:
@@ -48,7 +46,8 @@ class JobEnvironment:
         return cls(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
                    master_addr="127.0.0.1", master_port=_free_port(), job_id=env.get("SLURM_JOB_ID", "local"),
                    job_name=env.get("SLURM_JOB_NAME", "local"),
-                   restart_count=_int(env, "SLURM_RESTART_COUNT", 0), launcher="single")
+                   restart_count=_int(env, "SLURM_RESTART_COUNT", 0), launcher="single",
+                   node_name=_node_name(env), step_id=_int(env, "SLURM_STEP_ID", 0))
 
     @classmethod
     def _from_slurm(cls, env: Mapping[str, str]) -> JobEnvironment:
@@ -56,7 +55,10 @@ class JobEnvironment:
         restart = _int(env, "SLURM_RESTART_COUNT", 0)
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
         master = env.get("MASTER_ADDR") or node_address(first_hostname(nodelist)) or "127.0.0.1"
-        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else derived_port(job_id, restart)
+        # Without MASTER_PORT, rank 0 takes a port from the kernel and publishes it in the
+        # job directory (train/rendezvous.py): a port computed from the job id collides
+        # between two clusters on one host, and with anything else that holds it.
+        port = _int(env, "MASTER_PORT", 0)
         return cls(
             rank=_int(env, "SLURM_PROCID", 0),
             world_size=_int(env, "SLURM_NTASKS", 1),
@@ -70,6 +72,8 @@ class JobEnvironment:
             job_name=env.get("SLURM_JOB_NAME", ""),
             restart_count=restart,
             launcher="slurm",
+            node_name=_node_name(env),
+            step_id=_int(env, "SLURM_STEP_ID", 0),
         )
 
     @classmethod
@@ -89,6 +93,8 @@ class JobEnvironment:
             job_name=env.get("SLURM_JOB_NAME", ""),
             restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             launcher="torchrun",
+            node_name=_node_name(env),
+            step_id=_int(env, "SLURM_STEP_ID", 0),
         )
 
     @property
@@ -101,14 +107,10 @@ class JobEnvironment:
         # env:// reuses it (TORCHELASTIC_USE_AGENT_STORE) instead of binding the port again.
         if self.launcher == "torchrun":
             return "env://"
+        if not self.master_port:
+            raise ElasticError("no MASTER_PORT: rank 0 publishes its port in the job directory "
+                               "(slurm_elastic.train.rendezvous.connect), there is no init method URL")
         return f"tcp://{self.master_addr}:{self.master_port}"
-
-
-def derived_port(job_id: str, restart_count: int) -> int:
-    """A port every rank computes alike; the restart count moves it so a lingering
-    listener of the previous incarnation on the same node cannot collide."""
-    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return PORT_BASE + (int(digits) * 7 + restart_count) % PORT_SPAN
 
 
 def first_hostname(nodelist: str) -> str | None:
@@ -147,6 +149,12 @@ def node_address(node: str | None) -> str | None:
         if field.startswith("NodeAddr="):
             return field.removeprefix("NodeAddr=")
     raise ElasticError(f"node {node!r} does not resolve and Slurm reports no NodeAddr for it; set MASTER_ADDR")
+
+
+def _node_name(env: Mapping[str, str]) -> str:
+    # Several slurmd may share a host (the local cluster, some test setups): the
+    # controller acts on Slurm's node name, which only SLURMD_NODENAME gives.
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def _tasks_on_this_node(env: Mapping[str, str]) -> int:

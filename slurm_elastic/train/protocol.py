@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from dataclasses import dataclass
+from typing import Any
 
 # The controller imports this module, so it must stay free of torch and numpy.
 
@@ -90,3 +93,150 @@ def signal_name(value: str | None = None) -> str:
     except KeyError:
         raise ValueError(f"{SIGNAL_ENV} must name a signal such as USR2, got {text!r}") from None
     return name
+
+
+# -- peer loss: what a job tells the controller about the peers it lost -------------------------
+#
+# `<job dir>/peer-lost-<job id>-<restart count>-<step id>.json`, one per srun step that lost a
+# peer, written (temp name, rename) by the survivor that commits the just-in-time checkpoint:
+# first with "commit": "pending" as soon as the survivors agree, then replaced once with
+# "done" or "failed". The controller may act on the first version (the lost nodes are known);
+# the resume step is `committed_step` once "commit" is "done", else the last committed
+# checkpoint. A job's word: the controller uses it for this job only.
+
+PEER_LOST_FORMAT = "slurm-elastic-peer-lost/1"
+PEER_LOST_PREFIX = "peer-lost-"
+COMMIT_STATES = ("pending", "done", "failed", "none")   # none: nothing to commit (no full replica survived)
+DETECTORS = ("heartbeat", "collective-error")
+_PEER_LOST_RE = re.compile(re.escape(PEER_LOST_PREFIX) + r"([0-9A-Za-z._+-]{1,64})-([0-9]{1,9})-([0-9]{1,9})\.json")
+
+
+def peer_lost_file_name(slurm_job_id: str | int, restart_count: int, step_id: str | int) -> str:
+    return f"{PEER_LOST_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}.json"
+
+
+def parse_peer_lost_file_name(name: str) -> tuple[str, int, int] | None:
+    """(job id, restart count, step id) of a peer-lost report's file name, else None."""
+    m = _PEER_LOST_RE.fullmatch(name)
+    return (m[1], int(m[2]), int(m[3])) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class LostRank:
+    rank: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLostReport:
+    """Which peers one srun step of a job lost, and what the survivors committed."""
+
+    job_id: str
+    restart_count: int
+    step_id: int
+    world_size: int
+    detected_by: str                  # one of DETECTORS
+    detected_at: float                # unix time the first survivor saw it
+    lost: tuple[LostRank, ...]        # every rank that did not take part in the agreement
+    lost_nodes: tuple[str, ...]       # nodes none of whose ranks survived: the ones to avoid
+    surviving_nodes: tuple[str, ...]
+    agreed_step: int | None           # the last step every survivor completed (None: no full replica)
+    commit: str                       # one of COMMIT_STATES
+    committed_step: int | None        # the step the job resumes from when commit == "done"
+    reason: str                       # one line for people
+
+    def to_json(self) -> dict[str, Any]:
+        body = {f: getattr(self, f) for f in self.__slots__}
+        body["lost"] = [{"rank": r.rank, "node": r.node} for r in self.lost]
+        body["lost_nodes"] = list(self.lost_nodes)
+        body["surviving_nodes"] = list(self.surviving_nodes)
+        body["format"] = PEER_LOST_FORMAT
+        return body
+
+    @classmethod
+    def parse(cls, data: bytes | str, where: str = "peer-lost report") -> PeerLostReport:
+        """Validate a report written by a job (its user's data: checked, never trusted further)."""
+        try:
+            body = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(body, dict) or body.get("format") != PEER_LOST_FORMAT:
+            raise ValueError(f"{where}: not a {PEER_LOST_FORMAT} document")
+        try:
+            lost = tuple(LostRank(_nonneg(r["rank"]), _name(r["node"])) for r in body["lost"])
+            report = cls(job_id=_name(body["job_id"]), restart_count=_nonneg(body["restart_count"]),
+                         step_id=_nonneg(body["step_id"]), world_size=_nonneg(body["world_size"]),
+                         detected_by=_choice(body["detected_by"], DETECTORS),
+                         detected_at=float(body["detected_at"]), lost=lost,
+                         lost_nodes=tuple(_name(n) for n in body["lost_nodes"]),
+                         surviving_nodes=tuple(_name(n) for n in body["surviving_nodes"]),
+                         agreed_step=_opt_nonneg(body["agreed_step"]), commit=_choice(body["commit"], COMMIT_STATES),
+                         committed_step=_opt_nonneg(body["committed_step"]), reason=str(body["reason"])[:1000])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None
+        if any(r.rank >= report.world_size for r in report.lost):
+            raise ValueError(f"{where}: a lost rank is outside the world size {report.world_size}")
+        return report
+
+
+_NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def valid_node_name(value: Any) -> bool:
+    return isinstance(value, str) and _NODE_RE.fullmatch(value) is not None
+
+
+def _name(value: Any) -> str:
+    if not valid_node_name(value):
+        raise ValueError(f"{value!r} is not a node name or job id")
+    return value
+
+
+def _nonneg(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
+
+
+def _opt_nonneg(value: Any) -> int | None:
+    return None if value is None else _nonneg(value)
+
+
+def _choice(value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+# -- one srun step's peers: rendezvous, heartbeats, the survivors' agreement ----------------------
+#
+# `<job dir>/run-<job id>-<restart count>-<step id>/` holds what the ranks of one srun step
+# tell each other without the process group (which is what breaks when a peer is lost):
+#   rendezvous.json   rank 0's store address and the port it was given by the kernel
+#   hb-<rank>         heartbeat: a counter the rank's liveness thread rewrites every second
+#   lost              the first survivor to see a lost peer says so here; every rank looks
+#   status-<rank>.json  a survivor's completed step and state digest, after it stopped stepping
+#   decision.json     the agreed step and the committing rank (created once, never replaced)
+# Only the job's own ranks write there; the controller reads only the peer-lost report.
+
+RUN_DIR_PREFIX = "run-"
+RENDEZVOUS_FILE = "rendezvous.json"
+LOST_FILE = "lost"
+DECISION_FILE = "decision.json"
+
+
+def run_dir_name(slurm_job_id: str | int, restart_count: int, step_id: str | int) -> str:
+    return f"{RUN_DIR_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}"
+
+
+def parse_run_dir_name(name: str) -> tuple[str, int, int] | None:
+    m = re.fullmatch(re.escape(RUN_DIR_PREFIX) + r"([0-9A-Za-z._+-]{1,64})-([0-9]{1,9})-([0-9]{1,9})", name)
+    return (m[1], int(m[2]), int(m[3])) if m else None
+
+
+def heartbeat_file_name(rank: int) -> str:
+    return f"hb-{int(rank)}"
+
+
+def status_file_name(rank: int) -> str:
+    return f"status-{int(rank)}.json"

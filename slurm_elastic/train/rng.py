@@ -4,21 +4,44 @@ from __future__ import annotations
 
 import base64
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 
-def capture_rng() -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RawRng:
+    """The generators' states as the libraries return them: cheap enough to take every step
+    (tens of microseconds); `rng_json` turns one into manifest data when it is needed."""
+
+    torch_state: torch.Tensor
+    python: tuple[Any, ...]
+    numpy: tuple[Any, ...]
+    cuda: tuple[torch.Tensor, ...] | None
+
+
+def capture_rng_raw() -> RawRng:
+    cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return RawRng(torch.get_rng_state(), random.getstate(), np.random.get_state(), cuda)
+
+
+def rng_json(raw: RawRng) -> dict[str, Any]:
+    version, internal, gauss = raw.python
+    name, keys, pos, has_gauss, cached = raw.numpy
     state: dict[str, Any] = {
-        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii"),
-        "python": _python_state(),
-        "numpy": _numpy_state(),
+        "torch": base64.b64encode(raw.torch_state.numpy().tobytes()).decode("ascii"),
+        "python": [version, list(internal), gauss],
+        "numpy": [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in torch.cuda.get_rng_state_all()]
+    if raw.cuda is not None:
+        state["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode("ascii") for s in raw.cuda]
     return state
+
+
+def capture_rng() -> dict[str, Any]:
+    return rng_json(capture_rng_raw())
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -32,13 +55,3 @@ def restore_rng(state: dict[str, Any]) -> None:
         states = [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
         if len(states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(states)
-
-
-def _python_state() -> list[Any]:
-    version, internal, gauss = random.getstate()
-    return [version, list(internal), gauss]
-
-
-def _numpy_state() -> list[Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]

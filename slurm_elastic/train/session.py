@@ -8,6 +8,7 @@ import logging
 import os
 import signal as signal_module
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,18 +18,19 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_elastic.errors import CheckpointError, ElasticError
-from slurm_elastic.train import protocol
+from slurm_elastic.train import peers, protocol, rendezvous
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
     FinishedSnapshot,
     LayerCheckpointer,
+    ReplicaState,
     load_into,
     merge_shards,
     model_fingerprint,
     optimizer_groups_json,
 )
 from slurm_elastic.train.environment import JobEnvironment
-from slurm_elastic.train.rng import capture_rng, restore_rng
+from slurm_elastic.train.rng import RawRng, capture_rng, capture_rng_raw, restore_rng, rng_json
 from slurm_elastic.train.sampler import (
     BatchGeometry,
     BatchGeometryError,
@@ -49,8 +51,14 @@ class ElasticSession:
     """Use as `with ElasticSession(...) as s:`; call `attach`, then per step `micro_batches` and `optimizer_step`.
 
     Ends the process with REQUEUE_EXIT_CODE after a signalled checkpoint,
-    PEER_LOST_EXIT_CODE when a collective fails, GEOMETRY_EXIT_CODE when the
+    PEER_LOST_EXIT_CODE when a peer is lost (a collective fails, or a peer's
+    heartbeat stops for `liveness_timeout_s`), GEOMETRY_EXIT_CODE when the
     global batch cannot be split over this world size.
+
+    On peer loss the survivors commit a just-in-time checkpoint of the last
+    step all of them completed, when one of them holds a full replica (DDP),
+    and report the lost ranks and nodes (protocol.PeerLostReport); with
+    `jit=False` they only report.
     """
 
     def __init__(self, *, ckpt_dir: str | None = None, job_key: str | None = None, signal: str | None = None,
@@ -58,7 +66,9 @@ class ElasticSession:
                  checksum: str = DEFAULT_CHECKSUM,
                  wait_for_previous: bool = False, fast_exit: bool = True,
                  backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
-                 env: JobEnvironment | None = None) -> None:
+                 env: JobEnvironment | None = None, jit: bool = True,
+                 heartbeat_s: float = peers.DEFAULT_INTERVAL_S, liveness_timeout_s: float = peers.DEFAULT_TIMEOUT_S,
+                 jit_deadline_s: float = 120.0) -> None:
         root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
         if not root:
             raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
@@ -102,32 +112,57 @@ class ElasticSession:
         self._metrics_mark = (time.monotonic(), 0)
         self.stall_s_total = 0.0
         self.last_committed_step: int | None = None
+        self.jit = jit
+        self.heartbeat_s = heartbeat_s
+        self.liveness_timeout_s = liveness_timeout_s
+        self.jit_deadline_s = jit_deadline_s
+        self.run_dir = peers.RunDirectory(self.job_dir, self.env.job_id, self.env.restart_count, self.env.step_id)
+        self._liveness: peers.Liveness | None = None
+        # Held while the optimizer changes the state (and while rank 0 commits): a peer-loss
+        # handler takes it and keeps it, so the state it reads is a whole step's.
+        self._state_lock = threading.Lock()
+        self._boundary_rng: dict[int, RawRng] = {}     # the last two step boundaries' generators
+        self._peer_loss_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
         self._old_handler = signal_module.signal(sig, self._on_signal)
+        if self.env.is_main or self.env.world_size > 1:
+            # Every rank may be first here; each needs the run directory before the group exists.
+            make_private_dirs(self.job_dir)
+        if self.env.world_size > 1:
+            self.run_dir.create()
+            if self.env.is_main:
+                self.run_dir.remove_older_runs()
         if self.env.world_size > 1 and not dist.is_initialized():
             backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
                 torch.cuda.set_device(self.env.local_rank)
-            dist.init_process_group(backend, init_method=self.env.init_method, rank=self.env.rank,
-                                    world_size=self.env.world_size,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+            timeout = datetime.timedelta(seconds=self.timeout_s)
+            store = rendezvous.connect(self.env, self.run_dir, timeout_s=self.timeout_s)
+            if store is None:
+                dist.init_process_group(backend, init_method=self.env.init_method, rank=self.env.rank,
+                                        world_size=self.env.world_size, timeout=timeout)
+            else:
+                dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
+                                        timeout=timeout)
             self._owns_group = True
-        if self.env.is_main:
-            make_private_dirs(self.job_dir)
+        if self.env.world_size > 1:
+            # Beside the ranks of its own node, each rank watches the first rank of the next
+            # node, so whichever node stops, a rank on another node sees it.
+            self._liveness = peers.Liveness(self.run_dir, rank=self.rank, world_size=self.world_size,
+                                            node=self.env.node_name, watch=self.env.local_world_size + 1,
+                                            interval_s=self.heartbeat_s, timeout_s=self.liveness_timeout_s,
+                                            on_lost=self._on_peer_silent)
+            self._liveness.start()
         log.info("elastic session: rank %d/%d, job key %s, restart %d, signal %s", self.env.rank,
                  self.env.world_size, self.job_key, self.env.restart_count, self.signal_name)
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         if exc is not None and _is_peer_loss(exc) and self.env.world_size > 1:
-            log.error("rank %d: lost a peer (%s); exiting with %d for requeue from step %s", self.env.rank,
-                      exc, protocol.PEER_LOST_EXIT_CODE, self.last_committed_step)
-            logging.shutdown()
-            # A broken process group can hang in destroy/atexit; leave at once.
-            os._exit(protocol.PEER_LOST_EXIT_CODE)
+            self._peer_lost(f"{type(exc).__name__}: {exc}", "collective-error")   # does not return
         if exc is None and self._ckpt is not None:
             if self._exit_after_snapshot:
                 # The loop ended between the signal and the checkpoint pass: take it now.
@@ -137,6 +172,11 @@ class ElasticSession:
         if self._ckpt is not None:
             self._ckpt.close()
         log.debug("checkpointer closed in %.3f s", time.monotonic() - t0)
+        if self._liveness is not None:
+            # A clean end must not look like a loss to the watchers; an error must (the peers
+            # are stuck in a collective with this rank otherwise, for the collective timeout).
+            clean = exc is None or isinstance(exc, SystemExit)
+            self._liveness.stop(peers.DONE if clean else peers.FAILED)
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
         if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
@@ -189,6 +229,8 @@ class ElasticSession:
         self._restore(model, optimizer, scheduler)
         self._ckpt = LayerCheckpointer(model, optimizer, self.store, rank=self.rank, world_size=self.world_size,
                                        layers=layers, group_bytes=group_bytes)
+        with self._state_lock:
+            self._mark_boundary()
         self._last_arm_time = time.monotonic()
         self._metrics_mark = (time.monotonic(), self.step)
         return self.step
@@ -254,7 +296,7 @@ class ElasticSession:
         if scheduler is not None and manifest.get("scheduler") is not None:
             scheduler.load_state_dict(manifest["scheduler"])
         rng = manifest.get("rng") or []
-        if self.rank < len(rng):
+        if self.rank < len(rng) and rng[self.rank] is not None:   # None: a rank lost before a JIT commit
             restore_rng(rng[self.rank])
         self.user_state = dict(manifest.get("user_state") or {})
         self.step = step
@@ -279,11 +321,13 @@ class ElasticSession:
             # This step's forward pass was the checkpoint pass of a signalled stop;
             # its update is dropped, so the committed step is the last one done.
             self._finish_signalled_stop()
-        self._optimizer.step()            # the step pre-hook waits for outstanding layer copies
-        if self._scheduler is not None:
-            self._scheduler.step()
-        self._optimizer.zero_grad(set_to_none=True)
-        self.step += 1
+        with self._state_lock:
+            self._optimizer.step()            # the step pre-hook waits for outstanding layer copies
+            if self._scheduler is not None:
+                self._scheduler.step()
+            self._optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self._mark_boundary()
         self._write_metrics()
         signal_now, due, min_finished = self._agree()
         self._settle_upto(min_finished)
@@ -379,7 +423,8 @@ class ElasticSession:
                 continue
             if self.env.is_main:
                 try:
-                    self.store.commit(step, self._manifest(meta, reports))
+                    with self._state_lock:     # never beside a just-in-time commit of this rank's
+                        self.store.commit(step, self._manifest(meta, reports))
                 except OSError as exc:
                     log.error("checkpoint of step %d: committing the manifest failed: %s", step, exc)
                     self.store.discard_step(step)
@@ -408,6 +453,130 @@ class ElasticSession:
             "job": {"id": self.env.job_id, "restart_count": self.env.restart_count, "key": self.job_key},
             "created": time.time(),
         }
+
+    # -- peer loss -------------------------------------------------------------------------------
+    def _mark_boundary(self) -> None:
+        """After each optimizer step (state lock held): what a just-in-time checkpoint needs."""
+        assert self._ckpt is not None
+        self._ckpt.mark_boundary()
+        self._boundary_rng[self.step] = capture_rng_raw()
+        for old in [s for s in self._boundary_rng if s < self.step - 1]:
+            del self._boundary_rng[old]
+
+    def _on_peer_silent(self, reason: str) -> None:
+        """The liveness thread saw a heartbeat stop (or another rank said so): the training
+        thread may be blocked in a collective for the whole collective timeout, so the
+        survivors' agreement runs in a thread of its own while the heartbeat goes on."""
+        threading.Thread(target=self._peer_lost, args=(reason, "heartbeat"), name="peer-lost", daemon=True).start()
+
+    def _peer_lost(self, reason: str, detected_by: str) -> None:
+        """Stop stepping, agree with the other survivors, commit if this rank is the committer,
+        exit with PEER_LOST_EXIT_CODE. Runs once per process; never returns."""
+        if not self._peer_loss_lock.acquire(blocking=False):
+            while True:              # the first caller ends the process
+                time.sleep(3600)
+        detected_at = time.time()
+        log.error("rank %d: peer lost (%s); agreeing on the step to commit", self.rank, reason)
+        code = protocol.PEER_LOST_EXIT_CODE
+        try:
+            assert self._liveness is not None
+            self._liveness.declare_lost(reason)
+            # Kept until the process ends: no optimizer step starts after this, one under way
+            # finishes first, and rank 0's periodic commit is not running beside this one.
+            self._state_lock.acquire()
+            state: ReplicaState | None = None
+            if self._ckpt is not None:
+                if not self._ckpt.halt_writer(timeout_s=self.jit_deadline_s / 2):
+                    log.warning("rank %d: the checkpoint writer is still busy; going on without it", self.rank)
+                state = self._ckpt.replica_state() if self.jit else None
+            decision = peers.agree(self.run_dir, self._liveness, self._status(state), world_size=self.world_size,
+                                   deadline_s=self.jit_deadline_s)
+            log.info("rank %d: survivors agreed: %s", self.rank, decision["reason"])
+            if decision["committer"] == self.rank:
+                assert state is not None
+                self._commit_jit(decision, state, detected_by, detected_at)
+            elif decision["committer"] is None and decision["survivors"] and decision["survivors"][0] == self.rank:
+                self._report(decision, detected_by, detected_at, commit="none", committed_step=self.last_committed_step)
+        except BaseException as exc:   # whatever happens here, the process must end with the peer-loss code
+            log.exception("rank %d: handling the peer loss failed: %s", self.rank, exc)
+        finally:
+            log.error("rank %d: exiting with %d", self.rank, code)
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # A broken process group can hang in destroy/atexit; leave at once.
+            os._exit(code)
+
+    def _status(self, state: ReplicaState | None) -> dict[str, Any]:
+        rng = {str(step): rng_json(raw) for step, raw in self._boundary_rng.items()}
+        body: dict[str, Any] = {"rank": self.rank, "node": self.env.node_name, "step": self.step, "rng": rng,
+                                "replica": bool(state and state.replica), "clean": bool(state and state.clean),
+                                "digest": state.digest if state else "", "time": time.time()}
+        if state is None:
+            body["unclean"] = "just-in-time checkpoints are off (jit=False)" if self._ckpt else "not attached yet"
+        elif not state.clean or not state.replica:
+            body["unclean"] = state.unclean
+        return body
+
+    def _commit_jit(self, decision: dict[str, Any], state: ReplicaState, detected_by: str,
+                    detected_at: float) -> None:
+        assert self._ckpt is not None and self.geometry is not None and self._optimizer is not None
+        step = int(decision["step"])
+        assert step == self.step, (step, self.step)
+        self._report(decision, detected_by, detected_at, commit="pending", committed_step=None)
+        t0 = time.monotonic()
+        try:
+            if step in self.store.committed_steps():
+                log.info("rank %d: step %d is committed already", self.rank, step)
+            else:
+                statuses = peers.read_statuses(self.run_dir, self.world_size)
+                rng = [statuses[r]["rng"].get(str(step)) if r in statuses else None for r in range(self.world_size)]
+                # A lost rank's generators are gone with it. The manifest format wants a state per
+                # rank, so its slot takes the committer's, and the manifest says which ranks those are.
+                substituted = [r for r in range(self.world_size) if rng[r] is None]
+                if substituted:
+                    log.warning("rank %d: no generator state of ranks %s at step %d; recording rank %d's for them",
+                                self.rank, substituted, step, self.rank)
+                rng = [state if state is not None else rng[self.rank] for state in rng]
+                # Whatever a periodic snapshot of this step left is not ours: every survivor's
+                # writer was halted before its status was published.
+                self.store.discard_step(step)
+                records = self._ckpt.write_replica(step, state, rank=self.rank)
+                meta = {"step": step, "samples_consumed": self.samples_consumed,
+                        "optimizer": {"class": type(self._optimizer).__name__,
+                                      "param_groups": optimizer_groups_json(self._model, self._optimizer)},
+                        "scheduler": _json_or_none(self._scheduler.state_dict()) if self._scheduler is not None else None,
+                        "user_state": _json_or_none(self.user_state) or {}}
+                reports = [{"files": [r.to_json() for r in records] if i == 0 else [], "rng": rng[i]}
+                           for i in range(self.world_size)]
+                manifest = self._manifest(meta, reports)
+                manifest["jit"] = {"digest": state.digest, "lost": decision["lost"], "survivors": decision["survivors"],
+                                   "committer": self.rank, "detected_by": detected_by,
+                                   "rng_of_committer_for_ranks": substituted}
+                self.store.commit(step, manifest)
+        except (OSError, CheckpointError) as exc:
+            log.error("rank %d: just-in-time checkpoint of step %d failed: %s", self.rank, step, exc)
+            self._report(decision, detected_by, detected_at, commit="failed", committed_step=self.last_committed_step,
+                         reason=f"committing step {step} failed: {exc}")
+            return
+        self.last_committed_step = step
+        log.info("rank %d: just-in-time checkpoint of step %d committed in %.2f s", self.rank, step,
+                 time.monotonic() - t0)
+        self._report(decision, detected_by, detected_at, commit="done", committed_step=step)
+
+    def _report(self, decision: dict[str, Any], detected_by: str, detected_at: float, *, commit: str,
+                committed_step: int | None, reason: str | None = None) -> None:
+        """The peer-lost report for the controller (protocol.PeerLostReport), replaced whole."""
+        lost = tuple(protocol.LostRank(int(r["rank"]), _node_or_unknown(r["node"])) for r in decision["lost"])
+        alive = {_node_or_unknown(n) for n in decision["survivor_nodes"].values()}
+        report = protocol.PeerLostReport(
+            job_id=self.env.job_id, restart_count=self.env.restart_count, step_id=self.env.step_id,
+            world_size=self.world_size, detected_by=detected_by, detected_at=detected_at, lost=lost,
+            lost_nodes=tuple(sorted({r.node for r in lost} - alive)), surviving_nodes=tuple(sorted(alive)),
+            agreed_step=decision["step"] if decision["committer"] is not None else None, commit=commit,
+            committed_step=committed_step, reason=reason or decision["reason"])
+        name = protocol.peer_lost_file_name(self.env.job_id, self.env.restart_count, self.env.step_id)
+        atomic_write(os.path.join(self.job_dir, name), json.dumps(report.to_json()).encode())
 
     def _finish_signalled_stop(self) -> None:
         assert self._ckpt is not None
@@ -456,6 +625,10 @@ def _quiesce_gloo() -> None:
     except Exception as exc:   # a peer already gone: nothing left to quiesce
         log.debug("barrier before teardown failed: %s", exc)
     time.sleep(0.2)
+
+
+def _node_or_unknown(name: Any) -> str:
+    return name if protocol.valid_node_name(name) else "unknown"
 
 
 def _is_peer_loss(exc: BaseException) -> bool:

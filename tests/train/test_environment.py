@@ -8,7 +8,6 @@ from slurm_elastic.errors import ElasticError
 from slurm_elastic.train import protocol
 from slurm_elastic.train.environment import (
     JobEnvironment,
-    derived_port,
     first_hostname,
     node_address,
 )
@@ -22,15 +21,14 @@ def test_slurm_variables() -> None:
     assert (e.rank, e.world_size, e.local_rank, e.node_rank, e.num_nodes) == (5, 7, 1, 2, 3)
     assert e.local_world_size == 1            # node 2 of "3(x2),1"
     assert e.restart_count == 2 and e.job_id == "1234" and e.launcher == "slurm"
-    assert e.master_addr == "localhost" and e.master_port == derived_port("1234", 2)
-    assert e.init_method == f"tcp://localhost:{e.master_port}"
+    assert e.master_addr == "localhost"
+    assert e.master_port == 0                 # rank 0 publishes the kernel's choice (train/rendezvous.py)
+    with pytest.raises(ElasticError, match="publishes its port"):
+        e.init_method
     assert JobEnvironment.from_env({**env, "SLURM_NODEID": "0"}).local_world_size == 3
-
-
-def test_port_is_shared_by_all_ranks_and_moves_with_the_restart() -> None:
-    assert derived_port("991", 0) == derived_port("991", 0)
-    assert derived_port("991", 0) != derived_port("991", 1)
-    assert 20000 <= derived_port("4294967295", 7) < 30000
+    given = JobEnvironment.from_env({**env, "MASTER_PORT": "29123", "SLURMD_NODENAME": "n7", "SLURM_STEP_ID": "3"})
+    assert given.init_method == "tcp://localhost:29123"
+    assert given.node_name == "n7" and given.step_id == 3
 
 
 def test_torchrun_variables_win_over_slurm() -> None:
@@ -72,6 +70,26 @@ def test_protocol_names() -> None:
     with pytest.raises(ValueError):
         protocol.signal_name("NOPE")
     assert protocol.REQUEUE_EXIT_CODE == 85
+
+
+def test_peer_lost_report_round_trips_and_refuses_nonsense() -> None:
+    import json
+
+    report = protocol.PeerLostReport(job_id="12", restart_count=1, step_id=0, world_size=4, detected_by="heartbeat",
+                                     detected_at=1.5, lost=(protocol.LostRank(2, "n2"), protocol.LostRank(3, "n2")),
+                                     lost_nodes=("n2",), surviving_nodes=("n1",), agreed_step=9, commit="done",
+                                     committed_step=9, reason="step 9 is the last step all 2 survivors completed")
+    assert protocol.PeerLostReport.parse(json.dumps(report.to_json())) == report
+    name = protocol.peer_lost_file_name(12, 1, 0)
+    assert protocol.parse_peer_lost_file_name(name) == ("12", 1, 0)
+    assert protocol.parse_peer_lost_file_name("peer-lost-12-1.json") is None
+    bad = [{**report.to_json(), "lost_nodes": ["../etc"]}, {**report.to_json(), "commit": "maybe"},
+           {**report.to_json(), "lost": [{"rank": 9, "node": "n2"}]}, {**report.to_json(), "format": "x"}]
+    for body in bad:
+        with pytest.raises(ValueError):
+            protocol.PeerLostReport.parse(json.dumps(body))
+    with pytest.raises(ValueError, match="not JSON"):
+        protocol.PeerLostReport.parse(b"{")
 
 
 def test_protocol_module_does_not_import_torch() -> None:
