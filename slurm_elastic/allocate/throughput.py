@@ -202,10 +202,11 @@ class MeasuredThroughput:
     - at and between measured GPU counts: the concave hull of the medians;
     - below the smallest measured count: that count's speed per GPU (scaling
       down is never credited as better than measured);
-    - above the largest measured count g_hi: the last measured marginal speed
-      per GPU (with one measured count, `prior`'s shape through that point),
-      credited up to `explore_factor` x g_hi and flat beyond: no optimism
-      beyond what was measured, and a job grows in steps that measure as they go;
+    - above the largest measured count g_hi: at most the last measured marginal
+      speed per GPU (with one measured count, linear through it), and flat past
+      `explore_factor` x g_hi when that is set: a GPU never adds more than the
+      last one measured did (no optimism beyond what was measured), yet GPUs
+      nobody else wants are not left idle;
     - a node count above the one measured at the nearest count costs `prior`'s
       node penalty per extra node.
     """
@@ -214,7 +215,7 @@ class MeasuredThroughput:
     nodes_at: tuple[tuple[int, int], ...] = ()      # (gpus, nodes) measured
     largest_measured: float = 0.0                   # may lie past the hull's peak (a slower large count)
     prior: LinearThroughput = LinearThroughput()
-    explore_factor: float = 2.0
+    explore_factor: float | None = None
 
     @property
     def measured_gpus(self) -> tuple[int, ...]:
@@ -233,7 +234,7 @@ class MeasuredThroughput:
         elif self.largest_measured > hi_g:
             s = hi_s                        # a larger count was measured slower: no gain past the peak
         else:
-            top = min(g, self.explore_factor * hi_g)
+            top = g if self.explore_factor is None else min(g, self.explore_factor * hi_g)
             g0, s0 = self.points[-2]        # (0, 0) with one measured count: linear through it
             slope = max((hi_s - s0) / (hi_g - g0), 0.0)
             s = hi_s + slope * (top - hi_g)

@@ -8,10 +8,10 @@ What the default source (`MeasuredRequests`) reads, per job, from
 
 - speed: steps/s per GPU count and node count, fitted online
   (`allocate.throughput.MeasuredThroughput`, with its rule for sizes never
-  run: nothing beyond 2x the largest size measured); the default model
-  (linear, a penalty per extra node, credited up to 2x the job's size) until a
-  row exists, and a job just started keeps its size until its first rows
-  exist (`measure_first_s`), so it is measured at the size it asked for;
+  run: a GPU past the largest size measured adds at most what the last
+  measured one did); the default model (linear, a penalty per extra node)
+  until a row exists, and a job just started keeps its size until its first
+  rows exist (`measure_first_s`), so it is measured at the size it asked for;
 - restart cost: from the job's own restarts seen in its rows (the wall time
   from the last row before a restart to the first after it, less the steps
   that interval did at the new speed: startup plus lost work); 30 s until one
@@ -298,13 +298,9 @@ class MeasuredRequests:
             pts = ", ".join(f"{int(g)}:{v:.3g}" for g, v in model.points[1:])
             notes.append(f"speed measured ({m.rows} rows; GPUs:steps/s {pts})")
         else:
-            # The default model, credited up to explore_factor x the size the job has now (or asked for):
-            # the same rule as for a measured job's sizes never run.
-            size = max(job.gpus, spec.min_gpus)
-            model = MeasuredThroughput(((0.0, 0.0), (float(size), s.prior(size, 1))), ((size, 1),), float(size),
-                                       s.prior)
-            notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra "
-                         f"node) up to {2 * size} GPUs" + (f"; metrics file ignored: {m.problem}" if m.problem else ""))
+            model = s.prior
+            notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra node)"
+                         + (f"; metrics file ignored: {m.problem}" if m.problem else ""))
 
         def nodes_for(g: int) -> int:
             return max(1, math.ceil(g / biggest))

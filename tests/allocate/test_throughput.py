@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -106,8 +107,9 @@ def test_measured_model_states_its_rule_for_sizes_never_run():
     m = measured_throughput(rows)
     assert m(1) == pytest.approx(1.0)            # below: the smallest count's speed per GPU
     assert m(3) == pytest.approx(2.5)            # between: the hull
-    assert m(8) == pytest.approx(5.0)            # above: the last marginal gain (0.5/GPU), up to 2x measured
-    assert m(16) == pytest.approx(5.0)           # and flat beyond
+    assert m(8) == pytest.approx(5.0)            # above: the last marginal gain (0.5/GPU), never more
+    assert m(16) == pytest.approx(9.0)
+    assert dataclasses.replace(m, explore_factor=2.0)(16) == pytest.approx(5.0)   # capped: flat past 2x
     slower = measured_throughput(rows + [{"gpus": 8, "nodes": 2, "steps_per_s": 2.5}])
     assert slower(8) == pytest.approx(3.0) and slower(16) == pytest.approx(3.0)   # no gain past the peak
     assert measured_throughput([{"gpus": "x", "steps_per_s": 1.0}]) is None
