@@ -147,6 +147,15 @@ def test_cancelled_held_job_is_not_held(version: str) -> None:
     assert before.state is JobState.PENDING and before.held  # the same job while it was held
 
 
+def test_job_completing_its_requeuehold_is_held() -> None:
+    # 24.11.5, seen live for ~4 s after `scontrol requeuehold` of a job whose batch shell traps TERM
+    rec = {r["job_id"]: r for r in project_load("24.11", "squeue-requeue-held.json")["jobs"]}[1]
+    rec = copy.deepcopy(rec)
+    rec["job_state"] = ["PENDING", "COMPLETING"]
+    job = job_from_record(rec)
+    assert job.state is JobState.COMPLETING and job.held
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_requeue_held_job_is_held_with_the_reason_code(version: str) -> None:
     rec = {r["job_id"]: r for r in project_load(version, "squeue-requeue-held.json")["jobs"]}[1]
