@@ -214,9 +214,10 @@ class PyslurmBackend:
     def _per_gpu_requests(self, jobs: list[Any]) -> dict[int, tuple[int | None, int | None]]:
         """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call.
 
-        pyslurm's cpus_per_gpu is None whenever Slurm also sets cpus_per_task (it always does, 1
-        by default), and memory_per_gpu is None whenever Slurm sets a memory per node (23.02+
-        do for --mem-per-gpu jobs); both parse only 'gres:gpu:N', not 23.02's 'gres/gpu:N'.
+        pyslurm's cpus_per_gpu is None whenever Slurm also sets cpus_per_task (24.11 and 26.05
+        set 1 on every job of the captures), and memory_per_gpu is None whenever Slurm sets a
+        memory per node (23.02+ do for --mem-per-gpu jobs); both parse only 'gres:gpu:N', not
+        23.02's 'gres/gpu:N'. They are None for --mem jobs too, so every live GPU job is asked.
         """
         missing = [int(j.id) for j in jobs if _lacks_per_gpu(j)]
         if not missing:
