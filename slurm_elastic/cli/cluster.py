@@ -33,11 +33,12 @@ def _cluster(state_dir: Path | None) -> LocalCluster:
     return LocalCluster(state_dir)
 
 
-def _existing(state_dir: Path | None) -> LocalCluster:
+def _existing(state_dir: Path | None, *, readable_layout: bool = True) -> LocalCluster:
     local = _cluster(state_dir)
     if not local.exists():
         raise click.UsageError(f"no local cluster in {local.state_dir}; start one with `slurm-elastic cluster up`")
-    local.layout  # a garbled cluster.json is one line here, before any command acts on it
+    if readable_layout:
+        local.layout  # a garbled cluster.json is one line here, before any command acts on it
     return local
 
 
@@ -170,7 +171,8 @@ def cluster_down(state_dir: Path | None) -> None:
     Example:
       slurm-elastic cluster down
     """
-    local = _existing(state_dir)
+    # down stops what runs here even when cluster.json is garbled (else nothing could stop it).
+    local = _existing(state_dir, readable_layout=False)
     started = time.monotonic()
     stopped = local.down()
     if stopped:

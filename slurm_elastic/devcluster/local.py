@@ -110,9 +110,22 @@ class LocalCluster:
     def _munged_pid(self, layout: ClusterLayout) -> int | None:
         return processes.verified_pid(layout.munge_pid, self._munged_identity(layout))
 
+    def _paths(self) -> ClusterLayout:
+        """The saved layout, or (cluster.json garbled) one with the default shape in this state directory.
+
+        Every file's place depends on the state directory alone, so this finds and stops
+        what runs here even when cluster.json cannot be read; only node names beyond the
+        default ones are missed there, and the daemons are found by their configuration.
+        """
+        try:
+            return self.layout
+        except ClusterSetupError as exc:
+            log.warning("%s; looking for its processes by the state directory alone", exc)
+            return ClusterLayout(state_dir=self.state_dir, slurm_version="unknown")
+
     def leftover_processes(self) -> list[int]:
         """Every live process of this cluster: daemons (by their arguments) and job step daemons (by log file)."""
-        layout = self.layout
+        layout = self._paths()
         pids = set(processes.processes_mentioning(str(layout.slurm_conf), ("slurmctld", "slurmd")))
         pids.update(processes.processes_mentioning(f"--socket={layout.munge_socket}", ("munged",)))
         stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
@@ -204,7 +217,7 @@ class LocalCluster:
         if self.exists():
             left = self.leftover_processes()
             if left:
-                what = "is already up" if self.is_up() else "is partly running"
+                what = "is already up" if self._ctld_pid(self._paths()) is not None else "is partly running"
                 raise ClusterAlreadyUp(
                     f"the local cluster in {self.state_dir} {what} (pids {', '.join(map(str, left))}); "
                     "use it, or stop it first with `slurm-elastic cluster down`"
@@ -492,7 +505,12 @@ class LocalCluster:
         Returns the pids that were running before. Raises if any survived.
         """
         _require_root("down", "its daemons are root's")
-        layout = self.layout
+        try:
+            layout = self.layout
+        except ClusterSetupError:
+            if not self.leftover_processes():
+                raise
+            layout = self._paths()   # a garbled cluster.json must not keep its daemons running
         before = self.leftover_processes()
         if self._ctld_pid(layout) is not None:
             self._cancel_all_jobs(grace)

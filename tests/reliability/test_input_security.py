@@ -226,6 +226,36 @@ def test_a_garbled_cluster_json_is_one_line(tmp_path: Path, name: str, command: 
     assert "cluster.json" in _one_error_line(result.stderr)
 
 
+@pytest.mark.slurm
+def test_a_garbled_cluster_json_neither_strands_the_daemons_nor_blocks_a_new_up(tmp_path: Path) -> None:
+    """down still stops what runs in the state directory; up on a garbled cluster.json starts afresh."""
+    from slurm_elastic.devcluster import LocalCluster
+    from slurm_elastic.devcluster.version import find_program
+
+    if os.geteuid() != 0 or find_program("slurmctld") is None:
+        pytest.skip("needs root and Slurm's daemons to start a local cluster")
+    state = tmp_path / "cluster"
+    local = LocalCluster(state)
+    up = ["cluster", "up", "--state-dir", str(state), "--nodes", "1", "--spares", "0"]
+    base = str(processes.free_port_base(5))
+    try:
+        first = CliRunner().invoke(main, [*up, "--port-base", base])
+        assert first.exit_code == 0, first.output
+        running = local.leftover_processes()
+        assert running
+        (state / "cluster.json").write_text('{"state_dir": 5}')
+        down = CliRunner().invoke(main, ["cluster", "down", "--state-dir", str(state)])
+        assert down.exit_code == 0, down.output
+        assert local.leftover_processes() == [] and not any(processes.is_alive(p) for p in running)
+        again = CliRunner().invoke(main, [*up, "--port-base", str(processes.free_port_base(5))])
+        assert again.exit_code == 0, again.output
+        assert local.status().running
+    finally:
+        if local.leftover_processes():
+            (state / "cluster.json").write_text("{}")   # down must manage either way
+            local.down()
+
+
 @pytest.mark.parametrize("bad", ["with space", "hash#mark", "per%cent", "com,ma", "eq=uals", "new\nline"])
 def test_a_state_dir_slurm_conf_cannot_hold_is_refused_before_anything_starts(tmp_path: Path, bad: str) -> None:
     state = tmp_path / bad / "cluster"
