@@ -40,7 +40,8 @@ class LazyGroup(click.Group):
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 @click.option("--backend", type=click.Choice(["auto", "cli", "pyslurm"]), default=None,
               help="How to talk to Slurm (default: $SLURM_ELASTIC_BACKEND or auto: pyslurm when it "
-                   "matches the running Slurm, else the CLI/JSON backend).")
+                   "imports safely, is not known broken, passes its self-check and matches the running "
+                   "Slurm, else the CLI/JSON backend).")
 def main(verbose: int, backend: str | None) -> None:
     """Elastic deep-learning training on Slurm.
 
