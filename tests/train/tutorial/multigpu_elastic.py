@@ -4,6 +4,7 @@ Run: torchrun --nproc-per-node=4 multigpu_torchrun.py 3 1 --batch_size 4
 """
 import argparse
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,8 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+BATCH_DELAY = float(os.environ.get("TUTORIAL_BATCH_DELAY", "0"))  # tests: pace the run on a fast machine
 
 
 def ddp_setup():
@@ -41,6 +44,7 @@ class Trainer:
         loss = F.cross_entropy(output, targets)
         loss.backward()
         self.optimizer.step()
+        time.sleep(BATCH_DELAY)
 
     def _run_epoch(self, epoch):
         print(f"[RANK{self.rank}] Epoch {epoch} | Batchsize: {self.train_data.batch_size} | Steps: {len(self.train_data)}")

@@ -1,0 +1,174 @@
+"""Live: the elastic tutorial script through `slurm-elastic sbatch` and the daemon, 4 -> 2 (node lost) -> 4 GPUs (node back).
+
+A private 2-node x 2-GPU Slurm (node loss must shrink the job, so there is
+no spare capacity) and `slurm-elastic admin daemon`. The script is
+tests/train/tutorial/multigpu_elastic.py, the tutorial plus the lines the
+docs count; it runs under job_templates/ddp.sbatch with this interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import torch
+
+from slurm_elastic.train import protocol
+
+from .launch import run_ranks
+from .test_prepare import TUTORIAL, _resumes_at
+
+pytestmark = pytest.mark.slurm
+T = TypeVar("T")
+
+CLI = Path(sys.executable).parent / "slurm-elastic"
+TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
+EPOCHS = 5
+DELAY_S = "0.05"      # per batch: the run must outlast a node loss and a return on a fast machine
+START_RE = re.compile(r"slurm-elastic: job \d+ restart (\d+): (\d+) node\(s\) x (\d+) GPU\(s\)")
+
+
+def _wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def small_cluster() -> Iterator[tuple[object, Path, dict[str, str]]]:
+    from slurm_elastic.devcluster import LocalCluster, processes
+    from slurm_elastic.devcluster.version import find_program
+    from slurm_elastic.errors import ElasticError
+
+    if find_program("slurmctld") is None or find_program("slurmd") is None:
+        pytest.skip("Slurm is not installed (slurmctld/slurmd not found)")
+    if os.geteuid() != 0:
+        pytest.skip("the private local Slurm cluster needs root")
+    root = Path(tempfile.mkdtemp(prefix="se-prepare-", dir="/tmp"))
+    os.chmod(root, 0o755)
+    local = LocalCluster(root / "cluster")
+    try:
+        local.up(nodes=2, spares=0, gpus_per_node=2, cpus_per_node=4, port_base=processes.free_port_base(8),
+                 timeout=90)
+    except ElasticError as exc:
+        if local.exists():
+            local.down()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"cannot start the private Slurm cluster: {exc}")
+    env = {**os.environ, **local.env(), "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon"),
+           "SLURM_ELASTIC_STATE_DIR": str(root / "state")}
+    try:
+        yield local, root, env
+    finally:
+        subprocess.run(["scancel", "--full", "--quiet", "-u", "root"], env=env, check=False, capture_output=True)
+        local.down()
+        if not os.environ.get("SLURM_ELASTIC_KEEP_TEST_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _job(env: dict[str, str], job: int) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env, capture_output=True, text=True,
+                         check=False).stdout.strip()
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def _starts(out: Path) -> list[tuple[int, int]]:
+    """(restart count, GPUs) of every incarnation the template announced in the job's output."""
+    text = out.read_text() if out.exists() else ""
+    return [(int(m[1]), int(m[2]) * int(m[3])) for m in START_RE.finditer(text)]
+
+
+def _params(path: Path) -> list[float]:
+    snap = torch.load(path, weights_only=True)
+    assert snap["EPOCHS_RUN"] == EPOCHS
+    return [float(v) for k in sorted(snap["MODEL_STATE"]) for v in snap["MODEL_STATE"][k].flatten()]
+
+
+@pytest.mark.timeout(1800)
+def test_tutorial_script_shrinks_on_node_loss_and_grows_back_through_sbatch(small_cluster) -> None:
+    local, root, env = small_cluster
+    work = root / "work"
+    work.mkdir()
+    ck, out = work / "ck", work / "job.out"
+    daemon_log = work / "daemon.log"
+    daemon = subprocess.Popen([str(CLI), "-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0",
+                               "--ack-timeout", "60"], env=env, stdout=daemon_log.open("w"),
+                              stderr=subprocess.STDOUT, text=True)
+    # SLURM_ELASTIC_PYTHON: what the wrapper records, or `module load slurm-elastic` provides.
+    job_env = {**env, "TUTORIAL_BATCH_DELAY": DELAY_S, "OMP_NUM_THREADS": "1", "SLURM_ELASTIC_PYTHON": sys.executable}
+    submitted = subprocess.run(
+        [str(CLI), "sbatch", "--parsable", "--gpus", "2-4", "--gpu-step", "2", f"--ckpt-dir={ck}",
+         "--mem-per-gpu=1024M", f"--chdir={work}", f"--output={out}", "--open-mode=append",
+         str(TEMPLATE), "python", str(TUTORIAL / "multigpu_elastic.py"), str(EPOCHS), "1",
+         "--snapshot_path", str(work / "snapshot.pt")],
+        env=job_env, capture_output=True, text=True, timeout=60, check=False)
+    assert submitted.returncode == 0, submitted.stderr
+    job = int(submitted.stdout.strip())
+    try:
+        _drive(local, env, job, ck, out)
+        state = _wait_until(lambda: (s := _job(env, job).get("JobState")) in ("COMPLETED", "FAILED", "CANCELLED")
+                          and s, 900, "the job to finish", interval=2)
+        assert state == "COMPLETED", out.read_text()[-4000:]
+    except BaseException:
+        print(out.read_text()[-6000:] if out.exists() else "(no job output)")
+        print(daemon_log.read_text()[-4000:])
+        raise
+    finally:
+        subprocess.run(["scancel", "--full", str(job)], env=env, check=False, capture_output=True)
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(60)
+
+    # Exact: the final parameters are those of 4 ranks straight through, same script.
+    ref = root / "ref"
+    for r in run_ranks("multigpu_elastic", [str(EPOCHS), "1", "--snapshot_path", str(ref / "snapshot.pt")],
+                       world_size=4, job_id="1", timeout=900,
+                       extra_env={"SLURM_ELASTIC_CKPT_DIR": str(ref / "ck"), "PYTHONPATH": str(TUTORIAL)}):
+        assert r.returncode == 0, r.stdout[-3000:]
+    a, b = _params(ref / "snapshot.pt"), _params(work / "snapshot.pt")
+    assert max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b) if abs(x) > 1e-8) <= 1e-9
+
+
+def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path) -> None:
+    def _wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+        def alive_then(check: Callable[[], T]) -> T:
+            state = _job(env, job).get("JobState")
+            assert state in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", None), f"job {job} is {state}"
+            return check()
+        return _wait_until(lambda: alive_then(predicate), timeout, what, interval)
+
+    _wait_for(lambda: _starts(out) and "Epoch 0" in out.read_text(), 300, "the job to train at 4 GPUs")
+    assert _starts(out)[-1][1] == 4, out.read_text()[-2000:]
+    time.sleep(5)                                     # some steps at 4 GPUs (and a periodic checkpoint)
+    local.node_down("n2", mark_down=True)
+    _wait_for(lambda: len(_starts(out)) >= 2 and "Epoch" in out.read_text().split("restart")[-1], 300,
+              "the job to train again after losing n2")
+    assert _starts(out)[-1][1] == 2, _starts(out)
+    time.sleep(5)
+    local.node_up("n2")
+    _wait_for(lambda: len(_starts(out)) >= 3, 300, "the job to grow back")
+    restart, gpus = _starts(out)[-1]
+    assert gpus == 4, _starts(out)
+    # The grow was a signalled restart: its ACK names the step the next incarnation continues at.
+    ack_file = Path(protocol.ack_path(str(ck), str(job), job, restart - 1))
+    ack = json.loads(_wait_for(lambda: ack_file.exists() and ack_file.read_text(), 60, "the grow's ACK"))
+    assert ack["committed"] and ack["world_size"] == 2, ack
+    line = _resumes_at(ack["step"], world=4)
+    _wait_for(lambda: line in out.read_text().split(f"restart {restart}:")[-1], 300,
+              f"the 4-GPU incarnation to continue at step {ack['step']} ({line.strip()!r}): 0 steps lost")
+    print(f"incarnations (restart, GPUs): {_starts(out)}; grow ACK: {ack}")
