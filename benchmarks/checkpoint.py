@@ -1,7 +1,10 @@
-"""Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save.
+"""Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save / jit.
 
 Every mode checkpoints after every optimizer step (layer.skip: whenever its writer is free).
 layer uses the store's default checksum (xxh3-128), layer.sha256 the same with sha256.
+jit takes no periodic checkpoint: only the per-step bookkeeping that lets survivors of a
+peer loss commit just in time, and the heartbeat; its jit_commit_s is what that commit costs
+(replica digest plus writing every group from one rank).
 Modes run one after another; the baseline runs first and last. Reported per mode: mean
 step time, overhead against no checkpointing, training stall per checkpoint
 (time the training thread spends on it), bytes written per second against
@@ -26,6 +29,7 @@ import statistics
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -35,6 +39,8 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_elastic.train.checkpointer import LayerCheckpointer, load_into
+from slurm_elastic.train.peers import Liveness, RunDirectory
+from slurm_elastic.train.rng import capture_rng_raw
 from slurm_elastic.train.store import CheckpointStore
 
 
@@ -145,6 +151,42 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
 
         after_step, finish, restore = after_layer, finish_layer, restore_layer
 
+    elif mode == "jit":
+        # No periodic checkpoint: only what the session does every step so that a peer
+        # loss can be committed just in time (the boundary bookkeeping under the state
+        # lock, the generators' states) and the liveness thread's heartbeat once a second.
+        store = CheckpointStore(os.path.join(work, "job"), keep=1)
+        ck = LayerCheckpointer(model, opt, store, group_bytes=args.group_mb << 20)
+        run = RunDirectory(work, "bench", 0, 0)
+        run.create()
+        live = Liveness(run, rank=0, world_size=2, node="bench", watch=1, on_lost=lambda reason: None)
+        live.start()
+        lock = threading.Lock()
+
+        def after_jit(step: int) -> None:
+            with lock:
+                ck.mark_boundary()
+                capture_rng_raw()
+
+        def finish_jit() -> None:
+            live.stop()
+            ck.close()
+
+        def restore_jit() -> float:
+            # What a peer loss costs the committing survivor: its replica state (with digest)
+            # written as one step, from this one rank.
+            t0 = time.monotonic()
+            state = ck.replica_state()
+            store.begin_step(1)
+            records = ck.write_replica(1, state, rank=0)
+            store.commit(1, {"samples_consumed": 0, "world_size": 1, "global_batch": 1,
+                             "model_fingerprint": "bench", "files": [r.to_json() for r in records]})
+            jit_commit_s.append(time.monotonic() - t0)
+            return float("nan")
+
+        jit_commit_s: list[float] = []
+        after_step, finish, restore = after_jit, finish_jit, restore_jit
+
     elif mode == "torch.save":
         path = os.path.join(work, "ckpt.pt")
 
@@ -237,9 +279,12 @@ def run_mode(mode: str, args: argparse.Namespace, root: str) -> Iterator[dict[st
         "checkpoint_mb": written / len(writes) / 1e6 if writes else 0.0,
         "copied_mb": sum(copied) / len(copied) / 1e6 if copied else None,
         "write_mb_per_s": written / write_s / 1e6 if write_s else None,
-        "restore_cache": (_drop_caches(args) if mode != "none" else None),
-        "restore_s": restore() if mode != "none" else None,
+        "restore_cache": (_drop_caches(args) if mode not in ("none", "jit") else None),
+        "restore_s": restore() if mode not in ("none", "jit") else None,
     }
+    if mode == "jit":
+        restore()
+        row["jit_commit_s"] = jit_commit_s[0]   # the restore column has nothing to say here
     shutil.rmtree(work, ignore_errors=True)
     yield row
 
@@ -340,12 +385,13 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     cols = ["mode", "step_ms", "overhead_pct", "cpu_s_per_step", "stall_ms", "write_wait_ms", "stall_vs_torch_save_pct",
-            "checkpoints", "checkpoint_mb", "copied_mb", "write_mb_per_s", "dd_mb_per_s", "dd_direct_mb_per_s", "restore_s"]
+            "checkpoints", "checkpoint_mb", "copied_mb", "write_mb_per_s", "dd_mb_per_s", "dd_direct_mb_per_s", "restore_s",
+            "jit_commit_s"]
     print(f"{rows[0]['params_m']:.1f}M parameters, {args.steps} measured steps per mode, "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
     print("  ".join(f"{c[:14]:>14}" for c in cols))
     for r in rows:
-        print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
+        print("  ".join(f"{_fmt(r.get(c)):>14}" for c in cols))
     if args.repeat > 1:
         print(f"\nmedian over {args.repeat} repeats (overhead against each repeat's own baseline):")
         for mode in dict.fromkeys(r["mode"] for r in rows if r["mode"] != "none"):
