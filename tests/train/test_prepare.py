@@ -246,6 +246,42 @@ def test_tutorial_resumes_exactly_across_4_2_3_ranks(tmp_path: Path) -> None:
     assert worst <= 1e-9, worst
 
 
+def test_the_original_tutorial_runs_as_written_under_torchrun_variables(tmp_path: Path) -> None:
+    from .launch import free_port
+
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(TUTORIAL / "multigpu_torchrun.py"), "1", "1",
+                                       "--snapshot_path", str(tmp_path / "snapshot.pt")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results = wait_ranks(procs, timeout=600)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-3000:]
+    # DistributedSampler: 1797 samples over 2 ranks, 4 per batch
+    assert "[RANK0] Epoch 0 | Batchsize: 4 | Steps: 225" in results[0].stdout, results[0].stdout[-2000:]
+    assert torch.load(tmp_path / "snapshot.pt", weights_only=True)["EPOCHS_RUN"] == 1
+
+
+def test_a_lost_rank_ends_the_others_with_86_and_their_output_is_kept(tmp_path: Path) -> None:
+    procs = start_ranks("multigpu_elastic", ["50", "1", "--snapshot_path", str(tmp_path / "snapshot.pt")],
+                        world_size=3, job_id="314", extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
+    assert procs[0].stdout is not None
+    head = []
+    for line in procs[0].stdout:
+        head.append(line)
+        if "[RANK0] Epoch 0" in line:
+            break
+    procs[2].kill()
+    results = wait_ranks(procs, timeout=600)
+    outs = ["".join(head) + results[0].stdout, results[1].stdout]
+    for rank, (r, out) in enumerate(zip(results[:2], outs)):
+        assert r.returncode == protocol.PEER_LOST_EXIT_CODE, out[-3000:]
+        assert f"[RANK{rank}] Epoch 0 | Batchsize: 4 | Steps: " in out, out[-3000:]
+
+
 def _resumes_at(step: int, *, world: int) -> str:
     """The tutorial's own epoch line when its loader continues at `step`: the rest of that epoch's batches."""
     digits, global_batch, micro = 1797, 48, 4
