@@ -67,8 +67,12 @@ def _as_user(cluster: Any, user: str, argv: list[str], *, extra: dict[str, str] 
 
 
 def _submit_small_as(cluster: Any, user: str, *, step_s: str) -> int:
-    """An elastic 4-8 GPU job of `user` started at 4 GPUs (raw sbatch), so a controller plans a grow to 8."""
-    spec = ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(cluster.root / "ckpt"))
+    """An elastic 6-8 GPU job of `user` started at 4 GPUs (raw sbatch), so a controller plans a grow to 8.
+
+    Below its minimum on purpose: an unmeasured job within its range keeps its size until it has
+    written metrics (control/requests.py), and these trainers are too slow to write any.
+    """
+    spec = ElasticSpec(6, 8, gpu_step=2, ckpt_dir=str(cluster.root / "ckpt"))
     proc = _as_user(cluster, user, [
         "sbatch", "--parsable", f"--comment={spec.to_comment()}", "-N1", "--gres=gpu:4", "--cpus-per-gpu=1",
         "--mem-per-gpu=1024M", "--requeue", f"--output={cluster.root / 'out'}/%j.out",
