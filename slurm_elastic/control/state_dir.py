@@ -331,7 +331,7 @@ def read_heartbeat(directory: Path) -> Heartbeat | None:
                              uid=st.st_uid)
         finally:
             os.close(fd)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     finally:
         os.close(dir_fd)

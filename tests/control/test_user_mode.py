@@ -208,3 +208,11 @@ def test_a_busy_lock_whose_file_names_a_dead_pid_names_the_real_holder(tmp_path)
         holder.wait(30)
     assert f"held by pid {holder.pid}" in str(busy.value)
     assert f"names pid {gone.pid}, which is not running" in str(busy.value)
+
+
+@pytest.mark.parametrize("body", ["[" * 2000 + "]" * 2000, '{"pid": "x"}', "[1, 2]", '{"pid": 1, "host": "h", "at": NaN, '
+                                  '"interval_s": 10}', "\x00\xff" * 100])
+def test_a_damaged_heartbeat_reads_as_no_heartbeat(tmp_path, body):
+    (tmp_path / HEARTBEAT_FILE).write_text(body, errors="surrogateescape")
+    beat = read_heartbeat(tmp_path)
+    assert beat is None or not beat.fresh()
