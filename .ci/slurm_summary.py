@@ -20,7 +20,7 @@ from pathlib import Path
 # Skip reasons of tests/conftest.py and tests/control/conftest.py meaning "there was no live Slurm".
 NO_CLUSTER_SKIPS = ("Slurm is not installed", "Slurm client commands are not installed", "needs root")
 PYTEST_RC = {1: "tests failed", 2: "interrupted", 3: "internal error", 4: "usage error",
-             5: "collected no tests", 124: "timed out", 137: "killed"}
+             5: "collected no tests", 124: "timed out", 137: "killed", 143: "stopped"}
 
 
 @dataclass(frozen=True, slots=True)
