@@ -79,9 +79,9 @@ class ElasticLoop:
         if not dist.is_initialized():
             # One rank too: a torchrun-ready script builds its DistributedSampler and DDP on a
             # process group, and the same script must run when the job shrinks to one GPU.
-            env = self.session.env
+            # One process: an in-process store, no port to find or to collide on.
             dist.init_process_group(self.session.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-                                    init_method=env.init_method, rank=env.rank, world_size=env.world_size)
+                                    store=dist.HashStore(), rank=0, world_size=1)
             self._own_group = True
         self._had_group = dist.is_initialized()
         _export_torch_env(self.session.env)
@@ -560,7 +560,9 @@ def _export_torch_env(env: JobEnvironment) -> None:
         return
     os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank),
                        "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
-                       "MASTER_ADDR": env.master_addr, "MASTER_PORT": str(env.master_port)})
+                       "MASTER_ADDR": env.master_addr})
+    if env.master_port:     # else the ranks met through the job directory's rendezvous, on a port of its own
+        os.environ["MASTER_PORT"] = str(env.master_port)
 
 
 def _line_buffered() -> None:
