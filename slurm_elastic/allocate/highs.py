@@ -143,6 +143,24 @@ class MilpResult:
     time_limited: bool
 
 
+_scheduler_threads: int | None = None
+
+
+def _use_threads(h: highspy.Highs, threads: int) -> None:
+    """Set HiGHS's thread count, resetting its process-wide scheduler when it was started with another.
+
+    HiGHS starts one task scheduler per process on the first MIP run; a later run asking for a
+    different count fails at once with model status "Not Set" (seen in the simulator: every MIP
+    with threads=1 after a first run with the default fell back to greedy).
+    """
+    global _scheduler_threads
+    with _banner_lock:
+        if _scheduler_threads != threads:
+            h.resetThreadScheduler(True)   # blocking: wait for the old workers
+            _scheduler_threads = threads
+    h.setOptionValue("threads", threads)
+
+
 def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int | None = None,
           warm: np.ndarray | None = None, relax: bool = False) -> MilpResult:
     """Pass the model in one call, warm-start it if a point is given, and solve (`relax`: its LP relaxation)."""
@@ -151,7 +169,7 @@ def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int
     h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     if threads:
-        h.setOptionValue("threads", int(threads))
+        _use_threads(h, int(threads))
     lp = highspy.HighsLp()
     lp.num_col_ = model.ncol
     lp.num_row_ = model.nrow

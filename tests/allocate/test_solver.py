@@ -74,3 +74,15 @@ def test_real_time_limit_returns_highs_incumbent():
     assert alloc.bound > alloc.objective and alloc.mip_gap > 0
     two = solve(problem, mode="two-stage")
     assert alloc.objective >= two.objective - 1e-9       # the incumbent starts from the two-stage answer
+
+
+def test_a_thread_count_other_than_the_first_runs_still_solves():
+    # HiGHS keeps one scheduler per process: a run asking for another thread count used to fail at once
+    # ("Not Set") and every such solve fell back to greedy.
+    from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve
+
+    nodes = tuple(NodeCapacity(f"n{i}", 4, 48, 196608) for i in range(4))
+    jobs = tuple(JobRequest(f"j{i}", 1, 8, current={f"n{i}": 1}) for i in range(4))
+    for threads in (2, 1, 2, None):
+        allocation = solve(AllocationProblem(jobs, nodes, Policy(time_limit_s=5.0, threads=threads)))
+        assert allocation.method.startswith("milp"), (threads, allocation.notes)
