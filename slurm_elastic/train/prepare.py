@@ -79,7 +79,7 @@ class ElasticLoop:
         if not dist.is_initialized():
             # One rank too: a torchrun-ready script builds its DistributedSampler and DDP on a
             # process group, and the same script must run when the job shrinks to one GPU.
-            # One process: an in-process store, no port to find or to collide on.
+            # An in-process store: no port to find or to collide on.
             dist.init_process_group(self.session.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
                                     store=dist.HashStore(), rank=0, world_size=1)
             self._own_group = True
@@ -206,7 +206,9 @@ class ElasticLoop:
         if isinstance(model, FSDPModule):
             # FSDP2 reduce-scatters the accumulated (summed) micro-batch gradients once;
             # dividing by world x accumulation makes that the global-batch mean.
-            model.set_gradient_divide_factor(float(self.world_size * a))
+            for module in model.modules():     # the factor is per FSDP module, it does not recurse
+                if isinstance(module, FSDPModule):
+                    module.set_gradient_divide_factor(float(self.world_size * a))
             self._sync_target = model
             return model
         if a > 1:
@@ -320,8 +322,8 @@ class ElasticLoop:
         sys.excepthook = self._previous_excepthook
         _flush()   # the session may os._exit, which drops block-buffered output
         self.session.__exit__(type(exc), exc, exc.__traceback__)
-        if self._own_group and isinstance(exc, SystemExit) and dist.is_initialized():
-            dist.destroy_process_group()   # as the session does with its own group
+        if self._own_group and dist.is_initialized():
+            dist.destroy_process_group()   # one rank: no peer it could hang on
         _flush()
 
     def _excepthook(self, exc_type: Any, exc: BaseException, tb: Any) -> None:

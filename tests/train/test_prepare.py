@@ -282,6 +282,20 @@ def test_a_lost_rank_ends_the_others_with_86_and_their_output_is_kept(tmp_path: 
         assert f"[RANK{rank}] Epoch 0 | Batchsize: 4 | Steps: " in out, out[-3000:]
 
 
+def test_fsdp2_through_the_loop_matches_ddp_at_another_world_size(tmp_path: Path) -> None:
+    final = {}
+    for mode, world in (("ddp", 2), ("fsdp", 3)):
+        out = tmp_path / f"{mode}.json"
+        for r in wait_ranks(start_ranks("loop_fsdp", [str(out), mode], world_size=world, job_id=f"40{world}",
+                                        extra_env=_tutorial_env(tmp_path / mode)), timeout=600):
+            assert r.returncode == 0, r.stdout[-3000:]
+        final[mode] = _json(str(out))
+    assert final["ddp"]["step"] == final["fsdp"]["step"] == 38
+    a, b = (sum((final[m]["params"][k] for k in sorted(final[m]["params"])), []) for m in ("ddp", "fsdp"))
+    assert len(a) == len(b)
+    assert max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b) if abs(x) > 1e-8) <= 1e-9
+
+
 def _resumes_at(step: int, *, world: int) -> str:
     """The tutorial's own epoch line when its loader continues at `step`: the rest of that epoch's batches."""
     digits, global_batch, micro = 1797, 48, 4
