@@ -344,11 +344,13 @@ class MeasuredRequests:
         if job.state is JobState.RUNNING and self._preempted.get(job.job_id, 0) >= 1:
             must_run = True
             notes.append("preempted before: not taken to zero again while it runs")
-        # beta * kappa per GPU changed = the share of this job's throughput term a restart of
-        # `restart` seconds loses over a size held `hold_s` (linear approximation): the same units as
-        # the throughput term, whatever the weight.
+        # beta * kappa per GPU changed = the share of the throughput term a restart of `restart` seconds
+        # loses over a size held `hold_s` (linear approximation), at this job's weight but never below the
+        # neutral 1: scaled by a small remaining-time weight, restarts of long jobs were nearly free and
+        # they were resized again and again (yolov3: 27 restarts each on workload 1).
         total_w = spec.weight * weight
-        kappa = restart * total_w / (max(policy.beta, 1e-12) * s.hold_s * spec.max_gpus) if policy.beta > 0 else restart
+        charge_w = spec.weight * max(weight, 1.0)
+        kappa = (restart * charge_w / (policy.beta * s.hold_s * spec.max_gpus)) if policy.beta > 0 else restart
         notes.append(f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""))
         req = job_request(job, restart_cost_s=kappa, throughput=model, weight=weight, allowed_gpus=allowed,
                           must_run=must_run)
