@@ -245,6 +245,11 @@ class RequeueProtocol:
             return self._abandon(rec, str(gone), f"at {step}")
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")
+        except Exception as exc:
+            # A programming error is not a Slurm outage: release the job first (never leave it held
+            # until the next recovery), then let it surface.
+            self._roll_back(rec, f"internal error: {exc!r}")
+            raise
         return None
 
     def _hold(self, rec: PlanRecord, *, fresh: bool) -> str | None:

@@ -102,6 +102,19 @@ def test_a_refused_resize_rolls_back_and_leaves_the_job_released(setup):
     assert journal.open_plans() == []
 
 
+def test_a_programming_error_in_a_step_releases_the_job_then_surfaces(setup, monkeypatch):
+    slurm, job_id, journal = setup
+
+    def broken(*args, **kwargs):
+        raise NameError("name 'val' is not defined")   # as pyslurm 24.11's memory_per_gpu setter
+
+    monkeypatch.setattr(slurm, "set_resources", broken)
+    with pytest.raises(NameError):
+        _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert not slurm.jobs[job_id].held, "a crash in the resize step must not leave the job held"
+    assert journal.open_plans() == []
+
+
 # Queued (here: requeued by Slurm) jobs are not signalled, so they have no signal/ack steps.
 CRASH_POINTS = [("running", s) for s in STEPS] + [("requeued", s) for s in STEPS if s not in ("signal", "ack")]
 
