@@ -483,15 +483,15 @@ class LocalCluster:
         version = detect_version()
         _write_text(changed.slurm_conf, render_slurm_conf(changed, version))
         _write_text(changed.layout_file, changed.to_json())
-        self.slurm("scontrol", "reconfigure")
-        _wait_until(lambda: self.slurmd_timeout_in_effect() == seconds, 30.0,
+        self.slurm("scontrol", "reconfigure", timeout=60.0)
+        _wait_until(lambda: self.slurmd_timeout_in_effect() == seconds, 60.0,
                     f"slurmctld did not take SlurmdTimeout={seconds} after reconfigure; see {layout.ctld_log}")
         log.info("SlurmdTimeout %d s -> %d s", old, seconds)
         return old
 
     def slurmd_timeout_in_effect(self) -> int | None:
         """SlurmdTimeout as slurmctld reports it (`scontrol show config`), in seconds."""
-        for line in self.slurm("scontrol", "show", "config").stdout.splitlines():
+        for line in self.slurm("scontrol", "show", "config", timeout=60.0).stdout.splitlines():
             key, _, value = line.partition("=")
             if key.strip() == "SlurmdTimeout":
                 number = value.strip().split()[0] if value.strip() else ""

@@ -83,7 +83,7 @@ def _probe_conf(tmp_path: Path) -> dict[str, str]:
 
 
 def _sbatch(env: dict[str, str], *args: str) -> str:
-    proc = subprocess.run(["sbatch", *args], env=env, capture_output=True, text=True, timeout=30,
+    proc = subprocess.run(["sbatch", *args], env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL)
     return (proc.stderr + proc.stdout).splitlines()[0] if (proc.stderr + proc.stdout).strip() else ""
 

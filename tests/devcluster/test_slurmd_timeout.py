@@ -53,7 +53,7 @@ def test_shared_cluster_is_long_and_a_node_killed_for_slurm_to_notice_gets_the_s
         local.node_down(victim)
         assert local.slurmd_timeout_in_effect() == NODE_FAILURE_SLURMD_TIMEOUT_S
         state = slurm_cluster.wait_for(lambda: (s := slurm_cluster.node_state(victim)).startswith("DOWN") and s,
-                                       120, what=f"Slurm to mark {victim} DOWN")
+                                       180, what=f"Slurm to mark {victim} DOWN")
         assert "NOT_RESPONDING" in state
     finally:
         slurm_cluster.restore()

@@ -87,7 +87,7 @@ def test_refused_options_are_refused_in_every_spelling_and_nothing_is_queued(
     script.write_text(_script(*directives))
     argv = [str(CLI), "sbatch", "--gpus", "1-2", f"--job-name={name}", "-o", str(tmp_path / "out"), *options,
             str(script)]
-    proc = subprocess.run(argv, env={**slurm_cluster.env, **env}, capture_output=True, text=True, timeout=120,
+    proc = subprocess.run(argv, env={**slurm_cluster.env, **env}, capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     try:
         time.sleep(0.5)
@@ -115,12 +115,12 @@ def _job_environment(slurm_cluster: Any, tmp_path: Path, options: list[str], dir
             *options, str(script)]
     env = {**slurm_cluster.env, "INPUTSEC_CALLER": "1"}
     env.pop("SLURM_ELASTIC_CKPT_DIR", None)
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     job = int(proc.stdout.strip().split(";")[0])
     try:
         slurm_cluster.wait_for(lambda: out.exists() and slurm_cluster.job(job).get("JobState") == "COMPLETED",
-                               120, what=f"job {job} to write its environment")
+                               300, what=f"job {job} to write its environment")
     finally:
         slurm_cluster.cancel(job)
     return set(out.read_text().split())
@@ -186,7 +186,7 @@ def test_cluster_commands_by_a_non_root_user_are_one_line_and_change_nothing(
     args = [part.format(node=node, spare=(slurm_cluster.spares or ("",))[0]) for part in command]
     user = user_pythons("se-inputsec")
     proc = subprocess.run(user.cli_argv("cluster", *args, "--state-dir", str(local.state_dir)), capture_output=True,
-                          text=True, timeout=120, cwd="/", env=_user_env())
+                          text=True, timeout=300, cwd="/", env=_user_env())
     assert proc.returncode != 0, proc.stdout
     assert "must run as root" in _one_error_line(proc.stderr)
     after = local.status()
@@ -271,10 +271,11 @@ def _run_sbatch(path: Path, cwd: Path, argv_prefix: list[str] | None = None) -> 
     argv = [*(argv_prefix or [str(CLI)]), "sbatch", "--gpus", "1-2", str(path)]
     try:
         # The refusal needs no Slurm: a wrong SLURM_CONF makes any Slurm call fail loudly.
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd,
+        # Generous for a loaded machine (the refusal takes ~3 s there); the old code waited forever.
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=cwd,
                               env={**_user_env(), "SLURM_CONF": "/nonexistent/slurm.conf"})
     except subprocess.TimeoutExpired:
-        pytest.fail(f"`slurm-elastic sbatch {path}` hung for 60 s instead of refusing")
+        pytest.fail(f"`slurm-elastic sbatch {path}` hung for 180 s instead of refusing")
 
 
 def test_a_named_pipe_as_batch_script_is_refused_without_hanging(tmp_path: Path) -> None:
