@@ -70,7 +70,8 @@ def test_ddp_template_resumes_exactly_across_gpu_counts(slurm_cluster, tmp_path:
     partition = ["-p", slurm_cluster.partition] if slurm_cluster.partition else []
     out = slurm_cluster.run("sbatch", "--parsable", *partition, "-N2", "--gres=gpu:2", "--cpus-per-gpu=1",
                             "--mem=2G", f"--chdir={tmp_path}", f"--output={tmp_path}/out-%j.txt",
-                            f"--export=ALL,SLURM_ELASTIC_CKPT_DIR={ck},SLURM_ELASTIC_REQUEUE_WAIT_S=300",
+                            f"--export=ALL,SLURM_ELASTIC_CKPT_DIR={ck},SLURM_ELASTIC_REQUEUE_WAIT_S=300,"
+                            f"SLURM_ELASTIC_PYTHON={sys.executable}",
                             str(TEMPLATE), *TRAIN, "--loss-log", str(log)).stdout
     job = int(out.strip().split(";")[0])
     try:
