@@ -16,6 +16,7 @@ from slurm_elastic.devcluster.layout import (
     DEFAULT_PORT_BASE,
     DEFAULT_SLURMD_TIMEOUT_S,
     MAX_SLURMD_TIMEOUT_S,
+    UnusableStateDir,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,7 +50,7 @@ def _bad_input(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (UnknownNode, ClusterAlreadyUp) as exc:
+        except (UnknownNode, ClusterAlreadyUp, UnusableStateDir) as exc:
             raise click.UsageError(str(exc)) from None
 
     return wrapper  # type: ignore[return-value]

@@ -294,11 +294,15 @@ def _check_types(layout: ClusterLayout) -> None:
             raise ClusterSetupError(f"{name} {getattr(layout, name)!r} is not a plain Slurm name")
 
 
+class UnusableStateDir(ClusterSetupError):
+    """A state directory the user chose that slurm.conf cannot hold (bad input)."""
+
+
 def check_state_dir(state_dir: Path) -> None:
     """Refuse a state directory that slurm.conf cannot hold (see _SAFE_PATH), before anything is created."""
     text = str(state_dir)
     if not _SAFE_PATH.fullmatch(text):
         bad = sorted({ch for ch in text if not re.fullmatch(r"[A-Za-z0-9._/+@-]", ch)})
         shown = " ".join(repr(ch) for ch in bad) or "a relative path"
-        raise ClusterSetupError(f"state directory {text!r} cannot be written into slurm.conf ({shown}); "
+        raise UnusableStateDir(f"state directory {text!r} cannot be written into slurm.conf ({shown}); "
                                 "choose a path of letters, digits and ._/+@- only")
