@@ -1,6 +1,6 @@
 """How long the simulator takes on the 160-job Pollux workloads, per policy (goal: l1 under 60 s).
 
-    python3 benchmarks/simulate_speed.py [--workload PATH ...] [--policy l1] [--json]
+    python3 benchmarks/simulate_speed.py [--workload PATH ...] [--policy controller] [--json]
 
 The machine is shared: note its load (printed) next to any figure you quote; CPU seconds (this
 process, HiGHS included: the l1 policy solves single-threaded) are less sensitive to other load.
