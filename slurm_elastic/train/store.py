@@ -22,6 +22,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -73,6 +74,9 @@ READ_WORKERS = 4
 WRITING_PREFIX = "writing-"
 _WRITING_RE = re.compile(re.escape(WRITING_PREFIX) + r"([0-9]{10,18})-([A-Za-z0-9._-]{1,80})")
 _LATEST_MAX_BYTES = 64
+# Another job's writing directory (a job key reused) counts as abandoned after this long untouched:
+# every file renamed into it updates its mtime, and no step takes hours between two files.
+ABANDONED_AFTER_S = 6 * 3600
 # Temp files of the job directory that the store itself writes (others' files are not its to collect).
 _OWN_TEMPS = (protocol.LATEST_FILE + ".tmp-", OWNER_FILE + ".tmp-")
 
@@ -246,14 +250,15 @@ class CheckpointStore:
         finally:
             os.close(dfd)
         self._check_writer(jd, f"commit step {step}")
-        self._rename_into_place(jd, writing, protocol.step_dir_name(step))
+        self._rename_into_place(jd, step, writing, body)
         self._writing.discard(step)
         self._last_commit = step if self._last_commit is None else max(self._last_commit, step)
         # LATEST's directory fsync also makes the step's rename durable.
         jd.write_atomic(jd.fd, protocol.LATEST_FILE, (protocol.step_dir_name(step) + "\n").encode())
         self.apply_retention()
 
-    def _rename_into_place(self, jd: JobDir, writing: str, final: str) -> None:
+    def _rename_into_place(self, jd: JobDir, step: int, writing: str, body: Mapping[str, Any]) -> None:
+        final = protocol.step_dir_name(step)
         try:
             os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
             return
@@ -261,12 +266,29 @@ class CheckpointStore:
             if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 # ENOTDIR: a file or a link sits where the step goes; it is never replaced or followed.
                 raise OSError(exc.errno, f"cannot commit: {exc.strerror}", jd.where(final)) from None
-        if self._is_committed(jd, final):
-            raise FileExistsError(errno.EEXIST, "a committed step of that number exists (another incarnation's?)",
-                                  jd.where(final))
-        # An uncommitted leftover under the final name (a crash halfway through retention): collect it.
-        jd.remove_tree(final)
-        os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
+        if not self._is_committed(jd, final):
+            # An uncommitted leftover under the final name (a crash halfway through retention): collect it.
+            jd.remove_tree(final)
+            os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
+            return
+        try:
+            existing = self.read_manifest(step)
+        except CheckpointError as exc:
+            # A damaged step of that number: this complete one takes its place.
+            log.warning("replacing damaged checkpoint %s: %s", jd.where(final), exc)
+            aside = writing_dir_name(step, self.writer.tag + "-damaged")
+            jd.remove_tree(aside)
+            os.rename(final, aside, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
+            os.rename(writing, final, src_dir_fd=jd.fd, dst_dir_fd=jd.fd)
+            jd.remove_tree(aside)
+            return
+        if all(existing.get(k) == body.get(k) for k in ("samples_consumed", "global_batch", "model_fingerprint")):
+            # The same step of the same run (checkpoint_now right after a periodic checkpoint, or a
+            # resume that commits the step it restored): that state is committed already.
+            log.debug("step %d is committed already; keeping %s", step, jd.where(final))
+            jd.remove_tree(writing)
+            return
+        raise FileExistsError(errno.EEXIST, "a different committed step of that number exists", jd.where(final))
 
     def discard_step(self, step: int) -> None:
         """Remove this incarnation's uncommitted directory of `step` (after a failed write); nothing else."""
@@ -315,11 +337,24 @@ class CheckpointStore:
                 # interrupted or stale writes; newer ones may still be in progress.
                 if step is not None and step < newest and step not in committed:
                     jd.remove_tree(name)
-                elif writing is not None and writing[0] < newest:
+                elif writing is not None and writing[0] < newest and self._is_dead_writing(writing[1], st):
                     jd.remove_tree(name)
             elif stat.S_ISREG(st.st_mode) and name.startswith(_OWN_TEMPS) and f".tmp-{os.getpid()}-" not in name:
                 # A LATEST or owner-file temp of a writer killed mid-write (this one is the writer now).
                 jd.unlink_quietly(jd.fd, name)
+
+    def _is_dead_writing(self, tag: str, st: os.stat_result) -> bool:
+        """Whether a writing directory's incarnation can no longer commit it: this one (an aborted
+        write), an older incarnation of the same job (fenced off), or one untouched for hours.
+        A newer incarnation's may be in flight while it has not claimed the directory yet."""
+        me = self.writer
+        if tag == me.tag or tag.startswith(me.tag + "-"):   # this incarnation's (or a damaged step it moved aside)
+            return True
+        job, _, restart = tag.rpartition(".r")
+        my_job = me.tag.rpartition(".r")[0]
+        if job == my_job and restart.isdigit():
+            return int(restart) < me.restart_count
+        return time.time() - st.st_mtime > ABANDONED_AFTER_S
 
     def append_metrics(self, row: Mapping[str, Any]) -> None:
         line = (json.dumps(dict(row), sort_keys=True) + "\n").encode()

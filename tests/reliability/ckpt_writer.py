@@ -59,14 +59,15 @@ def build_model() -> Any:
 
 
 def train_forever(root: str, job_id: str, trace_path: str | None, keep: int, job_name: str = "same-name",
-                  steps: int = 10**9, restart_count: int | None = None) -> int:
+                  steps: int = 10**9, restart_count: int | None = None, wait: bool = False) -> int:
     """Train and checkpoint every step until killed (or `steps`), resuming from the newest complete step.
 
     With a trace (a child process) the store is instrumented; without one
     (in the test process) it is left alone. Returns the last committed step.
     `restart_count` (for a child process: it sets SLURM_JOB_ID and SLURM_RESTART_COUNT,
     which is where the store reads its incarnation from) makes this process that
-    incarnation of the job.
+    incarnation of the job. `wait` commits every step (no snapshot skipped while the previous
+    one is still being written).
     """
     import torch
 
@@ -88,7 +89,12 @@ def train_forever(root: str, job_id: str, trace_path: str | None, keep: int, job
     x = torch.randn(64, 6, generator=gen, dtype=torch.float64)
     y = x.sum(1, keepdim=True)
     model = build_model()
-    with ElasticSession(ckpt_dir=root, env=env, every_steps=1, keep=keep, metrics_every_s=0.0) as s:
+    with ElasticSession(ckpt_dir=root, env=env, every_steps=1, keep=keep, metrics_every_s=0.0,
+                        wait_for_previous=wait) as s:
+        if restart_count is not None:
+            # Take the job directory over before choosing the step to resume from (what the session's
+            # rank 0 should do at start); a store from before writer identities has no claim.
+            getattr(s.store, "claim", lambda: None)()
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         s.attach(model, opt, global_batch=16, micro_batch=16, dataset_size=len(x), group_bytes=1)
         if fd >= 0:
