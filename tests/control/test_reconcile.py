@@ -117,3 +117,17 @@ def test_dry_run_changes_nothing(three, tmp_path):
     report = rec.cycle(dry_run=True)
     assert report.plans and slurm.jobs == before and slurm.calls == []
     assert rec.journal.plans() == []
+
+
+def test_the_decision_step_alone_touches_nothing_and_record_applied_feeds_hysteresis(tmp_path):
+    slurm = FakeSlurm()
+    job = slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=1)
+    rec, clock = _reconciler(slurm, tmp_path, min_resize_interval_s=300)
+    state = slurm.snapshot()
+    decision = rec.decide(state, clock())
+    assert [(p.job_id, p.from_gpus, p.to_gpus) for p in decision.plans] == [(job, 1, 8)]
+    assert slurm.calls == [] and rec.journal.plans() == []          # nothing touched
+    assert sum(decision.allocation.placement[str(job)].values()) == 8
+    rec.record_applied(decision)                      # another simulator carried the plan out
+    again = rec.decide(state, clock() + 10)
+    assert job in again.pinned and again.plans == ()  # hysteresis sees it
