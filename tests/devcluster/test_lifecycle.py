@@ -74,6 +74,8 @@ def test_up_with_options_runs_a_job_and_down_leaves_nothing(short_dir: Path, tmp
 def test_up_refuses_busy_ports(short_dir: Path) -> None:
     base = _free_port_base(8)
     with socket.socket() as sock:
+        # As free_port_base judged the port: connections of an earlier cluster may linger in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", base + 5))  # n2's port
         sock.listen()
         with pytest.raises(ClusterSetupError, match=rf"{base + 5} \(n2's slurmd\)"):
