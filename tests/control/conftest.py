@@ -155,7 +155,9 @@ def elastic_cluster() -> Iterator[ElasticCluster]:
     lua.write_text(lua_source())
     local = LocalCluster(root / "cluster")
     try:
-        local.up(nodes=4, spares=0, port_base=_free_port_base(4), job_submit_lua=lua, timeout=60)
+        # A slurmd that load keeps from answering must not be declared dead: the node-loss tests here
+        # take nodes down themselves (mark_down), so they do not wait for SlurmdTimeout.
+        local.up(nodes=4, spares=0, port_base=_free_port_base(4), job_submit_lua=lua, timeout=60, slurmd_timeout=300)
     except ElasticError as exc:
         if local.exists():
             local.down()
