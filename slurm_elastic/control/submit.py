@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -76,6 +77,8 @@ REFUSED_IN_ENV = {
 EXPORT_ENV = "SBATCH_EXPORT"
 _HETJOB_WORDS = ("hetjob", "packjob")
 
+PYTHON_ENV = "SLURM_ELASTIC_PYTHON"   # the interpreter job_templates/*.sbatch run (read there only)
+
 
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
@@ -125,6 +128,9 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     options.update(elastic)  # the command line wins over #ELASTIC lines
     spec = spec_from_options(options)
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
+    # The job templates run this interpreter, which has slurm_elastic (and torch) - not whatever
+    # `python3` the job's PATH finds - unless the user named one.
+    env[PYTHON_ENV] = environ.get(PYTHON_ENV) or sys.executable
     _check_inherited(env, environ)
     # sbatch keeps the last --export it reads: the command line's, else the script's, else SBATCH_EXPORT.
     user_export = (exports or script_exports or [None])[-1]

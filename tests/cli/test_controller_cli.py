@@ -7,6 +7,7 @@ the live paths are in tests/control/test_live.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -113,7 +114,10 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
     assert "SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt" in line
     # sbatch's options pass on spelled out in full; the user's come last but for the two the
     # wrapper must have the last word on (--ignore-pbs, and the one merged --export).
-    assert line.endswith(f"--time=5 --ignore-pbs --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt {script} arg1")
+    # The interpreter the wrapper runs on is recorded for the job templates (unless the user set one).
+    python = os.environ.get("SLURM_ELASTIC_PYTHON") or sys.executable
+    assert line.endswith(f"--time=5 --ignore-pbs --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt,"
+                         f"SLURM_ELASTIC_PYTHON={python} {script} arg1")
     assert line.count("--export") == 1
     assert not slurm.jobs
 
