@@ -54,3 +54,29 @@ def test_a_lost_rank_makes_the_others_commit_and_exit_for_requeue(tmp_path: Path
     assert manifest["world_size"] == 3 and manifest["jit"]["lost"] == [{"rank": 2, "node": "nodeB"}]
     print(f"{how}: detected {report.detected_at - lost_at:.1f} s after the loss, survivors gone after "
           f"{elapsed:.1f} s, committed step {latest} (last logged {last_logged})")
+
+
+def test_plain_fsdp_has_no_replica_to_commit_and_says_so(tmp_path: Path) -> None:
+    """Every FSDP rank holds a shard: with one rank gone its shard is gone, so the survivors commit
+    nothing, and the report says the last committed (periodic) checkpoint is the resume point."""
+    log = tmp_path / "loss.jsonl"
+    procs = start_ranks("slurm_elastic.train.examples.digits",
+                        ["--ckpt-dir", str(tmp_path), "--steps", "100000", "--every-steps", "5", "--step-sleep", "0.02",
+                         "--loss-log", str(log), "--timeout-s", "600", "--fsdp"], world_size=3, job_id="32",
+                        nodes=NODES)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 12):
+        time.sleep(0.2)
+    assert log.exists(), "training never started"
+    os.kill(procs[2].pid, signal.SIGKILL)
+    results = wait_ranks(procs[:2], timeout=290)
+    procs[2].wait()
+    assert [r.returncode for r in results] == [protocol.PEER_LOST_EXIT_CODE] * 2, results[0].stdout[-3000:]
+    job = tmp_path / "32"
+    report = protocol.PeerLostReport.parse((job / protocol.peer_lost_file_name("32", 0, 0)).read_bytes())
+    assert report.commit == "none" and report.agreed_step is None
+    assert "no survivor holds a full replica" in report.reason
+    latest = protocol.parse_step_dir_name((job / protocol.LATEST_FILE).read_text().strip())
+    assert latest is not None and latest % 5 == 0 and report.committed_step == latest
+    manifest = json.loads((job / protocol.step_dir_name(latest) / protocol.MANIFEST_FILE).read_text())
+    assert manifest["sharded"] and "jit" not in manifest
