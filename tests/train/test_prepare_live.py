@@ -110,8 +110,10 @@ def test_tutorial_script_shrinks_on_node_loss_and_grows_back_through_sbatch(smal
     daemon = subprocess.Popen([str(CLI), "-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0",
                                "--ack-timeout", "60"], env=env, stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT, text=True)
-    # SLURM_ELASTIC_PYTHON: what the wrapper records, or `module load slurm-elastic` provides.
-    job_env = {**env, "TUTORIAL_BATCH_DELAY": DELAY_S, "OMP_NUM_THREADS": "1", "SLURM_ELASTIC_PYTHON": sys.executable}
+    # No SLURM_ELASTIC_PYTHON here: the wrapper records its own interpreter and the template runs
+    # the bare `python` of the command with it, whatever python3 the job's PATH holds.
+    job_env = {k: v for k, v in env.items() if k != "SLURM_ELASTIC_PYTHON"}
+    job_env.update(TUTORIAL_BATCH_DELAY=DELAY_S, OMP_NUM_THREADS="1")
     submitted = subprocess.run(
         [str(CLI), "sbatch", "--parsable", "--gpus", "2-4", "--gpu-step", "2", f"--ckpt-dir={ck}",
          "--mem-per-gpu=1024M", f"--chdir={work}", f"--output={out}", "--open-mode=append",
