@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,7 @@ class LayerCheckpointer:
         # buffers then: the forward pass after it changes BatchNorm statistics in place.
         self._boundary_versions: list[tuple[str, torch.Tensor, int]] = []
         self._boundary_buffers: dict[str, torch.Tensor] = {}
+        self._boundary_event: Any = None
         self._writer = threading.Thread(target=self._write_loop, name="ckpt-writer", daemon=True)
         self._writer.start()
         module_of = {s.index: _slot_module(self.model, s) for s in self.slots}
@@ -327,6 +328,11 @@ class LayerCheckpointer:
                     buffers["buffer/" + fqn] = buf.detach().clone()
         self._boundary_versions = versions
         self._boundary_buffers = buffers
+        if versions and versions[0][1].device.type == "cuda":
+            # What a peer-loss handler copies must be the state these kernels produce, not
+            # wait for the collectives queued after them (which may never finish).
+            self._boundary_event = torch.cuda.Event()
+            self._boundary_event.record()
 
     def replica_state(self) -> ReplicaState:
         """The state as of the last `mark_boundary`, read from live memory (nothing may step
@@ -335,6 +341,18 @@ class LayerCheckpointer:
             return ReplicaState(False, False, "this rank holds a shard (FSDP), not a replica", {}, "")
         unclean = next((f"{key} changed since the last optimizer step" for key, t, v in self._boundary_versions
                         if t._version != v), None)
+        # On a GPU (not exercised on the CPU-only development machine) the copies run on a
+        # stream of their own that waits for the step boundary only.
+        stream = None
+        if self._boundary_event is not None:
+            stream = torch.cuda.Stream()
+            stream.wait_event(self._boundary_event)
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            groups = self._replica_groups()
+        digest = state_digest(kv for tensors in groups.values() for kv in tensors.items())
+        return ReplicaState(True, unclean is None, unclean, groups, digest)
+
+    def _replica_groups(self) -> dict[int, dict[str, torch.Tensor]]:
         groups: dict[int, dict[str, torch.Tensor]] = {}
         for g in self.groups:
             tensors: dict[str, torch.Tensor] = {}
@@ -352,8 +370,7 @@ class LayerCheckpointer:
                         elif type(value) in _PY_SCALAR_TAGS:
                             tensors[f"optimpy/{fqn}/{key}:{_PY_SCALAR_TAGS[type(value)]}"] = _encode_scalar(value)
             groups[g.index] = tensors
-        digest = state_digest(kv for tensors in groups.values() for kv in tensors.items())
-        return ReplicaState(True, unclean is None, unclean, groups, digest)
+        return groups
 
     def halt_writer(self, timeout_s: float) -> bool:
         """Let the writer finish the file it is on and write nothing after it (snapshots still

@@ -296,8 +296,9 @@ def decide(statuses: Mapping[int, Mapping[str, Any]], world_size: int, lost_node
                                   f"their states cannot be reconciled"}
     replicas = [r for r in survivors if statuses[r].get("replica")]
     if not replicas:
-        return {**body, "reason": "no survivor holds a full replica (sharded state): the lost ranks' shards "
-                                  "are gone; resuming from the last committed checkpoint"}
+        why = statuses[survivors[0]].get("unclean") or "sharded state"
+        return {**body, "reason": f"no survivor holds a full replica ({why}): resuming from the last committed "
+                                  f"checkpoint"}
     at_step = [r for r in replicas if int(statuses[r]["step"]) == agreed]
     clean = [r for r in at_step if statuses[r].get("clean")]
     if not clean:

@@ -190,3 +190,33 @@ def test_optimizer_with_foreign_parameters_is_refused(tmp_path: Path) -> None:
     opt = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
     with pytest.raises(CheckpointError, match="not part of the model"):
         LayerCheckpointer(model, opt, CheckpointStore(str(tmp_path)))
+
+
+def test_replica_state_is_the_step_boundary_even_after_the_next_forward(tmp_path: Path) -> None:
+    """What a just-in-time checkpoint writes: parameters, Adam state and BatchNorm statistics as of
+    the last optimizer step, though the next forward pass already moved the statistics in place."""
+    from slurm_elastic.train.checkpointer import state_digest
+
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    store = CheckpointStore(str(tmp_path / "job"))
+    ck = LayerCheckpointer(model, opt, store, group_bytes=1024)
+    _train_step(model, opt, 1)
+    ck.mark_boundary()
+    boundary = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(32, 8, dtype=torch.float64)).sum().backward()       # the next step's forward and backward
+    assert not torch.equal(model[1].running_mean, boundary["1.running_mean"])
+    state = ck.replica_state()
+    assert state.replica and state.clean
+    got = {k.partition("/")[2]: t for g in state.groups.values() for k, t in g.items() if k.startswith(("param/", "buffer/"))}
+    assert got.keys() == boundary.keys()
+    assert all(torch.equal(got[k], boundary[k]) for k in boundary)
+    ck.halt_writer(timeout_s=30)
+    records = ck.write_replica(1, state, rank=0)
+    on_disk = [kv for rec in records for kv in store.read_tensors(1, rec.to_json()).items()]
+    assert state_digest(on_disk) == state.digest
+    with torch.no_grad():
+        model[0].weight.mul_(2)                  # changed outside optimizer.step(): not the boundary any more
+    later = ck.replica_state()
+    assert not later.clean and "param/0.weight" in later.unclean and later.digest != state.digest
+    ck.close()
