@@ -1,4 +1,4 @@
-"""ElasticLoop: keep the user's epoch loop - `prepare()` wraps model, optimizer, scheduler and DataLoader around an ElasticSession.
+"""ElasticLoop: keep the user's epoch loop; `prepare()` wraps model, optimizer, scheduler, DataLoader on a session.
 
 The shape is HF Accelerate's (`model, optimizer, loader = loop.prepare(...)`);
 underneath is the ElasticSession step API, unchanged. What moves inside:

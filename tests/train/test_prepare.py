@@ -1,4 +1,4 @@
-"""ElasticLoop.prepare(): the user's epoch loop, made exact and resumable (in-process at one rank, and 4 -> 2 -> 3 ranks)."""
+"""ElasticLoop.prepare(): the user's epoch loop made exact and resumable (in-process at one rank; 4 -> 2 -> 3 ranks)."""
 
 from __future__ import annotations
 
@@ -267,7 +267,8 @@ def test_the_original_tutorial_runs_as_written_under_torchrun_variables(tmp_path
 
 def test_a_lost_rank_ends_the_others_with_86_and_their_output_is_kept(tmp_path: Path) -> None:
     procs = start_ranks("multigpu_elastic", ["50", "1", "--snapshot_path", str(tmp_path / "snapshot.pt")],
-                        world_size=3, job_id="314", extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
+                        world_size=3, job_id="314",
+                        extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
     assert procs[0].stdout is not None
     head = []
     for line in procs[0].stdout:

@@ -1,4 +1,4 @@
-"""Live: the elastic tutorial script through `slurm-elastic sbatch` and the daemon, 4 -> 2 (node lost) -> 4 GPUs (node back).
+"""Live: the elastic tutorial through `slurm-elastic sbatch` and the daemon, 4 -> 2 (node lost) -> 4 GPUs (back).
 
 A private 2-node x 2-GPU Slurm (node loss must shrink the job, so there is
 no spare capacity) and `slurm-elastic admin daemon`. The script is
