@@ -1,4 +1,4 @@
-"""The job directory as an open, verified directory fd: everything in it is reached relative to that fd, never through a link.
+"""The job directory as an open, verified directory fd: everything in it is reached relative to it, never via a link.
 
 The checkpoint root is usually shared and world-writable (`/scratch`, mode
 1777) and other users are adversaries. So the job directory `<root>/<key>`

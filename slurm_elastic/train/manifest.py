@@ -1,4 +1,4 @@
-"""The checkpoint's on-disk schemas: manifest.json and safetensors headers, checked before restore uses a byte of either."""
+"""The checkpoint's on-disk schemas: manifest.json and safetensors headers, checked before restore uses them."""
 
 from __future__ import annotations
 
