@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import stat
 
 import click
 
@@ -16,12 +17,21 @@ def newest_checkpoint_step(job: Job) -> int | None:
     """The step LATEST points to under the job's checkpoint dir (None when unknown)."""
     if job.spec is None or not job.spec.ckpt_dir:
         return None
+    path = os.path.join(shim.job_dir(job.spec.ckpt_dir, shim.job_key(job.job_id)), shim.LATEST_FILE)
     try:
-        path = os.path.join(shim.job_dir(job.spec.ckpt_dir, shim.job_key(job.job_id)), shim.LATEST_FILE)
-        with open(path, encoding="utf-8") as f:
-            return shim.parse_step_dir_name(f.read().strip())
-    except (OSError, ValueError):
+        # The directory is the job user's and may be hostile: never follow a link, never block on a
+        # FIFO, never read more than a step name.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return shim.parse_step_dir_name(os.read(fd, 64).decode("ascii").strip())
+    except (OSError, ValueError):   # UnicodeDecodeError is a ValueError
+        return None
+    finally:
+        os.close(fd)
 
 
 def job_row(job: Job) -> dict[str, object]:
