@@ -1,4 +1,4 @@
-"""Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP async_save / jit.
+"""Checkpoint cost on a ~100M-parameter transformer on CPU: none / LayerCheckpointer / torch.save / DCP / jit.
 
 Every mode checkpoints after every optimizer step (layer.skip: whenever its writer is free).
 layer uses the store's default checksum (xxh3-128), layer.sha256 the same with sha256.
@@ -385,8 +385,8 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     cols = ["mode", "step_ms", "overhead_pct", "cpu_s_per_step", "stall_ms", "write_wait_ms", "stall_vs_torch_save_pct",
-            "checkpoints", "checkpoint_mb", "copied_mb", "write_mb_per_s", "dd_mb_per_s", "dd_direct_mb_per_s", "restore_s",
-            "jit_commit_s"]
+            "checkpoints", "checkpoint_mb", "copied_mb", "write_mb_per_s", "dd_mb_per_s", "dd_direct_mb_per_s",
+            "restore_s", "jit_commit_s"]
     print(f"{rows[0]['params_m']:.1f}M parameters, {args.steps} measured steps per mode, "
           f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads")
     print("  ".join(f"{c[:14]:>14}" for c in cols))

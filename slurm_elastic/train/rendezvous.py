@@ -1,4 +1,4 @@
-"""Where the ranks of one srun step meet: rank 0's TCP store on a port the kernel picks, published in the job directory."""
+"""Where the ranks of one srun step meet: rank 0's TCP store on a kernel-picked port, published in the job dir."""
 
 from __future__ import annotations
 

@@ -545,7 +545,8 @@ class ElasticSession:
                 meta = {"step": step, "samples_consumed": self.samples_consumed,
                         "optimizer": {"class": type(self._optimizer).__name__,
                                       "param_groups": optimizer_groups_json(self._model, self._optimizer)},
-                        "scheduler": _json_or_none(self._scheduler.state_dict()) if self._scheduler is not None else None,
+                        "scheduler": (_json_or_none(self._scheduler.state_dict())
+                                      if self._scheduler is not None else None),
                         "user_state": _json_or_none(self.user_state) or {}}
                 reports = [{"files": [r.to_json() for r in records] if i == 0 else [], "rng": rng[i]}
                            for i in range(self.world_size)]
@@ -582,9 +583,9 @@ class ElasticSession:
         assert self._ckpt is not None
         self._settle(block=True)
         if self.env.is_main:
+            armed = self._armed_meta[-1]["step"] if self._armed_meta else None
             ack = {"step": self.last_committed_step, "time": time.time(),
-                   "committed": self.last_committed_step == (self._armed_meta[-1]["step"] if self._armed_meta else None),
-                   "world_size": self.world_size}
+                   "committed": self.last_committed_step == armed, "world_size": self.world_size}
             atomic_write(protocol.ack_path(self.ckpt_root, self.job_key, self.env.job_id, self.env.restart_count),
                          json.dumps(ack).encode())
         if self.world_size > 1:

@@ -1,4 +1,4 @@
-"""A vanished rank ends the others with PEER_LOST_EXIT_CODE, after they committed the last step all of them completed."""
+"""A vanished rank ends the others with PEER_LOST_EXIT_CODE after they committed the last step all of them completed."""
 
 from __future__ import annotations
 

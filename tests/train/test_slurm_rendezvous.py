@@ -32,7 +32,8 @@ def test_two_jobs_on_one_node_meet_on_ports_that_cannot_collide(slurm_cluster, t
         ck.parent.mkdir()
         out = slurm_cluster.run("sbatch", "--parsable", "--hold", *partition, "-N1", f"-w{node}", "--gres=gpu:2",
                                 "--cpus-per-gpu=1", "--mem=1G", f"--chdir={ck.parent}",
-                                f"--output={ck.parent}/out-%j.txt", f"--export=ALL,SLURM_ELASTIC_CKPT_DIR={ck},SLURM_ELASTIC_PYTHON={sys.executable}",
+                                f"--output={ck.parent}/out-%j.txt",
+                                f"--export=ALL,SLURM_ELASTIC_CKPT_DIR={ck},SLURM_ELASTIC_PYTHON={sys.executable}",
                                 str(TEMPLATE), *TRAIN, "--loss-log", str(ck.parent / "loss.jsonl")).stdout
         jobs.append((int(out.strip().split(";")[0]), ck))
     # Someone else listens on the port the old scheme would have given the first job (the
