@@ -35,17 +35,43 @@ def check_elastic_ids(state: ClusterState, job_ids: frozenset[int], *, user: str
             raise SpecError(f"job {job_id} belongs to {job.user}, not {user}")
 
 
-def _read_only_journal() -> Any:
-    """The daemon's journal when readable (hysteresis shows true), else an empty one in memory."""
+def _read_only_journal(fallback: Path | None = None) -> Any:
+    """The daemon's journal when readable (hysteresis shows true), else `fallback`'s (a user's own watch
+    journal), else an empty one in memory."""
     import os
 
     from slurm_elastic.control.journal import Journal
     from slurm_elastic.control.state_dir import JOURNAL_FILE, daemon_dir
 
-    path = daemon_dir() / JOURNAL_FILE
-    if path.exists() and os.access(path, os.R_OK | os.W_OK) and os.access(path.parent, os.W_OK):
-        return Journal(path)
+    for directory in (daemon_dir(), fallback):
+        if directory is None:
+            continue
+        path = directory / JOURNAL_FILE
+        if path.exists() and os.access(path, os.R_OK | os.W_OK) and os.access(path.parent, os.W_OK):
+            return Journal(path)
     return Journal(":memory:")
+
+
+def observer(backend: Any, config: Any, *, user: str | None = None) -> tuple[Any, str]:
+    """A Reconciler for dry runs that decides as the controller that runs now would, and a line saying whose
+    settings it uses: the running daemon's (from its heartbeat) if one runs, else `config` (in user mode,
+    scoped to `user`, with the user's own watch journal)."""
+    import dataclasses
+
+    from slurm_elastic.control.reconcile import Reconciler
+    from slurm_elastic.control.state_dir import daemon_dir, read_heartbeat, user_dir
+
+    beat = read_heartbeat(daemon_dir())
+    if beat is not None and beat.fresh():
+        config = dataclasses.replace(config.with_settings(beat.settings), user=None, node_confirm_s=0)
+        said = ", ".join(f"{k} {v}" for k, v in sorted(beat.settings.items())) or "its settings unannounced"
+        line = f"deciding with the running daemon's settings (pid {beat.pid} on {beat.host}: {said})"
+        return Reconciler(backend, _read_only_journal(), config), line
+    config = dataclasses.replace(config, user=user, node_confirm_s=0)
+    line = (f"no daemon running: deciding with these settings (hysteresis_s {config.min_resize_interval_s:g}, "
+            f"restart_budget_per_hour {config.restart_budget_per_hour}, "
+            f"ack_timeout_s {config.protocol.ack_timeout_s:g})")
+    return Reconciler(backend, _read_only_journal(user_dir() if user else None), config), line
 
 
 @click.group()
@@ -75,12 +101,13 @@ def admin_status(as_json: bool) -> None:
       slurm-elastic admin status --json | jq '.jobs[] | select(.gpus != .target_gpus)'
     """
     from slurm_elastic.cluster.select import select_backend
-    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+    from slurm_elastic.control.reconcile import ControllerConfig
     from slurm_elastic.control.state_dir import daemon_dir, read_heartbeat
 
     backend = select_backend()
     state = backend.snapshot()
-    report = Reconciler(backend, _read_only_journal(), ControllerConfig(node_confirm_s=0)).cycle(dry_run=True)
+    reconciler, deciding = observer(backend, ControllerConfig())
+    report = reconciler.cycle(dry_run=True)
     beat = read_heartbeat(daemon_dir())
     nodes = [{"name": n.name, "state": n.state.value, "flags": sorted(f.value for f in n.flags),
               "available": n.available, "gpus_total": n.gpus, "gpus_free": n.free.gpus, "reason": n.reason}
@@ -94,10 +121,11 @@ def admin_status(as_json: bool) -> None:
         rows.append({"job_id": job.job_id, "user": job.user, "name": job.name, "state": job.state.value,
                      "held": job.held, "gpus": job.gpus, "min_gpus": spec.min_gpus, "max_gpus": spec.max_gpus,
                      "target_gpus": info.get("target_gpus"), "pinned": info.get("pinned"),
+                     "why": info.get("why"),
                      "nodes": list(job.nodes), "restarts": job.restarts})
     daemon = None if beat is None else {"pid": beat.pid, "host": beat.host, "at": beat.at, "fresh": beat.fresh()}
     payload = {"nodes": nodes, "jobs": rows, "malformed": report.to_json()["malformed"], "daemon": daemon,
-               "plans": report.to_json()["plans"]}
+               "plans": report.to_json()["plans"], "settings": reconciler.config.settings(), "deciding": deciding}
     if as_json:
         echo_json(payload)
         return
@@ -111,7 +139,7 @@ def admin_status(as_json: bool) -> None:
     else:
         click.echo(f"{'JOBID':>8} {'USER':<10} {'STATE':<10} {'GPUS':>4} {'TARGET':>6} {'MIN-MAX':>9}  NOTE")
         for r in rows:
-            note = "held" if r["held"] else (r["pinned"] or "")
+            note = "held" if r["held"] else (r["why"] or "")
             tgt = "-" if r["target_gpus"] is None else r["target_gpus"]
             click.echo(f"{r['job_id']:>8} {str(r['user'])[:10]:<10} {r['state']:<10} {r['gpus']:>4} {tgt:>6} "
                        f"{str(r['min_gpus']) + '-' + str(r['max_gpus']):>9}  {note}")
@@ -122,6 +150,7 @@ def admin_status(as_json: bool) -> None:
     else:
         click.echo(f"daemon: pid {daemon['pid']} on {daemon['host']}, "
                    f"{'alive' if daemon['fresh'] else 'stale heartbeat'}")
+    click.echo(deciding)
 
 
 @admin.command("rebalance")
@@ -157,7 +186,11 @@ def admin_rebalance(dry_run: bool, as_json: bool, explain: bool, job_ids: tuple[
     if ids:
         check_elastic_ids(backend.snapshot(), ids)
     if dry_run:
-        report = Reconciler(backend, _read_only_journal(), config).cycle(dry_run=True, job_ids=ids)
+        # The dry run must agree with what the daemon will do: while one runs, its settings win.
+        reconciler, deciding = observer(backend, config)
+        report = reconciler.cycle(dry_run=True, job_ids=ids)
+        _print_report(report, as_json=as_json, explain=explain, deciding=deciding)
+        return
     else:
         check_may_act("admin rebalance")
         directory = daemon_dir()
@@ -167,8 +200,10 @@ def admin_rebalance(dry_run: bool, as_json: bool, explain: bool, job_ids: tuple[
     _print_report(report, as_json=as_json, explain=explain)
 
 
-def _print_report(report: Any, *, as_json: bool, explain: bool) -> None:
+def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | None = None) -> None:
     payload = report.to_json()
+    if deciding is not None:
+        payload["deciding"] = deciding
     if explain and report.allocation is not None:
         from slurm_elastic.allocate import render_explanation
 
@@ -176,6 +211,8 @@ def _print_report(report: Any, *, as_json: bool, explain: bool) -> None:
     if as_json:
         echo_json(payload)
         return
+    if deciding is not None:
+        click.echo(deciding)
     for o in report.recovered:
         click.echo(f"recovered plan {o.plan_id} of job {o.job_id}: {o.status} {o.note}".rstrip())
     if not report.plans:
@@ -186,8 +223,8 @@ def _print_report(report: Any, *, as_json: bool, explain: bool) -> None:
     for o in report.outcomes:
         click.echo(f"job {o.job_id}: plan {o.plan_id} {o.status}"
                    f"{'' if o.acked is None else (' (checkpoint acked)' if o.acked else ' (no ACK)')} {o.note}".rstrip())
-    for job_id, why in sorted(report.pinned.items()):
-        click.echo(f"job {job_id}: kept at its size: {why}")
+    for job_id, why in sorted(report.waits.items()):
+        click.echo(f"job {job_id}: not resized now: {why}")
     for job_id, err in sorted(report.malformed.items()):
         click.echo(f"job {job_id}: malformed elastic spec, never touched: {err}")
     if explain and "explain" in payload:

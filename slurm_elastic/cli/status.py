@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import stat
+from typing import Mapping
 
 import click
 
@@ -34,13 +35,13 @@ def newest_checkpoint_step(job: Job) -> int | None:
         os.close(fd)
 
 
-def job_row(job: Job) -> dict[str, object]:
+def job_row(job: Job, why: str | None = None) -> dict[str, object]:
     spec = job.spec
     return {"job_id": job.job_id, "name": job.name, "user": job.user, "state": job.state.value,
             "reason": job.reason, "held": job.held, "gpus": job.gpus, "nodes": list(job.nodes),
             "min_gpus": spec.min_gpus if spec else None, "max_gpus": spec.max_gpus if spec else None,
             "gpu_step": spec.gpu_step if spec else None, "restarts": job.restarts,
-            "checkpoint_step": newest_checkpoint_step(job), "spec_error": job.spec_error}
+            "checkpoint_step": newest_checkpoint_step(job), "spec_error": job.spec_error, "why": why}
 
 
 @click.command()
@@ -58,12 +59,21 @@ def status(as_json: bool, user: str | None) -> None:
       slurm-elastic status
       slurm-elastic status --json
     """
+    from slurm_elastic.cli.admin import observer
     from slurm_elastic.cluster.select import select_backend
+    from slurm_elastic.control.reconcile import ControllerConfig
 
     who = user or getpass.getuser()
-    state = select_backend().snapshot()
+    backend = select_backend()
+    state = backend.snapshot()
     jobs = [j for j in state.jobs if j.user == who and not j.state.finished and (j.spec or j.spec_error)]
-    rows = [job_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
+    waits: Mapping[int, str] = {}
+    if any(j.spec for j in jobs):
+        # Why each job is not being resized now: the decision the running controller would take
+        # (the daemon's settings when one runs, else a watch's defaults), as a dry run.
+        reconciler, _ = observer(backend, ControllerConfig(), user=who)
+        waits = reconciler.cycle(dry_run=True).waits
+    rows = [job_row(j, waits.get(j.job_id)) for j in sorted(jobs, key=lambda j: j.job_id)]
     if as_json:
         echo_json(rows)
         return
@@ -74,7 +84,7 @@ def status(as_json: bool, user: str | None) -> None:
     for r in rows:
         rng = f"{r['min_gpus']}-{r['max_gpus']}" if r["min_gpus"] is not None else "-"
         note = f"malformed spec: {r['spec_error']}" if r["spec_error"] else (
-            "held" if r["held"] else (r["reason"] if r["state"] == "PENDING" else ""))
+            "held" if r["held"] else (r["why"] or (r["reason"] if r["state"] == "PENDING" else "")))
         ckpt = "-" if r["checkpoint_step"] is None else r["checkpoint_step"]
         click.echo(f"{r['job_id']:>8} {str(r['name'])[:16]:<16} {r['state']:<10} {r['gpus']:>4} {rng:>9} "
                    f"{r['restarts']:>8} {ckpt:>8}  {note}")

@@ -57,8 +57,10 @@ class Loop:
         `beat_every_s` until `done`, through every wait of every cycle."""
         assert self.heartbeat_dir is not None
         directory = self.heartbeat_dir
+        # What this daemon decides with, so that status and dry runs elsewhere decide alike.
+        settings = self.reconciler.config.settings()
         try:
-            write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s)
+            write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s, settings=settings)
         except OSError as exc:
             raise StateDirError(f"cannot write the daemon heartbeat in {directory}: {exc.strerror}") from None
 
@@ -66,7 +68,7 @@ class Loop:
             failing = False
             while not done.wait(self.beat_every_s):
                 try:
-                    write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s)
+                    write_heartbeat(directory, self.interval_s, every_s=self.beat_every_s, settings=settings)
                     failing = False
                 except OSError as exc:
                     if not failing:   # once per outage, not every few seconds

@@ -25,8 +25,8 @@ from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobReq
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
-from slurm_elastic.control.journal import Journal
-from slurm_elastic.control.plan import Plan, lost_node, make_plans, requeued_by_slurm
+from slurm_elastic.control.journal import DONE, OPEN, Journal
+from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.requests import RequestSource, default_request_source, with_basis
 
@@ -47,6 +47,33 @@ class ControllerConfig:
     node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
     recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
 
+    def settings(self) -> dict[str, float | int | str]:
+        """The settings a running controller announces (in the daemon heartbeat), so that `status`,
+        `admin status` and a dry run decide with them rather than with their own defaults."""
+        return {"hysteresis_s": self.min_resize_interval_s, "restart_budget_per_hour": self.restart_budget_per_hour,
+                "ack_timeout_s": self.protocol.ack_timeout_s, "signal": self.protocol.signal}
+
+    def with_settings(self, settings: Mapping[str, object]) -> ControllerConfig:
+        """This config with a running controller's announced settings (each validated; others kept)."""
+        def number(name: str, lo: float, hi: float) -> float | None:
+            v = settings.get(name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+            return float(v) if ok else None  # type: ignore[arg-type]
+
+        hyst = number("hysteresis_s", 0, 1e7)
+        budget = number("restart_budget_per_hour", 0, 1e6)
+        ack = number("ack_timeout_s", 0, 1e7)
+        sig = settings.get("signal")
+        protocol = self.protocol
+        if ack is not None:
+            protocol = dataclasses.replace(protocol, ack_timeout_s=ack)
+        if isinstance(sig, str) and sig.isalnum() and len(sig) <= 16:
+            protocol = dataclasses.replace(protocol, signal=sig)
+        return dataclasses.replace(
+            self, protocol=protocol,
+            min_resize_interval_s=self.min_resize_interval_s if hyst is None else hyst,
+            restart_budget_per_hour=self.restart_budget_per_hour if budget is None else int(budget))
+
 
 @dataclass(frozen=True, slots=True)
 class CycleReport:
@@ -65,6 +92,7 @@ class CycleReport:
     nodes_gained: tuple[str, ...] = ()
     job_states: Mapping[int, str] = field(default_factory=dict)
     current_gpus: Mapping[int, int] = field(default_factory=dict)
+    waits: Mapping[int, str] = field(default_factory=dict)
     gpus_total: int = 0
     gpus_elastic: int = 0
     gpus_free: int = 0
@@ -86,7 +114,8 @@ class CycleReport:
             "outcomes": [o.to_json() for o in self.outcomes],
             "recovered": [o.to_json() for o in self.recovered],
             "jobs": [{"job_id": j, "state": s, "gpus": self.current_gpus.get(j, 0), "target_gpus": self.target(j),
-                      "pinned": self.pinned.get(j)} for j, s in sorted(self.job_states.items())],
+                      "pinned": self.pinned.get(j), "why": self.waits.get(j)}
+                     for j, s in sorted(self.job_states.items())],
             "malformed": [{"job_id": j, "error": e} for j, e in sorted(self.malformed.items())],
             "nodes_lost": list(self.nodes_lost), "nodes_gained": list(self.nodes_gained),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
@@ -126,6 +155,7 @@ class Decision:
     scoped: ClusterState
     pinned: Mapping[int, str] = field(default_factory=dict)
     malformed: Mapping[int, str] = field(default_factory=dict)
+    waits: Mapping[int, str] = field(default_factory=dict)   # job id -> why it is not being resized now
 
 
 def solve(problem: AllocationProblem) -> Allocation:
@@ -207,6 +237,7 @@ class Reconciler:
         self._available: frozenset[str] | None = None
         self._reported_malformed: set[int] = set()
         self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
+        self._said: dict[int, str] = {}
 
     def cycle(self, *, dry_run: bool = False, job_ids: frozenset[int] | None = None) -> CycleReport:
         """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
@@ -230,6 +261,8 @@ class Reconciler:
             self._available = available
 
         decision = self.decide(state, self._clock(), job_ids=job_ids)
+        if not dry_run:
+            self._say_waits(decision.waits)
         plans = decision.plans
         for plan in plans:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
@@ -244,7 +277,7 @@ class Reconciler:
             recovered=tuple(recovered), allocation=decision.allocation, problem=decision.problem,
             pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
-            current_gpus={j.job_id: j.gpus for j in elastic},
+            current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report
@@ -262,16 +295,18 @@ class Reconciler:
                 log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
                           job_id, err)
                 self._reported_malformed.add(job_id)
-        pinned, pins = self._pins(scoped, now)
+        requests = self.requests.requests(scoped, now, self.config.policy)
+        stuck = self.requests.bad_geometry()
+        pinned, pins = self._pins(scoped, now, frozenset(stuck))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s
         handled = {j.job_id: r for j in scoped.elastic_jobs if j.state is JobState.PENDING
                    and (r := self.journal.restarts_after_last_plan(j.job_id, since)) is not None}
         hit = frozenset(j.job_id for j in scoped.elastic_jobs
-                        if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped))
+                        if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
+                        or j.job_id in stuck)
         policy = self.config.policy
-        requests = self.requests.requests(scoped, now, policy)
         problem = pin_jobs(AllocationProblem(requests, capacity_from_state(scoped), policy), pins, hit)
         if problem == self._last_solved[0] and self._last_solved[1] is not None:
             allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
@@ -285,7 +320,48 @@ class Reconciler:
         plans = make_plans(scoped, allocation,
                            lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled)
-        return Decision(now, plans, problem, allocation, scoped, pinned, malformed)
+        waits = self._waits(scoped, allocation, plans, pinned, stuck, now)
+        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits)
+
+    def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
+               pinned: Mapping[int, str], stuck: Mapping[int, str], now: float) -> dict[int, str]:
+        """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
+        planned = {p.job_id for p in plans}
+        open_plans = {r.job_id: r for r in self.journal.open_plans()}
+        measuring = self.requests.waits()
+        ack = self.config.protocol.ack_timeout_s
+        out: dict[int, str] = {}
+        for job in state.elastic_jobs:
+            spec = job.spec
+            assert spec is not None
+            target = allocation.gpus.get(str(job.job_id))
+            record = open_plans.get(job.job_id)
+            if record is not None:
+                left = max(ack - (now - record.created_at), 0.0)
+                out[job.job_id] = (f"waiting for its checkpoint ACK (plan {record.plan_id}, "
+                                   f"{record.plan.from_gpus}->{record.plan.to_gpus} GPUs, step {record.step}; "
+                                   f"requeued anyway in {left:.0f}s)")
+            elif job.job_id in planned:
+                continue
+            elif job.job_id in stuck:
+                out[job.job_id] = stuck[job.job_id] + (" (no valid size fits now)" if not target else "")
+            elif job.job_id in pinned:
+                out[job.job_id] = pinned[job.job_id]
+            elif job.job_id in measuring:
+                out[job.job_id] = measuring[job.job_id]
+            elif job.state is JobState.PENDING and not job.held and not target:
+                out[job.job_id] = (f"not placeable: its minimum of {spec.min_gpus} GPUs does not fit beside "
+                                   f"the others now (Slurm: {job.reason or 'pending'})")
+            elif job.state is JobState.PENDING and not job.held:
+                out[job.job_id] = f"waiting for Slurm to start it at {target} GPUs (Slurm: {job.reason or 'pending'})"
+        return out
+
+    def _say_waits(self, waits: Mapping[int, str]) -> None:
+        """Log each job's reason when it changes (the daemon's and the watch's log), not every cycle."""
+        for job_id, why in waits.items():
+            if self._said.get(job_id) != why.split(" (")[0]:
+                log.info("job %d: not resized now: %s", job_id, why)
+        self._said = {j: w.split(" (")[0] for j, w in waits.items()}
 
     def record_applied(self, decision: Decision) -> None:
         """Journal a decision's plans as carried out at its time, by someone else (another simulator).
@@ -298,23 +374,41 @@ class Reconciler:
             self.journal.finish(plan_id, "done", "applied outside the protocol", now=decision.taken_at)
 
     # -- hysteresis and the restart budget ----------------------------------------------------
-    def _pins(self, state: ClusterState, now: float) -> tuple[dict[int, str], dict[int, int]]:
+    def _pins(self, state: ClusterState, now: float,
+              stuck: frozenset[int] = frozenset()) -> tuple[dict[int, str], dict[int, int]]:
         why: dict[int, str] = {}
         pins: dict[int, int] = {}
+        hold = self.config.min_resize_interval_s
         for job in state.elastic_jobs:
-            if job.state is not JobState.RUNNING or job.held or lost_node(job, state) or requeued_by_slurm(job):
-                continue  # pending jobs cost no restart; a lost node always allows a resize
+            if (job.state is not JobState.RUNNING or job.held or lost_node(job, state) or requeued_by_slurm(job)
+                    or job.job_id in stuck):
+                continue  # pending jobs cost no restart; a lost node or a size its batch cannot use always allows one
             last = self.journal.last_change_at(job.job_id)
-            if last is not None and now - last < self.config.min_resize_interval_s:
-                why[job.job_id] = (f"resized {now - last:.0f}s ago (hysteresis "
-                                   f"{self.config.min_resize_interval_s:g}s)")
+            # A job that just started (or restarted) is held like one just resized: its start-up is paid.
+            started = job.start_time if job.start_time is not None and job.start_time <= now else None
+            since = max((t for t in (last, started) if t is not None), default=None)
+            if since is not None and now - since < hold:
+                what = "resized" if since == last else "started"
+                why[job.job_id] = (f"hysteresis: {what} {now - since:.0f}s ago, {hold - (now - since):.0f}s left "
+                                   f"(hysteresis {hold:g}s)")
             elif self.journal.restarts_since(job.job_id, now - HOUR_S) >= self.config.restart_budget_per_hour:
-                why[job.job_id] = f"restart budget of {self.config.restart_budget_per_hour}/hour spent"
+                why[job.job_id] = (f"restart budget of {self.config.restart_budget_per_hour}/hour spent "
+                                   f"(next restart allowed in {self._budget_left(job.job_id, now):.0f}s)")
             else:
                 continue
             pins[job.job_id] = job.gpus
             log.debug("job %d: kept at %d GPUs: %s", job.job_id, job.gpus, why[job.job_id])
         return why, pins
+
+    def _budget_left(self, job_id: int, now: float) -> float:
+        """Seconds until the oldest restart in the budget's hour leaves it."""
+        budget = self.config.restart_budget_per_hour
+        times = sorted(r.created_at for r in self.journal.plans(job_id, limit=max(budget, 1) * 4)
+                       if r.plan.entry is PlanEntry.RUNNING and r.created_at >= now - HOUR_S
+                       and r.status in (DONE, OPEN))
+        if budget <= 0 or len(times) < budget:
+            return 0.0 if budget > 0 else HOUR_S
+        return max(times[-budget] + HOUR_S - now, 0.0)
 
     def _confirm_nodes(self, state: ClusterState) -> ClusterState:
         """A node that just became unavailable is read again after a moment before anyone is resized.

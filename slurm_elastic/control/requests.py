@@ -73,6 +73,15 @@ class RequestSource(Protocol):
         """The allocation chosen from the latest requests (the source's memory for anti-starvation)."""
         ...
 
+    def waits(self) -> Mapping[int, str]:
+        """Job id -> why the source keeps that job at its size now ("kept ... until measured")."""
+        ...
+
+    def bad_geometry(self) -> Mapping[int, str]:
+        """Job id -> why its ranks cannot run at its current size (it wrote geometry.json and exited 87):
+        such a job is re-planned at once, whatever hysteresis and the restart budget say."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSettings:
@@ -87,6 +96,7 @@ class RequestSettings:
     measure_first_s: float = 300.0            # a job just started keeps its size this long unless measured
     restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
+    geometry_max_bytes: int = 1 << 14         # geometry.json is a few hundred bytes; more is not the shim's
     prior: LinearThroughput = LinearThroughput()
 
 
@@ -225,6 +235,63 @@ def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
     return tail, ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobGeometry:
+    """What a job's geometry.json says (train/session.py writes it at attach), validated."""
+
+    world_size: int
+    valid_world_sizes: tuple[int, ...]
+
+    @property
+    def stuck(self) -> bool:
+        """The ranks ran at a size the global batch cannot be split over: they exited 87."""
+        return self.world_size not in self.valid_world_sizes
+
+
+_MAX_WORLD = 10**5
+
+
+def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[JobGeometry | None, str]:
+    """A job's geometry.json, validated, and a problem ("" when none, or when there is no file).
+
+    The file lies in the job user's directory: opened without following links or blocking,
+    a regular file owned by `owner_uid`, at most `max_bytes`, every field checked.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "is not a regular file"
+        if owner_uid is not None and st.st_uid != owner_uid:
+            return None, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
+        if st.st_size > max_bytes:
+            return None, f"is {st.st_size} bytes, more than the {max_bytes} a geometry takes"
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    try:
+        body = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None, "is not JSON"
+
+    def size(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_WORLD
+
+    if not isinstance(body, dict):
+        return None, "is not a JSON object"
+    world, valid = body.get("world_size"), body.get("valid_world_sizes")
+    if not size(world) or not isinstance(valid, list) or not valid or len(valid) > 4096 \
+            or not all(size(v) for v in valid):
+        return None, "has no valid world_size and valid_world_sizes"
+    return JobGeometry(int(world), tuple(sorted(set(valid)))), ""  # type: ignore[arg-type]
+
+
 def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings) -> JobMeasurements:
     """Speed model, restart costs and progress from validated rows (in file order) or a file's tail."""
     if not isinstance(rows, MetricsTail):
@@ -255,6 +322,8 @@ class MeasuredRequests:
         self._running: dict[int, bool] = {}
         self._preempted: dict[int, int] = {}
         self._basis: dict[str, str] = {}
+        self._waits: dict[int, str] = {}
+        self._bad_geometry: dict[int, str] = {}
 
     # -- the RequestSource protocol ------------------------------------------------------------
     def requests(self, state: ClusterState, now: float, policy: Policy) -> tuple[JobRequest, ...]:
@@ -262,6 +331,7 @@ class MeasuredRequests:
         biggest = max(node_sizes, default=1)
         out = []
         basis: dict[str, str] = {}
+        self._waits, self._bad_geometry = {}, {}
         for job in state.elastic_jobs:
             running = job.state is JobState.RUNNING
             if running:
@@ -278,6 +348,12 @@ class MeasuredRequests:
 
     def basis(self) -> Mapping[str, str]:
         return dict(self._basis)
+
+    def waits(self) -> Mapping[int, str]:
+        return dict(self._waits)
+
+    def bad_geometry(self) -> Mapping[int, str]:
+        return dict(self._bad_geometry)
 
     def decided(self, allocation: Allocation, now: float) -> None:
         for key, g in allocation.gpus.items():
@@ -308,15 +384,37 @@ class MeasuredRequests:
         def placeable(g: int) -> bool:
             return g <= biggest or bool(spanning_widths(g, node_sizes, policy.whole_nodes_when_spanning))
 
-        counts = range(spec.min_gpus, spec.max_gpus + 1, spec.gpu_step)
+        counts: Sequence[int] = range(spec.min_gpus, spec.max_gpus + 1, spec.gpu_step)
+        geometry = self._geometry(job)
+        stuck = False
+        fits: tuple[int, ...] = ()
+        if geometry is not None:
+            # Only sizes the job's global batch splits over: any other size ends its ranks with exit 87.
+            fits = tuple(g for g in counts if g in geometry.valid_world_sizes)
+            stuck = job.state is JobState.RUNNING and job.gpus == geometry.world_size and geometry.stuck
+            if stuck:
+                self._bad_geometry[job.job_id] = (
+                    f"bad geometry: its batch cannot be split over {job.gpus} GPUs (exit 87; valid "
+                    f"{', '.join(map(str, geometry.valid_world_sizes[:12]))}): re-planned at once")
+                notes.append(self._bad_geometry[job.job_id])
+            if fits:
+                counts = fits
+            else:
+                notes.append(f"no size in {spec.min_gpus}-{spec.max_gpus} splits its batch (valid "
+                             f"{', '.join(map(str, geometry.valid_world_sizes[:12]))})")
         allowed = speed_frontier(counts, model, nodes_for, placeable) if m.model is not None else None
+        if allowed is None and fits:
+            allowed = fits
         started = job.start_time if job.start_time is not None else now
-        if (m.model is None and job.state is JobState.RUNNING and m.problem == ""
+        if (m.model is None and job.state is JobState.RUNNING and m.problem == "" and not stuck
                 and now - started < s.measure_first_s):
             # Measure first: a job that has just started keeps its size until its first rows exist, so
             # every job is measured at the size it asked for before it is moved.
             allowed = (job.gpus,) if job.gpus in counts else allowed
-            notes.append(f"kept at {job.gpus} GPUs until measured (started {now - started:.0f}s ago)")
+            wait = (f"kept at {job.gpus} GPUs until measured (started {now - started:.0f}s ago, "
+                    f"{s.measure_first_s - (now - started):.0f}s left)")
+            self._waits[job.job_id] = wait
+            notes.append(wait)
         best = max((model(g, nodes_for(g)) for g in (allowed or counts) if placeable(g)), default=0.0)
 
         restart = m.restart_cost_s
@@ -382,6 +480,26 @@ class MeasuredRequests:
         result = self._report(job, path, problem) if problem else measure(tail, self.settings)
         self._cache[path] = (key, tail, result)
         return result
+
+    def _geometry(self, job: Job) -> JobGeometry | None:
+        """The job's own geometry.json when it can be believed (a bad one: one log line, ignored)."""
+        spec = job.spec
+        if spec is None or not spec.ckpt_dir:
+            return None
+        try:
+            path = shim.geometry_path(spec.ckpt_dir, shim.job_key(job.job_id))
+        except ValueError:
+            return None
+        uid = job.user_id if job.user_id is not None else _uid_of(job.user)
+        if uid is None:
+            return None     # owner unknown here: the file cannot be checked, so it is not read
+        geometry, problem = read_job_geometry(path, owner_uid=uid, max_bytes=self.settings.geometry_max_bytes)
+        if problem:
+            key = -job.job_id   # its own slot in the once-per-problem memory (metrics use the job id)
+            if self._reported.get(key) != problem:
+                log.warning("job %d: %s %s; ignored", job.job_id, path, problem)
+                self._reported[key] = problem
+        return geometry
 
     def _report(self, job: Job, path: str, problem: str) -> JobMeasurements:
         if self._reported.get(job.job_id) != problem:

@@ -17,8 +17,9 @@ import pwd
 import socket
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from slurm_elastic.errors import ElasticError
 
@@ -246,6 +247,9 @@ class Heartbeat:
     interval_s: float
     every_s: float = 0.0     # how often it is written (0: once a cycle, as older daemons did)
     uid: int | None = None   # the file's owner: the controller's user
+    # The running controller's effective settings (ControllerConfig.settings()): what `status`,
+    # `admin status` and a dry run decide with while it runs. Empty from daemons that did not say.
+    settings: Mapping[str, float | int | str] = field(default_factory=dict)
 
     def fresh(self, now: float | None = None) -> bool:
         """Alive: beat within three periods (at least 30 s) and not from the future.
@@ -258,13 +262,15 @@ class Heartbeat:
         return -CLOCK_SKEW_S <= now - self.at <= max(3 * period, 30.0)
 
 
-def write_heartbeat(directory: Path, interval_s: float, *, every_s: float = 0.0) -> None:
+def write_heartbeat(directory: Path, interval_s: float, *, every_s: float = 0.0,
+                    settings: Mapping[str, float | int | str] | None = None) -> None:
     """Atomically replace `<dir>/daemon.heartbeat` (0644: user-mode watches read it); OSError if it cannot."""
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     tmp = f".{HEARTBEAT_FILE}.{os.getpid()}"
     try:
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "at": time.time(),
-                           "interval_s": interval_s, "every_s": every_s, "uid": os.geteuid()})
+                           "interval_s": interval_s, "every_s": every_s, "uid": os.geteuid(),
+                           "settings": dict(settings or {})})
         try:
             os.unlink(tmp, dir_fd=dir_fd)
         except FileNotFoundError:
@@ -298,6 +304,25 @@ def _untrusted(directory: Path, why: str) -> None:
         log.warning("%s", message)
 
 
+_SETTING_NAMES = ("hysteresis_s", "restart_budget_per_hour", "ack_timeout_s", "signal")
+
+
+def _settings(value: object) -> dict[str, float | int | str]:
+    """The announced settings we know, of the types we expect; anything else is dropped."""
+    if not isinstance(value, dict):
+        return {}
+    out: dict[str, float | int | str] = {}
+    for name in _SETTING_NAMES:
+        v = value.get(name)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)) and v == v and abs(v) < 1e12:
+            out[name] = v
+        elif isinstance(v, str) and len(v) <= 16:
+            out[name] = v
+    return out
+
+
 def read_heartbeat(directory: Path) -> Heartbeat | None:
     """The daemon's heartbeat if it can be believed, else None (as if no daemon ran).
 
@@ -328,7 +353,7 @@ def read_heartbeat(directory: Path) -> Heartbeat | None:
             data = json.loads(os.read(fd, _MAX_HEARTBEAT_BYTES))
             beat = Heartbeat(pid=int(data["pid"]), host=str(data["host"]), at=float(data["at"]),
                              interval_s=float(data["interval_s"]), every_s=float(data.get("every_s") or 0.0),
-                             uid=st.st_uid)
+                             uid=st.st_uid, settings=_settings(data.get("settings")))
         finally:
             os.close(fd)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
