@@ -38,6 +38,7 @@ from slurm_elastic.train.sampler import (
     nearest_valid_world_size,
     valid_world_sizes,
 )
+from slurm_elastic.train.incarnation import Incarnation
 from slurm_elastic.train.store import DEFAULT_CHECKSUM, CheckpointStore, atomic_write, make_private_dirs
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,9 @@ class ElasticSession:
         self.backend = backend
         self.timeout_s = timeout_s
         self.metrics_every_s = metrics_every_s
-        self.store = CheckpointStore(self.job_dir, keep=keep, checksum=checksum)
+        # The writer identity (fencing token) of this incarnation, from the environment read once above.
+        self.store = CheckpointStore(self.job_dir, keep=keep, checksum=checksum,
+                                     writer=Incarnation.of(self.env.job_id, self.env.restart_count))
         self.step = 0
         self.restored_step: int | None = None
         self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest
@@ -128,7 +131,11 @@ class ElasticSession:
     def __enter__(self) -> ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
         self._old_handler = signal_module.signal(sig, self._on_signal)
-        if self.env.is_main or self.env.world_size > 1:
+        if self.env.is_main:
+            # Creates and verifies the job directory and takes the writer role before restoring, so a
+            # stale incarnation elsewhere (a partitioned node) stops at its next commit, not racing us.
+            self.store.claim()
+        elif self.env.world_size > 1:
             # Every rank may be first here; each needs the run directory before the group exists.
             make_private_dirs(self.job_dir)
         if self.env.world_size > 1:
