@@ -1,0 +1,215 @@
+"""Every wait says why: `status --json` and `admin status --json` name, per elastic job, why it is not being
+resized now, deciding with the running daemon's settings (its heartbeat); a job stuck on a bad batch geometry
+(it wrote geometry.json and exited 87) is re-planned at once at a valid size.
+
+Slurm is the in-memory backend (slurm_elastic/cluster/memory.py) on a clock that is wall time plus what the
+test skipped (the CLI and the journal read wall time).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+from slurm_elastic.control.state_dir import JOURNAL_FILE, open_state_dir, read_heartbeat, write_heartbeat
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+ME = getpass.getuser()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skipped
+
+    def sleep(self, s: float) -> None:
+        self.skipped += s
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    clock = Clock()
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4, clock=clock)
+    monkeypatch.setattr("slurm_elastic.cluster.select.select_backend", lambda *a, **k: slurm)
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path / "daemon"))
+    monkeypatch.setenv("SLURM_ELASTIC_STATE_DIR", str(tmp_path / "user"))
+    return slurm, clock, tmp_path
+
+
+def _daemon_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "daemon"
+    os.close(open_state_dir(directory))
+    return directory
+
+
+def _announce(tmp_path: Path, **settings: object) -> None:
+    """A heartbeat as the running daemon writes it (this process stands in for the daemon: its pid is alive)."""
+    directory = _daemon_dir(tmp_path)
+    write_heartbeat(directory, 10.0, every_s=5.0, settings=settings)  # type: ignore[arg-type]
+    beat = read_heartbeat(directory)
+    assert beat is not None and beat.fresh() and beat.settings == settings
+
+
+def _json(*args: str) -> object:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _status_why(job_id: int) -> str | None:
+    rows = _json("status", "--json", "--user", ME)
+    return {r["job_id"]: r["why"] for r in rows}[job_id]  # type: ignore[index, union-attr]
+
+
+def _admin_why(job_id: int) -> str | None:
+    payload = _json("admin", "status", "--json")
+    return {r["job_id"]: r["why"] for r in payload["jobs"]}[job_id]  # type: ignore[index]
+
+
+def _geometry(ckpt: str, job_id: int, world: int, valid: list[int]) -> str:
+    path = shim.geometry_path(ckpt, shim.job_key(job_id))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"global_batch": 64, "micro_batch": 8, "world_size": world, "valid_world_sizes": valid,
+                   "nearest_valid_world_size": min(valid, key=lambda w: abs(w - world))}, f)
+    return path
+
+
+def test_a_job_just_started_is_held_by_hysteresis_with_the_time_left(cluster):
+    slurm, _, tmp = cluster
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=2, user=ME)
+    assert slurm.jobs[job].state is JobState.RUNNING
+    why = _status_why(job)        # 6 GPUs are free, yet a job that started seconds ago is not grown
+    assert why is not None and why.startswith("hysteresis: started") and "s left (hysteresis 300s)" in why
+    assert _admin_why(job) == why
+    payload = _json("admin", "status", "--json")
+    assert payload["plans"] == [] and "no daemon running" in payload["deciding"]  # type: ignore[index]
+
+
+def test_status_and_dry_run_decide_with_the_running_daemons_settings(cluster):
+    slurm, _, tmp = cluster
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=2, user=ME)
+    _announce(tmp, hysteresis_s=1000.0, restart_budget_per_hour=6, ack_timeout_s=60.0, signal="USR2")
+    assert "(hysteresis 1000s)" in (_status_why(job) or "")
+    payload = _json("admin", "status", "--json")
+    assert payload["settings"]["hysteresis_s"] == 1000.0  # type: ignore[index]
+    assert "running daemon's settings" in payload["deciding"]  # type: ignore[index]
+
+    _announce(tmp, hysteresis_s=0.0, restart_budget_per_hour=6, ack_timeout_s=60.0, signal="USR2")
+    # Not held any more: the job is not measured yet, so the request source keeps it at its size, and says so.
+    assert (_status_why(job) or "").startswith("kept at 2 GPUs until measured")
+    # The dry run, given a longer hysteresis on its command line, still decides as the daemon would.
+    out = CliRunner().invoke(main, ["admin", "rebalance", "--dry-run", "--hysteresis", "5000"],
+                             catch_exceptions=False).output
+    assert "running daemon's settings" in out and "hysteresis_s 0.0" in out
+    assert f"job {job}: not resized now: kept at 2 GPUs until measured" in out
+
+
+def test_a_spent_restart_budget_says_when_the_next_restart_is_allowed(cluster):
+    slurm, clock, tmp = cluster
+    clock.skipped = -600.0        # it started ten minutes ago: past any hysteresis
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=2, user=ME)
+    clock.skipped = 0.0
+    journal = Journal(_daemon_dir(tmp) / JOURNAL_FILE)
+    now = clock()
+    for k in range(2):    # two controller restarts, 30 and 20 minutes ago
+        plan = Plan(job_id=job, from_gpus=2, to_gpus=2, nodes=1, gpus_per_node=2, entry=PlanEntry.RUNNING,
+                    reason="grow", cpus_per_gpu=1, mem_per_gpu_mb=1024, user=ME)
+        plan_id = journal.open_plan(plan, restarts=k, now=now - 1800 + 600 * k)
+        journal.finish(plan_id, "done", now=now - 1800 + 600 * k)
+    journal.close()
+    _announce(tmp, hysteresis_s=0.0, restart_budget_per_hour=2, ack_timeout_s=60.0, signal="USR2")
+    why = _admin_why(job) or ""
+    assert why.startswith("restart budget of 2/hour spent (next restart allowed in")
+    left = float(why.split("allowed in ")[1].split("s)")[0])
+    assert 1700 <= left <= 1810   # the older restart (30 min ago) leaves the hour in 30 min
+    assert _status_why(job) == why
+
+
+def test_an_open_plan_means_waiting_for_the_ack(cluster):
+    slurm, _, tmp = cluster
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=2, user=ME)
+    journal = Journal(_daemon_dir(tmp) / JOURNAL_FILE)
+    journal.open_plan(Plan(job_id=job, from_gpus=2, to_gpus=8, nodes=2, gpus_per_node=4, entry=PlanEntry.RUNNING,
+                           reason="grow", cpus_per_gpu=1, mem_per_gpu_mb=1024, user=ME), restarts=0)
+    journal.close()
+    _announce(tmp, hysteresis_s=0.0, restart_budget_per_hour=6, ack_timeout_s=90.0, signal="USR2")
+    why = _admin_why(job) or ""
+    assert why.startswith("waiting for its checkpoint ACK (plan 1, 2->8 GPUs") and "requeued anyway in" in why
+
+
+def test_a_job_that_cannot_fit_is_not_placeable(cluster):
+    slurm, _, tmp = cluster
+    job = slurm.add_job(ElasticSpec(16, 32, ckpt_dir=str(tmp / "ckpt")), nodes=4, gpus_per_node=4, user=ME)
+    assert slurm.jobs[job].state is JobState.PENDING
+    why = _status_why(job) or ""
+    assert why.startswith("not placeable: its minimum of 16 GPUs does not fit")
+
+
+def _reconciler(slurm: InMemorySlurm, clock: Clock, tmp: Path, **config: object) -> Reconciler:
+    cfg = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=5.0, settle_timeout_s=5.0), node_confirm_s=0,
+                           **config)  # type: ignore[arg-type]
+    return Reconciler(slurm, Journal(tmp / "j.sqlite"), cfg, clock=clock, sleep=clock.sleep)
+
+
+def test_a_bad_geometry_is_replanned_at_once_at_a_valid_size(cluster):
+    slurm, clock, tmp = cluster
+    ckpt = str(tmp / "ckpt")
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=3, user=ME)
+    assert slurm.jobs[job].gpus == 3
+    rec = _reconciler(slurm, clock, tmp)           # hysteresis 300 s, the job started just now
+    assert rec.cycle(dry_run=True).plans == ()     # no geometry file: held (hysteresis)
+
+    _geometry(ckpt, job, 3, [1, 2, 4, 8])          # its ranks found 64 samples cannot be split over 3: exit 87
+    dry = rec.cycle(dry_run=True)
+    assert [p.job_id for p in dry.plans] == [job] and dry.plans[0].to_gpus in (1, 2, 4, 8)
+    report = rec.cycle()
+    assert [o.status for o in report.outcomes] == ["done"]
+    assert slurm.jobs[job].gpus in (1, 2, 4, 8)
+
+
+def test_a_bad_geometry_says_why_while_no_valid_size_fits(cluster):
+    slurm, _, tmp = cluster
+    ckpt = str(tmp / "ckpt")
+    job = slurm.add_job(ElasticSpec(3, 3, ckpt_dir=ckpt), nodes=1, gpus_per_node=3, user=ME)
+    _geometry(ckpt, job, 3, [1, 2, 4, 8])
+    why = _status_why(job) or ""
+    assert why.startswith("bad geometry: its batch cannot be split over 3 GPUs (exit 87; valid 1, 2, 4, 8)")
+
+
+@pytest.mark.parametrize("hostile", ["symlink", "huge", "garbage", "wrong-types"])
+def test_a_hostile_geometry_file_is_ignored(cluster, hostile):
+    slurm, clock, tmp = cluster
+    ckpt = str(tmp / "ckpt")
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=3, user=ME)
+    path = _geometry(ckpt, job, 3, [1, 2, 4, 8])
+    if hostile == "symlink":
+        real = tmp / "elsewhere.json"
+        os.replace(path, real)
+        os.symlink(real, path)
+    elif hostile == "huge":
+        with open(path, "a") as f:
+            f.write(" " * (1 << 15))
+    elif hostile == "garbage":
+        Path(path).write_bytes(b"\xff\x00{")
+    else:
+        Path(path).write_text(json.dumps({"world_size": True, "valid_world_sizes": [2, "4", -1]}))
+    rec = _reconciler(slurm, clock, tmp)
+    assert rec.cycle(dry_run=True).plans == ()     # not believed: the job stays held by hysteresis
+    assert job not in rec.requests.bad_geometry()
