@@ -263,6 +263,9 @@ class Reconciler:
         decision = self.decide(state, self._clock(), job_ids=job_ids)
         if not dry_run:
             self._say_waits(decision.waits)
+            for job_id, why in self.requests.bad_geometry().items():
+                if any(p.job_id == job_id for p in decision.plans):
+                    log.warning("job %d: %s", job_id, why)
         plans = decision.plans
         for plan in plans:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())

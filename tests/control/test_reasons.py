@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -213,3 +214,60 @@ def test_a_hostile_geometry_file_is_ignored(cluster, hostile):
     rec = _reconciler(slurm, clock, tmp)
     assert rec.cycle(dry_run=True).plans == ()     # not believed: the job stays held by hysteresis
     assert job not in rec.requests.bad_geometry()
+
+
+# -- live: the local cluster (tests/control/conftest.py) -------------------------------------------------
+GEOMETRY_JOB = r"""#!/bin/bash
+#SBATCH --time=30
+# Stands in for a job whose global batch (6, micro-batch 3) splits over 1 or 2 ranks only: like the shim it writes
+# geometry.json at every start and, at any other size, "exits 87", after which the batch shell waits to be
+# requeued, as the job templates do (the GPUs stay held until the controller acts).
+trap '' USR2
+G=$((SLURM_GPUS_ON_NODE * SLURM_JOB_NUM_NODES))
+D="$SLURM_ELASTIC_CKPT_DIR/$SLURM_JOB_ID"
+mkdir -p "$D"
+echo "{\"restart\": ${SLURM_RESTART_COUNT:-0}, \"gpus\": $G}" >> "$D/sizes.log"
+VALID='"valid_world_sizes": [1, 2], "nearest_valid_world_size": 2'
+printf '{"global_batch": 6, "micro_batch": 3, "world_size": %d, %s}' "$G" "$VALID" > "$D/geometry.json.tmp"
+mv "$D/geometry.json.tmp" "$D/geometry.json"
+if [ "$G" -gt 2 ]; then
+    echo "batch geometry: 6 samples cannot be split over $G ranks (valid: 1, 2); exiting with 87" >&2
+    while true; do sleep 5; done
+fi
+exec "$FAKE_PYTHON" "$FAKE_TRAINER"
+"""
+
+
+@pytest.mark.slurm
+def test_live_a_job_exiting_87_is_replanned_at_once_to_a_valid_size(elastic_cluster, tmp_path):
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    script = cluster.root / "geometry_job.sbatch"
+    script.write_text(GEOMETRY_JOB)
+    script.chmod(0o755)
+    # The default hysteresis (300 s) would hold a job that just started: the bad geometry must not wait for it.
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "5",
+                           log=tmp_path / "daemon.log")
+    try:
+        out = cluster.cli("sbatch", "--parsable", "--gpus=2-4", f"--ckpt-dir={cluster.root / 'ckpt'}",
+                          "--job-name=geometry", f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append",
+                          str(script))
+        job = int(out.stdout.strip())
+        sizes = cluster.root / "ckpt" / str(job) / "sizes.log"
+
+        def runs() -> list[dict[str, int]]:
+            return [json.loads(line) for line in sizes.read_text().splitlines()] if sizes.exists() else []
+
+        first = cluster.wait_for(runs, 120, what="the job's first start")[0]
+        assert first["gpus"] > 2, "the job must start at a size its batch cannot use for this test to mean anything"
+        # Well inside the 300 s hysteresis (the ACK timeout is 5 s: the stuck ranks never acknowledge).
+        cluster.wait_for(lambda: any(r["restart"] >= 1 and r["gpus"] == 2 for r in runs()), 180,
+                         what=lambda: f"a restart at 2 GPUs (runs {runs()}; {cluster.job_outputs()})")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-3000:])
+    assert rc == 0
+    log = (tmp_path / "daemon.log").read_text()
+    assert f"job {job}: {first['gpus']}->2 GPUs" in log     # one plan, straight to the one valid size
+    cluster.cancel_all()
