@@ -316,9 +316,10 @@ def _settings(value: object) -> dict[str, float | int | str]:
         v = value.get(name)
         if isinstance(v, bool):
             continue
-        if isinstance(v, (int, float)) and v == v and abs(v) < 1e12:
-            out[name] = v
-        elif isinstance(v, str) and len(v) <= 16:
+        if name == "signal":
+            if isinstance(v, str) and v.isalnum() and len(v) <= 16:
+                out[name] = v
+        elif isinstance(v, (int, float)) and v == v and abs(v) < 1e12:
             out[name] = v
     return out
 

@@ -8,6 +8,7 @@ test skipped (the CLI and the journal read wall time).
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import os
@@ -271,3 +272,26 @@ def test_live_a_job_exiting_87_is_replanned_at_once_to_a_valid_size(elastic_clus
     log = (tmp_path / "daemon.log").read_text()
     assert f"job {job}: {first['gpus']}->2 GPUs" in log     # one plan, straight to the one valid size
     cluster.cancel_all()
+
+
+def test_the_daemon_announces_its_settings_and_a_forged_setting_is_dropped(cluster):
+    from slurm_elastic.control.daemon import Loop
+
+    slurm, clock, tmp = cluster
+    directory = _daemon_dir(tmp)
+    config = ControllerConfig(min_resize_interval_s=42.0, restart_budget_per_hour=3,
+                              protocol=ProtocolSettings(ack_timeout_s=17.0), node_confirm_s=0)
+    seen = []
+    loop = Loop(Reconciler(slurm, Journal(tmp / "j.sqlite"), config, clock=clock, sleep=clock.sleep),
+                interval_s=1.0, heartbeat_dir=directory, on_cycle=lambda report: seen.append(read_heartbeat(directory)))
+    loop.run(max_cycles=1)
+    beat = seen[0]
+    assert beat is not None and beat.settings == {"hysteresis_s": 42.0, "restart_budget_per_hour": 3,
+                                                  "ack_timeout_s": 17.0, "signal": "USR2"}
+    assert ControllerConfig().with_settings(beat.settings) == dataclasses.replace(config, node_confirm_s=1.0)
+
+    write_heartbeat(directory, 10.0, settings={"hysteresis_s": "0", "restart_budget_per_hour": True,  # type: ignore
+                                               "ack_timeout_s": 1e300, "signal": "x" * 100, "other": 1})
+    beat = read_heartbeat(directory)
+    assert beat is not None and beat.settings == {}
+    assert ControllerConfig().with_settings({"hysteresis_s": -5, "restart_budget_per_hour": 2.5e9}) == ControllerConfig()
