@@ -117,3 +117,16 @@ def test_only_the_bounded_tail_is_read(tmp_path):
         f.write(json.dumps(_row(5000, 5000, 4, 2.0)) + "\n" + '{"step": 50')
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096, tail=tail)
     assert problem == "" and tail.last["step"] == 5000 and tail.partial == b'{"step": 50'
+
+
+def test_a_geometry_file_restricts_the_allowed_sizes_to_valid_world_sizes(two):
+    slurm, ckpt, a, b = two
+    path = shim.geometry_path(ckpt, shim.job_key(a))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"global_batch": 48, "micro_batch": 4, "world_size": 2, "valid_world_sizes": [1, 2, 3, 4, 6, 12]}, f)
+    src = MeasuredRequests(RequestSettings(measure_first_s=0))
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    assert reqs[str(a)].allowed_gpus == (1, 2, 3, 4, 6)      # 8 is in its range but does not split 48 / 4
+    assert reqs[str(b)].allowed_gpus is None                 # another job's file is never read for b
+    assert src.bad_geometry() == {}                          # 2 is valid: not stuck
