@@ -266,11 +266,24 @@ def _shorten_slurmd_timeout(local: LocalCluster) -> None:
     handle = (local.state_dir / "slurmd-timeout.lock").open("a")
     fcntl.flock(handle, fcntl.LOCK_EX)   # another session's node-failure test finishes first
     try:
-        old = local.set_slurmd_timeout(NODE_FAILURE_SLURMD_TIMEOUT_S)
+        old = _reconfigured(local, NODE_FAILURE_SLURMD_TIMEOUT_S)
     except BaseException:
         handle.close()
         raise
     _SHORTENED[local.state_dir] = (local, old, handle)
+
+
+def _reconfigured(local: LocalCluster, seconds: int) -> int:
+    """set_slurmd_timeout, keeping the started-by-tests marker on slurmctld (23.11+ gives it a new pid)."""
+    marker = local.state_dir / "started-by-tests"
+    before = local.status().controller_pid
+    old = local.set_slurmd_timeout(seconds)
+    try:
+        if int(marker.read_text().strip()) == before:
+            marker.write_text(f"{local.status().controller_pid}\n")
+    except (OSError, ValueError):
+        pass   # not started by tests: nothing to keep
+    return old
 
 
 @pytest.fixture(autouse=True)
@@ -280,7 +293,7 @@ def _slurmd_timeout_back_after_each_test() -> Iterator[None]:
     for state_dir, (local, old, handle) in list(_SHORTENED.items()):
         try:
             if local.is_up():
-                local.set_slurmd_timeout(old)
+                _reconfigured(local, old)
         except ElasticError as exc:
             import warnings
 

@@ -483,7 +483,20 @@ class LocalCluster:
         version = detect_version()
         _write_text(changed.slurm_conf, render_slurm_conf(changed, version))
         _write_text(changed.layout_file, changed.to_json())
+        before = {name: self._slurmd_pid(layout, name) for name in layout.node_names}
+        before_ctld = self._ctld_pid(layout)
         self.slurm("scontrol", "reconfigure", timeout=60.0)
+        if version.reconfigure_replaces_daemons:
+            # The old processes hand over to new ones, which write their pid files a moment later: until
+            # then a node-down by pid file would kill a process that is already leaving.
+            def replaced() -> bool:
+                if self._ctld_pid(layout) in (None, before_ctld):
+                    return False
+                return all(self._slurmd_pid(layout, name) not in (None, old_pid)
+                           for name, old_pid in before.items() if old_pid is not None)
+
+            _wait_until(replaced, 60.0, f"the daemons did not come back under new pids after `scontrol reconfigure` "
+                                        f"(Slurm {version}); see {layout.ctld_log}")
         _wait_until(lambda: self.slurmd_timeout_in_effect() == seconds, 60.0,
                     f"slurmctld did not take SlurmdTimeout={seconds} after reconfigure; see {layout.ctld_log}")
         log.info("SlurmdTimeout %d s -> %d s", old, seconds)

@@ -35,6 +35,11 @@ class SlurmVersion:
         return f"{self.major}.{self.minor:02d}.{self.patch}"
 
     @property
+    def reconfigure_replaces_daemons(self) -> bool:
+        """From 23.11 `scontrol reconfigure` starts new slurmctld/slurmd processes (new pids, pid files rewritten)."""
+        return (self.major, self.minor) >= (23, 11)
+
+    @property
     def needs_cgroup_conf(self) -> bool:
         """From 23.11 slurmd autodetects cgroups unless cgroup.conf says `CgroupPlugin=disabled`."""
         return (self.major, self.minor) >= (23, 11)
