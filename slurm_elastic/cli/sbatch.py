@@ -174,9 +174,18 @@ def _watch(backend: Any, *, interval: float, config: ControllerConfig, job_ids: 
     user = getpass.getuser()
     click.echo(f"watching the elastic jobs of {user} (Ctrl-C to stop; jobs keep running)", err=True)
 
+    said: dict[int, str] = {}
+
     def on_cycle(report: Any) -> None:
         for outcome in report.outcomes:
             click.echo(f"job {outcome.job_id}: plan {outcome.status} {outcome.note}".rstrip(), err=True)
+        # Each wait once, when its kind changes (the seconds left change every cycle).
+        waits = report.waits
+        for job_id, why in sorted(waits.items()):
+            if said.get(job_id) != why.split(" (")[0].split(":")[0]:
+                click.echo(f"job {job_id}: not resized now: {why}", err=True)
+        said.clear()
+        said.update({j: w.split(" (")[0].split(":")[0] for j, w in waits.items()})
 
     try:
         result = run_watch(backend, user, state_dir=user_dir(), daemon_dir=daemon_dir(), config=config,
