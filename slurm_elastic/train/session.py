@@ -179,6 +179,7 @@ class ElasticSession:
         if self._ckpt is not None:
             self._ckpt.close()
         log.debug("checkpointer closed in %.3f s", time.monotonic() - t0)
+        self.store.close()   # the job directory's descriptor: a session that ended holds nothing open
         if self._liveness is not None:
             # A clean end must not look like a loss to the watchers; an error must (the peers
             # are stuck in a collective with this rank otherwise, for the collective timeout).
