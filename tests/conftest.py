@@ -66,6 +66,13 @@ TEST_SLURMD_TIMEOUT_S = 300          # the shared cluster's: load cannot trip it
 NODE_FAILURE_SLURMD_TIMEOUT_S = 10   # while a test waits for Slurm to notice a node it killed
 
 
+# root's tools (runuser, useradd, slurmctld, mount helpers) live in the sbin directories, which a minimal
+# environment (`env -i PATH=/usr/bin:/bin ...`, as a fresh CI machine may give) leaves out.
+_SBIN = [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in os.environ.get("PATH", "").split(":")]
+if _SBIN:
+    os.environ["PATH"] = ":".join([os.environ.get("PATH", ""), *_SBIN]).lstrip(":")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--long",

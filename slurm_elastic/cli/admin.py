@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -238,10 +239,13 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
               help="Serve Prometheus metrics on this port (0: none).")
 @click.option("--metrics-addr", default="127.0.0.1", show_default=True,
               help="Address the metrics server binds (0.0.0.0: all interfaces).")
+@click.option("--speed", type=click.Choice(["measured", "linear"]), default="measured", show_default=True,
+              help="Jobs' speed per GPU count: fitted from their metrics, or the default linear model "
+                   "(for GPUs that are not real, such as the local cluster's, which share CPU cores).")
 @click.option("--max-cycles", type=click.IntRange(min=1), default=None, hidden=True)
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
-                 metrics_port: int | None, metrics_addr: str, max_cycles: int | None) -> None:
+                 metrics_port: int | None, metrics_addr: str, speed: str, max_cycles: int | None) -> None:
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
@@ -263,7 +267,8 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
     from slurm_elastic.control.state_dir import JOURNAL_FILE, InstanceLock, daemon_dir
 
     why = check_may_act("admin daemon")
-    config = controller_config(ack_timeout, hysteresis, restart_budget, signal_name)
+    config = dataclasses.replace(controller_config(ack_timeout, hysteresis, restart_budget, signal_name),
+                                 measured_speed=speed == "measured")
     backend = select_backend()
     directory = daemon_dir()
     with InstanceLock(directory, "slurm-elastic controller (admin daemon or rebalance)"):

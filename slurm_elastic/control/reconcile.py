@@ -28,7 +28,7 @@ from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, Jo
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
-from slurm_elastic.control.requests import RequestSource, default_request_source, with_basis
+from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class ControllerConfig:
     user: str | None = None                # user mode: only this user's jobs are elastic to us
     node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
     recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
+    measured_speed: bool = True            # False: the default speed model (see RequestSettings.measured_speed)
 
     def settings(self) -> dict[str, float | int | str]:
         """The settings a running controller announces (in the daemon heartbeat), so that `status`,
@@ -230,7 +231,8 @@ class Reconciler:
         self.journal = journal
         self.config = config
         self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
-        self.requests = requests if requests is not None else default_request_source()
+        self.requests = requests if requests is not None else default_request_source(
+            RequestSettings(measured_speed=config.measured_speed))
         self.allocator = allocator if allocator is not None else solve
         self._clock = clock
         self._sleep = sleep

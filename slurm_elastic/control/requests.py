@@ -98,6 +98,9 @@ class RequestSettings:
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
     geometry_max_bytes: int = 1 << 14         # geometry.json is a few hundred bytes; more is not the shim's
     prior: LinearThroughput = LinearThroughput()
+    # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
+    # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
+    measured_speed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +372,7 @@ class MeasuredRequests:
         assert spec is not None
         notes: list[str] = []
         model: MeasuredThroughput | LinearThroughput
-        if m.model is not None:
+        if m.model is not None and s.measured_speed:
             model = m.model
             pts = ", ".join(f"{int(g)}:{v:.3g}" for g, v in model.points[1:])
             notes.append(f"speed measured ({m.rows} rows; GPUs:steps/s {pts})")
@@ -402,11 +405,12 @@ class MeasuredRequests:
             else:
                 notes.append(f"no size in {spec.min_gpus}-{spec.max_gpus} splits its batch (valid "
                              f"{', '.join(map(str, geometry.valid_world_sizes[:12]))})")
-        allowed = speed_frontier(counts, model, nodes_for, placeable) if m.model is not None else None
+        measured = m.model is not None and s.measured_speed
+        allowed = speed_frontier(counts, model, nodes_for, placeable) if measured else None
         if allowed is None and fits:
             allowed = fits
         started = job.start_time if job.start_time is not None else now
-        if (m.model is None and job.state is JobState.RUNNING and m.problem == "" and not stuck
+        if (s.measured_speed and m.model is None and job.state is JobState.RUNNING and m.problem == "" and not stuck
                 and now - started < s.measure_first_s):
             # Measure first: a job that has just started keeps its size until its first rows exist, so
             # every job is measured at the size it asked for before it is moved.

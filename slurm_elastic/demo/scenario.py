@@ -504,8 +504,10 @@ def submit_args(job: DemoJob, options: DemoOptions, *, ckpt_root: Path, log_dir:
 
 def daemon_args(options: DemoOptions) -> list[str]:
     """`slurm-elastic admin daemon` options: a short cycle, and a hysteresis short enough for a five-minute demo."""
+    # --speed linear: the local cluster's GPUs are device files on a machine of a few CPU cores, where more
+    # "GPUs" (ranks) train slower; measured speeds would rightly keep every job small.
     return ["--interval", f"{options.interval_s:g}", "--hysteresis", f"{options.hysteresis_s:g}",
-            "--ack-timeout", f"{options.ack_timeout_s:g}"]
+            "--ack-timeout", f"{options.ack_timeout_s:g}", "--speed", "linear"]
 
 
 def job_template(name: str) -> Path:
