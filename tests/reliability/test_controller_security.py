@@ -32,7 +32,6 @@ import pytest
 from slurm_elastic.cluster.model import JobState
 from slurm_elastic.spec import ElasticSpec
 
-SYSTEM_PYTHON = "/usr/bin/python3"   # stdlib only, executable by every user
 
 
 # -- helpers -----------------------------------------------------------------------------------------------
@@ -164,7 +163,7 @@ def test_no_other_user_can_take_the_lock_or_read_the_journal(elastic_cluster: An
     cluster.cli(*daemon, timeout=120)           # creates the state dir, the lock and the journal
     directory = _daemon_dir(cluster)
     lock, journal = directory / "controller.lock", directory / "journal.sqlite"
-    holder = subprocess.Popen(["runuser", "-u", plain_user, "--", SYSTEM_PYTHON, "-c", HOLD_LOCK, str(lock)],
+    holder = subprocess.Popen(["runuser", "-u", plain_user, "--", cluster.user_python, "-c", HOLD_LOCK, str(lock)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               cwd="/")
     try:
@@ -174,7 +173,7 @@ def test_no_other_user_can_take_the_lock_or_read_the_journal(elastic_cluster: An
         if holder.stdin:
             holder.stdin.close()   # killing runuser would leave its child holding the lock
         holder.wait(30)
-    read = _as_user(cluster, plain_user, [SYSTEM_PYTHON, "-c", READ_FILE, str(journal)])
+    read = _as_user(cluster, plain_user, [cluster.user_python, "-c", READ_FILE, str(journal)])
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (directory, lock, journal)}
     figures.put(other_user_lock=said, daemon_rc_while_other_user_tried=second.returncode,
                 other_user_journal_read=read.stdout.strip(), modes={k: oct(v) for k, v in modes.items()})
@@ -305,7 +304,7 @@ def test_watch_trusts_no_future_dead_or_foreign_heartbeat(elastic_cluster: Any, 
     foreign = elastic_cluster.root / "state" / f"foreign-{os.getpid()}"   # traversable by every user
     foreign.mkdir()
     os.chmod(foreign, 0o1777)
-    wrote = subprocess.run(["runuser", "-u", plain_user, "--", SYSTEM_PYTHON, "-c", WRITE_BEAT, str(foreign),
+    wrote = subprocess.run(["runuser", "-u", plain_user, "--", elastic_cluster.user_python, "-c", WRITE_BEAT, str(foreign),
                             str(os.getpid())], capture_output=True, text=True, cwd="/", timeout=60)
     assert wrote.returncode == 0, wrote.stderr
     assert (foreign / "daemon.heartbeat").stat().st_uid == pwd.getpwnam(plain_user).pw_uid
