@@ -11,6 +11,7 @@ import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
 from slurm_elastic.devcluster import ClusterAlreadyUp, ClusterStatus, LocalCluster, UnknownNode
+from slurm_elastic.devcluster.local import require_root
 from slurm_elastic.devcluster.layout import (
     CLUSTER_DIR_ENV,
     DEFAULT_PORT_BASE,
@@ -173,6 +174,7 @@ def cluster_down(state_dir: Path | None) -> None:
       slurm-elastic cluster down
     """
     # down stops what runs here even when cluster.json is garbled (else nothing could stop it).
+    require_root("down", "its daemons are root's")  # before reading a state dir only root may read
     local = _existing(state_dir, readable_layout=False)
     started = time.monotonic()
     stopped = local.down()
@@ -232,6 +234,7 @@ def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> Non
     Example:
       slurm-elastic cluster node-down n2
     """
+    require_root("node-down", "its daemons are root's")
     local = _existing(state_dir)
     pid = local.node_down(name, mark_down=mark_down)
     when = "now" if mark_down else f"once SlurmdTimeout ({local.layout.slurmd_timeout} s) runs out"
@@ -253,6 +256,7 @@ def cluster_node_up(state_dir: Path | None, name: str, no_wait: bool, timeout: f
       slurm-elastic cluster node-up n2
       slurm-elastic cluster node-up n5      # a spare: the cluster gains a node
     """
+    require_root("node-up", "slurmd runs jobs as their users")
     local = _existing(state_dir)
     started = time.monotonic()
     pid = local.node_up(name, wait=not no_wait, timeout=timeout)

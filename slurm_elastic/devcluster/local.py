@@ -73,7 +73,11 @@ class LocalCluster:
 
     def exists(self) -> bool:
         """True if `up` ran here at least once (there is a cluster.json)."""
-        return (self.state_dir / "cluster.json").is_file()
+        try:
+            return (self.state_dir / "cluster.json").is_file()
+        except PermissionError:
+            raise ClusterSetupError(f"cannot read the local cluster in {self.state_dir}: permission denied "
+                                    "(it is another user's; pass --state-dir, or use sudo)") from None
 
     def env(self) -> dict[str, str]:
         """The variables a Slurm client needs to talk to this cluster (to merge into os.environ)."""
@@ -211,7 +215,7 @@ class LocalCluster:
         slurmd_timeout: seconds before Slurm calls a silent node DOWN (SlurmdTimeout).
         """
         check_state_dir(self.state_dir)
-        _require_root("up", "slurmd runs jobs as their users")
+        require_root("up", "slurmd runs jobs as their users")
         for program in ("munged", "slurmctld", "slurmd", "scontrol", "sinfo", "squeue", "scancel"):
             require_program(program)
         if self.exists():
@@ -415,7 +419,7 @@ class LocalCluster:
         With mark_down, also set it DOWN at once (`scontrol update State=DOWN`),
         as an administrator would; Slurm then requeues its jobs immediately.
         """
-        _require_root("node-down", "its daemons are root's")
+        require_root("node-down", "its daemons are root's")
         layout = self.layout
         self._known(layout, name)
         pid = self._slurmd_pid(layout, name)
@@ -436,7 +440,7 @@ class LocalCluster:
 
     def retire_spare(self, name: str) -> None:
         """Put a started spare back to its initial state: slurmd stopped, DOWN with the spare reason."""
-        _require_root("retire a spare", "its daemons are root's")
+        require_root("retire a spare", "its daemons are root's")
         layout = self.layout
         self._known(layout, name)
         if name not in layout.spare_names:
@@ -450,7 +454,7 @@ class LocalCluster:
 
         With wait, return once Slurm shows the node serving (IDLE or running jobs).
         """
-        _require_root("node-up", "slurmd runs jobs as their users")
+        require_root("node-up", "slurmd runs jobs as their users")
         layout = self.layout
         self._known(layout, name)
         if self._ctld_pid(layout) is None:
@@ -472,7 +476,7 @@ class LocalCluster:
         For tests that kill nodes on a cluster that otherwise runs with a long timeout:
         the change is read back from slurmctld, so a reconfigure that did not take is an error.
         """
-        _require_root("change SlurmdTimeout", "slurm.conf is root's")
+        require_root("change SlurmdTimeout", "slurm.conf is root's")
         layout = self.layout
         if self._ctld_pid(layout) is None:
             raise ClusterSetupError(f"the local cluster in {self.state_dir} is not up; run `slurm-elastic cluster up`")
@@ -517,7 +521,7 @@ class LocalCluster:
 
         Returns the pids that were running before. Raises if any survived.
         """
-        _require_root("down", "its daemons are root's")
+        require_root("down", "its daemons are root's")
         try:
             layout = self.layout
         except ClusterSetupError:
@@ -578,7 +582,8 @@ class LocalCluster:
             pass
 
 
-def _require_root(action: str, why: str) -> None:
+def require_root(action: str, why: str) -> None:
+    """Refuse, in one line, a cluster command that changes root's daemons when not run as root."""
     if os.geteuid() != 0:
         raise ClusterSetupError(f"`slurm-elastic cluster {action}` must run as root ({why}); use sudo")
 

@@ -130,8 +130,31 @@ class ElasticCluster:
         self.wait_for(lambda: not [j for j in self.snapshot().jobs if not j.state.finished], 60,
                       what="all jobs gone")
         # The next test's first submission sizes itself on free GPUs: wait until nodes are empty.
-        self.wait_for(lambda: all(n.gpus_alloc == 0 for n in self.snapshot().nodes if n.available), 60,
-                      what="all GPUs free")
+        busy = lambda: [n.name for n in self.snapshot().nodes if n.available and n.gpus_alloc]  # noqa: E731
+        try:
+            self.wait_for(lambda: not busy(), 60, what="all GPUs free")
+        except AssertionError:
+            # Seen once under load after a node flapped: every job finished, yet a node kept its GPUs
+            # allocated for the rest of the session, and every later test failed on it. Reset such a node
+            # as an admin would (DOWN, then RESUME clears what Slurm still holds on it), and say so.
+            stuck = busy()
+            print(f"cancel_all: GPUs still allocated on {stuck} with no job left; resetting them. Slurm says:\n"
+                  + self.slurm_view())
+            for name in stuck:
+                for state in ("DOWN", "RESUME"):
+                    subprocess.run(["scontrol", "update", f"NodeName={name}", f"State={state}",
+                                    "Reason=test harness: stale allocation"], env=self.env, check=False,
+                                   capture_output=True)
+            self.wait_for(lambda: not busy(), 60, what=lambda: "all GPUs free; Slurm says:\n" + self.slurm_view())
+
+    def slurm_view(self) -> str:
+        """squeue and sinfo as Slurm sees them, for failure messages."""
+        out = []
+        for argv in (["squeue", "--all", "-o", "%i %T %N %r %b"], ["sinfo", "-N", "-o", "%N %T %G %E"],
+                     ["scontrol", "-o", "show", "nodes"]):
+            proc = subprocess.run(argv, env=self.env, capture_output=True, text=True, check=False)
+            out.append(" ".join(argv) + "\n" + proc.stdout + proc.stderr)
+        return "\n".join(out)
 
 
 @pytest.fixture(scope="session")
