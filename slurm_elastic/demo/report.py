@@ -73,33 +73,47 @@ def _recovery(job: JobSummary, events: tuple[NodeEvent, ...], action: str) -> st
 
 
 def plot_timeline(timeline: Timeline, summary: DemoSummary, path: Path) -> None:
-    """GPUs per job over time (stacked, with the GPUs of available nodes) and training steps, node events marked."""
+    """GPUs per job over time (a fixed band each), their total against available GPUs, training steps, node events."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     end = max(summary.wall_s, 1.0)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    times, stacks = _stacked_gpus(summary, end)
+    fig, (top, total, bottom) = plt.subplots(3, 1, figsize=(13, 9), sharex=True,
+                                             gridspec_kw={"height_ratios": [3, 1.2, 2]})
+    times, held = _gpus_on_grid(summary, end)
     colours = [_JOB_COLOURS[i % len(_JOB_COLOURS)] for i in range(len(summary.jobs))]
-    labels = [f"{j.name} ({j.min_gpus}-{j.max_gpus} GPUs)" for j in summary.jobs]
-    if stacks:
-        top.stackplot(times, stacks, labels=labels, colors=colours, step="post", alpha=0.85)
-    cap_t, cap = _capacity(timeline, end)
-    if cap_t:
-        top.step(cap_t, cap, where="post", color="black", linewidth=1.5, linestyle="--",
-                 label="GPUs on available nodes")
-    top.set_ylabel("GPUs held (stacked)")
-    top.set_ylim(0, max([*cap, *(sum(col) for col in zip(*stacks))], default=1) + 3)
-    if stacks or cap_t:
+    # Each job keeps its own band (as tall as its largest size), so a job that waits at 0 GPUs does not
+    # move the others: a stacked plot would restack them and untouched jobs would look as if they shrank.
+    ticks = []
+    for i, (job, (base, height, values)) in enumerate(zip(summary.jobs, job_bands(summary.jobs, held))):
+        top.fill_between(times, base, [base + v for v in values], step="post", color=colours[i], alpha=0.85,
+                         label=f"{job.name} ({job.min_gpus}-{job.max_gpus} GPUs)")
+        top.axhline(base + height, color="grey", linewidth=0.5)
+        ticks.append((base + height / 2, job.name))
+    base = sum(height for _, height, _ in job_bands(summary.jobs, held))
+    top.set_yticks([t for t, _ in ticks], [name for _, name in ticks])
+    top.set_ylim(0, max(base, 1))
+    top.set_ylabel("GPUs held (one band per job)")
+    if held:
         top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    cap_t, cap = _capacity(timeline, end)
+    if held:
+        total.step(times, [sum(col) for col in zip(*held)], where="post", color="black", label="GPUs held by the jobs")
+    if cap_t:
+        total.step(cap_t, cap, where="post", color="black", linewidth=1.5, linestyle="--",
+                   label="GPUs on available nodes")
+        total.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    total.set_ylim(0, max([*cap, *(sum(col) for col in zip(*held))], default=1) + 2)
+    total.set_ylabel("GPUs")
+    total.grid(axis="y", alpha=0.3)
     top.set_title("slurm-elastic demo: GPUs per job over time, node events marked")
     top.grid(axis="y", alpha=0.3)
     _training_lanes(bottom, summary, colours)
     for event in summary.events:
         colour = _LOST_COLOUR if event.action == NODE_LOST else _GAINED_COLOUR
-        for ax in (top, bottom):
+        for ax in (top, total, bottom):
             ax.axvline(event.t, color=colour, linewidth=2)
             if event.slurm_t is not None and event.slurm_t - event.t > 0.5:
                 ax.axvline(event.slurm_t, color=colour, linewidth=1, linestyle=":")
@@ -146,17 +160,32 @@ def _training_lanes(ax: object, summary: DemoSummary, colours: list[str]) -> Non
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
 
 
-def _stacked_gpus(summary: DemoSummary, end: float) -> tuple[list[float], list[list[int]]]:
-    """A common time grid of every job's GPU changes, and each job's GPUs on it (for a step stackplot)."""
+def job_bands(jobs: tuple[JobSummary, ...] | list[JobSummary],
+              held: list[list[int]]) -> list[tuple[int, int, list[int]]]:
+    """(base, height, GPUs held over time) of each job's fixed band: bases depend on sizes, never on time.
+
+    The first job's band is on top, as its lane is in the training panel below.
+    """
+    bands = []
+    base = 0
+    for job, values in reversed(list(zip(jobs, held))):
+        height = max(job.max_gpus, max(values, default=0), 1)
+        bands.append((base, height, values))
+        base += height
+    return bands[::-1]
+
+
+def _gpus_on_grid(summary: DemoSummary, end: float) -> tuple[list[float], list[list[int]]]:
+    """A common time grid of every job's GPU changes, and each job's GPUs on it (for step plots)."""
     changes = sorted({t for job in summary.jobs for t, _ in job.gpus_over_time} | {0.0, end})
-    stacks = []
+    grid = []
     for job in summary.jobs:
         values = []
         for t in changes:
             held = [g for when, g in job.gpus_over_time if when <= t]
             values.append(held[-1] if held else 0)
-        stacks.append(values)
-    return changes, stacks
+        grid.append(values)
+    return changes, grid
 
 
 def _capacity(timeline: Timeline, end: float) -> tuple[list[float], list[int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 
-from slurm_elastic.demo.report import COLUMNS, table_rows, write_report
+from slurm_elastic.demo.report import COLUMNS, _gpus_on_grid, job_bands, table_rows, write_report
 from slurm_elastic.demo.summary import summarize
 from slurm_elastic.demo.timeline import Timeline
 from tests.demo.timelines import demo_timeline
@@ -48,3 +48,15 @@ def test_an_empty_timeline_still_gives_a_report(tmp_path):
     timeline = Timeline(started_at=0.0, jobs=(), events=(), ended_at=3.0)
     files = write_report(tmp_path, timeline, summarize(timeline))
     assert files.png.stat().st_size > 0 and "<table>" in files.html.read_text()
+
+
+def test_each_job_keeps_its_band_while_another_waits_at_zero():
+    # A stacked plot restacks when a job waits at 0 GPUs, so untouched jobs look as if they shrank.
+    summary = summarize(demo_timeline())
+    _, held = _gpus_on_grid(summary, summary.wall_s)
+    waiting = [[0] * len(held[0]), *held[1:]]           # the first job pending the whole time
+    bands, bands_waiting = job_bands(summary.jobs, held), job_bands(summary.jobs, waiting)
+    assert [b[:2] for b in bands] == [b[:2] for b in bands_waiting]
+    assert [b[0] for b in bands] == [sum(j.max_gpus for j in summary.jobs[k + 1:]) for k in range(len(summary.jobs))]
+    for base, height, values in bands:
+        assert all(0 <= v <= height for v in values)
