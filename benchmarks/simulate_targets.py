@@ -69,7 +69,9 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]]) -> dict[st
         ratios = [mine[k] / ref[k][policy] for k in mine if ref[k][policy] > 0]
         row["calibration_avg_ratio"] = round(float(s["avg_jct_s"]) / avg[policy], 4)
         row["calibration_median_job_ratio"] = round(statistics.median(ratios), 4)
+        row["calibration_jobs_within_5pct_share"] = round(sum(abs(r - 1) <= 0.05 for r in ratios) / len(ratios), 3)
         row["calibration_jobs_within_10pct_share"] = round(sum(abs(r - 1) <= 0.10 for r in ratios) / len(ratios), 3)
+        row["calibration_p90_job_deviation_ratio"] = round(sorted(abs(r - 1) for r in ratios)[int(0.9 * len(ratios))], 4)
     return row
 
 

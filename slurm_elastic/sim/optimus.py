@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from slurm_elastic.sim.jobs import packed_placement
 from slurm_elastic.sim.policy import ClusterView, Decision, FreeResources, JobView
+
+
+@runtime_checkable
+class OptimusOracle(Protocol):
+    """What the original's Optimus+Oracle knows of a job, where it differs from the truth the engine runs.
+
+    The Pollux artifact's Optimus counts the iterations left in whole epochs
+    of the validation trace (not statistical progress) and predicts step
+    times with its own rules (sim/pollux.py PolluxSpeed); a speed model that
+    offers these is scheduled by them, any other by its true remaining time.
+    """
+
+    def oracle_remaining(self, done: float) -> float: ...
+
+    def oracle_step_time(self, gpus: int, gpus_per_node: int) -> float: ...
 
 
 class OptimusPolicy:
@@ -52,6 +69,10 @@ class OptimusPolicy:
     def _gain(jv: JobView, g: int, gpn: int) -> float:
         if g == 0 or g + 1 > jv.job.max_gpus:
             return 0.0
+        oracle = jv.job.speed
+        if isinstance(oracle, OptimusOracle):
+            left = oracle.oracle_remaining(jv.job.work - jv.remaining)
+            return (oracle.oracle_step_time(g, gpn) - oracle.oracle_step_time(g + 1, gpn)) * left
         now_s = jv.remaining_s(packed_placement(g, gpn))
         more_s = jv.remaining_s(packed_placement(g + 1, gpn))
         return now_s - more_s

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from slurm_elastic.allocate import goodput
+from slurm_elastic.allocate.goodput import GradientNoise
 from slurm_elastic.errors import TraceError
-from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.jobs import SimJob, packed_placement
 from slurm_elastic.sim.tables import integer, number, read_rows
 
 log = logging.getLogger(__name__)
@@ -110,49 +112,85 @@ class ApplicationProfile:
                    statistics=statistics if len(statistics) == len(iterations) else {},
                    min_local_bsz=float(all_bsz.min()), max_local_bsz=max_local)
 
-    def work_iterations(self, batch_size: int) -> float:
-        """Iterations to train `epochs` epochs at global batch `batch_size` (interpolated between files)."""
+    @property
+    def init_batch(self) -> int:
+        """The batch the original tunes every job for (the smallest validated one): goodput's base batch."""
+        return min(self.iterations)
+
+    @property
+    def max_batch(self) -> int:
+        """The largest global batch an adaptive job may take (the largest validated one, as the original)."""
+        return max(self.iterations)
+
+    def iterations_after(self, batch_size: float, epoch: int) -> float:
+        """The validation trace's iterations after epoch index `epoch` at `batch_size` (linear between files)."""
         sizes = sorted(self.iterations)
-        last = self.epochs - 1
         if batch_size <= sizes[0]:
-            return float(self.iterations[sizes[0]][last] * sizes[0] / batch_size)
+            return float(self.iterations[sizes[0]][epoch] * sizes[0] / batch_size)
         if batch_size >= sizes[-1]:
-            return float(self.iterations[sizes[-1]][last] * sizes[-1] / batch_size)
+            return float(self.iterations[sizes[-1]][epoch] * sizes[-1] / batch_size)
         for lo, hi in zip(sizes, sizes[1:]):
             if lo <= batch_size <= hi:
-                a, b = self.iterations[lo][last], self.iterations[hi][last]
+                a, b = self.iterations[lo][epoch], self.iterations[hi][epoch]
                 return float(a + (b - a) * (batch_size - lo) / (hi - lo))
         raise AssertionError("unreachable")
 
-    def work_statistical(self, batch_size: int) -> float:
-        """Iterations at `batch_size` to reach the statistical progress the original simulator asks for.
+    def work_iterations(self, batch_size: int) -> float:
+        """Iterations to train `epochs` epochs at global batch `batch_size` (interpolated between files)."""
+        return self.iterations_after(batch_size, self.epochs - 1)
 
-        The original counts progress, not iterations: an iteration at batch B
-        adds gain = (var + sqr) / (var / scale + sqr), scale = B / the smallest
-        validated batch, with the gradient statistics of that epoch (interpolated
-        between the validated batches around B), and a job finishes when its
-        progress reaches, after its last epoch, the least cumulative progress any
-        validated batch reached by then. Gain is constant within an epoch, so the
-        iterations are exact: the sum over epochs of the progress step / gain.
+    @functools.cached_property
+    def progress_targets(self) -> np.ndarray:
+        """Statistical progress a job must have made to finish each epoch (the original's rule: the least
+        cumulative progress any validated batch had made by then); the last one finishes the job."""
+        return np.array([min(float(v[0][e]) for v in self.statistics.values()) for e in range(self.epochs)])
+
+    @functools.lru_cache(maxsize=4096)
+    def noise(self, batch_size: float, epoch: int) -> GradientNoise:
+        """The gradient statistics during `epoch` at `batch_size`, per sample (linear between validated batches).
+
+        The traces' grad_var is the variance of the gradient averaged over the
+        smallest validated batch B0, not of one sample: the original's gain
+        (var + sqr) / (var / scale + sqr), scale = B / B0, treats it so. So one
+        sample's variance, goodput.py's convention, is grad_var x B0; then
+        goodput.gain(B, B0, noise) is exactly the original's gain.
         """
-        if not self.statistics:
-            return self.work_iterations(batch_size)
         sizes = sorted(self.statistics)
-        init = sizes[0]
         b = min(max(batch_size, sizes[0]), sizes[-1])
         lo = max(s for s in sizes if s <= b)
         hi = min(s for s in sizes if s >= b)
         w = 0.0 if hi == lo else (b - lo) / (hi - lo)
-        scale = batch_size / init
-        total, before = 0.0, 0.0
-        for e in range(self.epochs):
-            target = min(float(v[0][e]) for v in self.statistics.values())
-            sqr = (1 - w) * self.statistics[lo][1][e] + w * self.statistics[hi][1][e]
-            var = (1 - w) * self.statistics[lo][2][e] + w * self.statistics[hi][2][e]
-            gain = (var + sqr) / (var / scale + sqr)
-            total += (target - before) / gain
-            before = target
-        return float(total)
+        sqr = (1 - w) * self.statistics[lo][1][epoch] + w * self.statistics[hi][1][epoch]
+        var = (1 - w) * self.statistics[lo][2][epoch] + w * self.statistics[hi][2][epoch]
+        return GradientNoise(grad_sqr=float(sqr), grad_var=float(var) * self.init_batch)
+
+    def gain(self, batch_size: float, epoch: int) -> float:
+        """Statistical progress of one iteration at `batch_size` during `epoch` (AdaScale's gain, goodput.py)."""
+        return goodput.gain(batch_size, self.init_batch, self.noise(batch_size, epoch))
+
+    @functools.lru_cache(maxsize=1024)
+    def epoch_ends(self, batch_size: int) -> np.ndarray:
+        """Cumulative iterations at a fixed `batch_size` when each epoch ends, counting statistical progress.
+
+        An iteration at batch B adds gain(B, epoch) progress, constant within
+        an epoch, so the iterations to the end of each epoch are exact: the
+        running sum of each epoch's progress step / its gain. Without gradient
+        statistics, the validation trace's iteration counts.
+        """
+        if not self.statistics:
+            return np.array([self.iterations_after(batch_size, e) for e in range(self.epochs)])
+        targets = self.progress_targets
+        steps = np.diff(targets, prepend=0.0)
+        return np.cumsum([steps[e] / self.gain(batch_size, e) for e in range(self.epochs)])
+
+    def work_statistical(self, batch_size: int) -> float:
+        """Iterations at `batch_size` to reach the statistical progress the original simulator asks for."""
+        return float(self.epoch_ends(batch_size)[-1])
+
+    def epochs_done(self, batch_size: int, iterations_done: float) -> int:
+        """Epochs a fixed-batch job has completed after `iterations_done` iterations (statistical progress)."""
+        ends = self.epoch_ends(batch_size)
+        return int(np.searchsorted(ends, iterations_done + 1e-9 * ends[-1], side="right"))
 
     @functools.lru_cache(maxsize=65536)
     def step_times(self, placement: tuple[int, ...], local_bsz: float) -> tuple[float, float]:
@@ -177,17 +215,23 @@ class ApplicationProfile:
             out = self._nearest(q)[0]
         return float(out[0]), float(out[1])
 
-    def iteration_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+    def iteration_time(self, placement: tuple[int, ...], batch_size: int, *,
+                       one_gpu_accumulates: bool | None = None) -> float:
         """Seconds per global-batch iteration, with gradient accumulation past the largest per-GPU batch.
 
-        As the original: one GPU with a batch above the smallest validated one
-        always accumulates at least once, and the per-GPU batch never exceeds
-        the largest validated batch / (GPUs x accumulation steps).
+        As the original: a fixed-batch job on one GPU with a batch above the
+        smallest validated one always accumulates at least once
+        (`one_gpu_accumulates` None; True: on one GPU always, as the original's
+        Optimus predicts; False: never, as a goodput-chosen batch), and the
+        per-GPU batch never exceeds the largest validated batch / (GPUs x
+        accumulation steps).
         """
         replicas = sum(placement)
         local = math.ceil(batch_size / replicas - 1e-8)
         accum = max(0, math.ceil(local / self.max_local_bsz - 1e-8) - 1)
-        if replicas == 1 and self.iterations and batch_size > min(self.iterations):
+        if one_gpu_accumulates is None:
+            one_gpu_accumulates = bool(self.iterations) and batch_size > min(self.iterations)
+        if replicas == 1 and one_gpu_accumulates:
             accum = max(1, accum)
         atomic = math.ceil(local / (accum + 1) - 1e-8)
         if self.iterations:
@@ -203,7 +247,7 @@ class ApplicationProfile:
 class PolluxSpeed:
     """Iterations per second of an application at a fixed global batch, from its measured profile."""
 
-    profile: ApplicationProfile
+    profile: ApplicationProfile = field(repr=False)
     batch_size: int
 
     def __call__(self, placement: tuple[int, ...]) -> float:
@@ -211,6 +255,107 @@ class PolluxSpeed:
         if not placement:
             return 0.0
         return 1.0 / self.profile.iteration_time(placement, self.batch_size)
+
+    def epoch(self, done: float) -> int:
+        """Epochs completed after `done` iterations."""
+        return self.profile.epochs_done(self.batch_size, done)
+
+    def noise(self, done: float) -> GradientNoise | None:
+        """The gradient statistics the job measures now (per sample), None without statistics in the trace."""
+        if not self.profile.statistics:
+            return None
+        return self.profile.noise(self.batch_size, min(self.epoch(done), self.profile.epochs - 1))
+
+    # -- what the original's Optimus+Oracle knows (sim/optimus.py asks for it) --
+    def oracle_remaining(self, done: float) -> float:
+        """The iterations Optimus+Oracle counts as left: the validation trace's, from the last finished epoch.
+
+        The original's oracle counts whole epochs of the trace's iterations
+        (not statistical progress) and at least 1 once the last epoch began.
+        """
+        epoch = self.epoch(done)
+        last = self.profile.epochs - 1
+        if epoch >= last:
+            return 1.0
+        return (self.profile.iterations_after(self.batch_size, last)
+                - self.profile.iterations_after(self.batch_size, epoch))
+
+    def oracle_step_time(self, gpus: int, gpus_per_node: int) -> float:
+        """Optimus+Oracle's predicted seconds per iteration at `gpus` packed GPUs (on one GPU it assumes
+        accumulation whatever the batch, as the original's prediction does)."""
+        return self.profile.iteration_time(packed_placement(gpus, gpus_per_node), self.batch_size,
+                                           one_gpu_accumulates=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """An adaptive job's running state until its next epoch boundary (or until it is moved)."""
+
+    rate: float           # statistical progress per second
+    until: float          # progress left before the epoch ends and the batch is chosen again
+    batch: int            # the global batch it runs at
+    steps_per_s: float
+    noise: GradientNoise
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSpeed:
+    """An adaptive-batch Pollux job: work in statistical progress, batch chosen by goodput.
+
+    At every start and every epoch boundary the job takes the global batch
+    with the highest goodput on its placement (goodput.best_batch over
+    batches from max(init batch, smallest per-GPU batch x GPUs) to the
+    largest validated batch, with the true step times and that epoch's
+    gradient statistics), as the original's adaptive jobs do with their
+    fitted models. Progress per second is gain / iteration time; the job
+    finishes when it reaches the original's target after the last epoch.
+    `__call__` (a placement's speed for policies that ask without a state)
+    is the rate during the first epoch.
+    """
+
+    profile: ApplicationProfile = field(repr=False)
+    candidates: int = 24
+
+    def __call__(self, placement: tuple[int, ...]) -> float:
+        placement = tuple(g for g in placement if g > 0)
+        return self.segment(placement, 0.0).rate if placement else 0.0
+
+    @property
+    def work(self) -> float:
+        return float(self.profile.progress_targets[-1])
+
+    def epoch(self, done: float) -> int:
+        targets = self.profile.progress_targets
+        return int(np.searchsorted(targets, done + 1e-9 * targets[-1], side="right"))
+
+    def segment(self, placement: tuple[int, ...], done: float) -> Segment:
+        placement = _canonical(placement)
+        epoch = min(self.epoch(done), self.profile.epochs - 1)
+        seg = self._choose(placement, epoch)
+        until = float(self.profile.progress_targets[epoch]) - done
+        return Segment(seg.rate, max(until, 0.0), seg.batch, seg.steps_per_s, seg.noise)
+
+    @functools.lru_cache(maxsize=65536)
+    def _choose(self, placement: tuple[int, ...], epoch: int) -> Segment:
+        p = self.profile
+        replicas = sum(placement)
+        lo = max(p.init_batch, math.ceil(p.min_local_bsz * replicas))
+        hi = max(p.max_batch, lo)
+        grid = {lo, hi} | {int(round(b)) for b in np.geomspace(lo, hi, self.candidates)}
+        noise = p.noise(lo, epoch)
+
+        def samples_per_s(batch: int) -> float:
+            return batch / p.iteration_time(placement, batch, one_gpu_accumulates=False)
+
+        # The statistics are those measured at the batch being run; the choice uses the ones at the
+        # smallest candidate (what a job running there would have measured), then runs at its pick.
+        batch, _ = goodput.best_batch(sorted(grid), samples_per_s, p.init_batch, noise)
+        step = p.iteration_time(placement, batch, one_gpu_accumulates=False)
+        noise = p.noise(batch, epoch)
+        return Segment(goodput.gain(batch, p.init_batch, noise) / step, math.inf, batch, 1.0 / step, noise)
+
+    def __hash__(self) -> int:
+        return id(self)
 
 
 def _canonical(placement: tuple[int, ...]) -> tuple[int, ...]:
@@ -223,14 +368,25 @@ def load_profiles(folder: Path, names: set[str]) -> dict[str, ApplicationProfile
     return {name: ApplicationProfile.load(folder / name) for name in sorted(names)}
 
 
+ADAPTIVE = ("none", "all", "half")
+
+
 def load_workload(path: Path, applications: Path | None = None, *,
-                  max_gpus_cap: int = 64, elastic_max: str = "batch") -> list[SimJob]:
+                  max_gpus_cap: int = 64, adaptive: str = "none") -> list[SimJob]:
     """Jobs of a Pollux workload CSV; profiles come from `applications` (default: ../applications).
 
-    Elastic range (used by optimus and l1): 1 .. batch_size // smallest
-    measured per-GPU batch (as the original's Optimus), capped at
+    Elastic range (used by optimus and the controller): 1 .. batch_size //
+    smallest measured per-GPU batch (as the original's Optimus), capped at
     `max_gpus_cap`; ncf stays at 1 GPU as in the original.
+
+    `adaptive`: "none" (every job at its trace batch), "all" (every job
+    adaptive, as in the original's Pollux runs: work in statistical progress,
+    batch chosen by goodput, range 1 .. largest validated batch // smallest
+    per-GPU batch), "half" (every other job in submission order). ncf stays
+    fixed at one GPU either way (its range is one GPU).
     """
+    if adaptive not in ADAPTIVE:
+        raise TraceError(f"unknown adaptive mode {adaptive!r} (choose {', '.join(ADAPTIVE)})")
     path = Path(path)
     applications = Path(applications) if applications else path.parent.parent / "applications"
     rows = []
@@ -248,7 +404,7 @@ def load_workload(path: Path, applications: Path | None = None, *,
                              f"(profiles exist for {', '.join(sorted(known))})")
         wanted.add(row["application"])
     profiles = load_profiles(applications, wanted)
-    jobs = []
+    parsed = []
     seen = set()
     for line, row in rows:
         name = row["name"]
@@ -257,18 +413,27 @@ def load_workload(path: Path, applications: Path | None = None, *,
         if name in seen:
             raise TraceError(f"{path}:{line}: duplicate job name {name!r}")
         seen.add(name)
-        submit = number(path, line, "time", row["time"])
-        replicas = integer(path, line, "num_replicas", row["num_replicas"])
-        batch = integer(path, line, "batch_size", row["batch_size"])
-        profile = profiles[row["application"]]
+        parsed.append((number(path, line, "time", row["time"]), name,
+                       integer(path, line, "num_replicas", row["num_replicas"]),
+                       integer(path, line, "batch_size", row["batch_size"]), profiles[row["application"]]))
+    parsed.sort(key=lambda p: (p[0], p[1]))
+    jobs = []
+    for rank, (submit, name, replicas, batch, profile) in enumerate(parsed):
         max_gpus = max(1, min(max_gpus_cap, int(batch // profile.min_local_bsz)))
         if profile.name == "ncf":
             max_gpus = 1
         max_gpus = max(max_gpus, replicas)
+        speed: PolluxSpeed | AdaptiveSpeed
+        if profile.statistics and profile.name != "ncf" and (
+                adaptive == "all" or (adaptive == "half" and rank % 2 == 0)):
+            speed = AdaptiveSpeed(profile)
+            work = speed.work
+            max_gpus = max(replicas, min(max_gpus_cap, int(profile.max_batch // profile.min_local_bsz)))
+        else:
+            speed, work = PolluxSpeed(profile, batch), profile.work_statistical(batch)
         jobs.append(SimJob(
             key=name, submit_s=submit, requested_gpus=replicas, min_gpus=1, max_gpus=max_gpus,
-            work=profile.work_statistical(batch), speed=PolluxSpeed(profile, batch),
-            cpus_per_gpu=1, mem_per_gpu_mb=1024, application=profile.name,
+            work=work, speed=speed, cpus_per_gpu=1, mem_per_gpu_mb=1024, application=profile.name,
         ))
     jobs.sort(key=lambda j: (j.submit_s, j.key))
     log.info("loaded %d jobs from %s", len(jobs), path)
