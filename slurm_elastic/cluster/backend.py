@@ -55,3 +55,24 @@ class Backend(Protocol):
         ...
 
     def cancel(self, job_id: int) -> None: ...
+
+
+@runtime_checkable
+class NodeExcludingBackend(Backend, Protocol):
+    """A backend that can act on a job's report of a lost node (control/peer_loss.py).
+
+    Slurm itself may not notice a dead node for SlurmdTimeout (often 300 s); until then a requeued
+    job that still holds the node stays COMPLETING, and a released one may be placed on it again.
+    """
+
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        """Shrink a running job to `nodes` (a subset of its own): it gives up the others at once."""
+        ...
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        """Never place this (pending) job on `nodes` again (ExcNodeList, for this job only)."""
+        ...
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain a node with a reason (no new jobs; running ones go on)."""
+        ...

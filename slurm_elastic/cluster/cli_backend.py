@@ -220,6 +220,29 @@ class CliBackend:
         # scancel exits 0 for an unknown job id and says so only with --verbose.
         self._run(["scancel", "--verbose", str(int(job_id))], stderr_errors=True)
 
+    # --- a job's lost node (NodeExcludingBackend) ------------------------------------------------------
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        # A running job shrunk to these nodes gives up the others at once, so its requeue completes
+        # on the nodes that answer instead of waiting (COMPLETING) for a dead slurmd until
+        # SlurmdTimeout (seen live on 22.05: 300 s otherwise, about 1 s this way).
+        self._run(["scontrol", "update", f"JobId={int(job_id)}", f"NodeList={_node_list(nodes)}"])
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        # ExcNodeList replaces the job's list: the nodes it already excluded are kept.
+        both = sorted(set(self._excluded(job_id)) | set(nodes))
+        self._run(["scontrol", "update", f"JobId={int(job_id)}", f"ExcNodeList={_node_list(tuple(both))}"])
+
+    def drain(self, node: str, reason: str) -> None:
+        text = " ".join(str(reason).split())[:200] or "slurm-elastic"
+        self._run(["scontrol", "update", f"NodeName={_node_list((node,))}", "State=DRAIN", f"Reason={text}"])
+
+    def _excluded(self, job_id: int) -> tuple[str, ...]:
+        out = self._run(["scontrol", "-o", "show", "job", str(int(job_id))])
+        m = re.search(r"(?:^|\s)ExcNodeList=(\S+)", out)
+        if m is None or m[1] == "(null)":
+            return ()
+        return tuple(self._run(["scontrol", "show", "hostnames", m[1]]).split())
+
 
 class _NoJson(Exception):
     """This Slurm's tool has no usable --json."""
@@ -239,6 +262,19 @@ def classify(message: str, command: tuple[str, ...], returncode: int | None) -> 
     if _UNKNOWN_JOB.search(message):
         return UnknownJob(text, command=command, returncode=returncode)
     return SlurmError(text, command=command, returncode=returncode)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _node_list(nodes: tuple[str, ...]) -> str:
+    """Node names for scontrol, each checked (they may come from a job's own report)."""
+    if not nodes:
+        raise SlurmError("no node names given")
+    for name in nodes:
+        if not isinstance(name, str) or not _NODE_NAME.fullmatch(name):
+            raise SlurmError(f"not a node name: {name!r}")
+    return ",".join(nodes)
 
 
 def _signal_name(signal: str | int) -> str:

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS plans (
     entry          TEXT    NOT NULL,
     reason         TEXT    NOT NULL,
     user           TEXT    NOT NULL DEFAULT '',
+    exclude        TEXT    NOT NULL DEFAULT '',
     forced         INTEGER NOT NULL,
     restarts       INTEGER NOT NULL,
     step           TEXT    NOT NULL,
@@ -57,6 +58,13 @@ CREATE TABLE IF NOT EXISTS steps (
     step    TEXT    NOT NULL,
     at      REAL    NOT NULL,
     note    TEXT    NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS drains (
+    node    TEXT    NOT NULL,
+    user    TEXT    NOT NULL,
+    job_id  INTEGER NOT NULL,
+    at      REAL    NOT NULL,
+    reason  TEXT    NOT NULL
 );
 """
 
@@ -82,7 +90,8 @@ class PlanRecord:
         return {"plan_id": self.plan_id, "job_id": self.job_id, "from_gpus": self.plan.from_gpus,
                 "to_gpus": self.plan.to_gpus, "nodes": self.plan.nodes,
                 "gpus_per_node": self.plan.gpus_per_node, "entry": self.plan.entry.value,
-                "reason": self.plan.reason, "forced": self.plan.forced, "step": self.step,
+                "reason": self.plan.reason, "forced": self.plan.forced, "exclude": list(self.plan.exclude),
+                "step": self.step,
                 "status": self.status, "created_at": self.created_at, "updated_at": self.updated_at,
                 "note": self.note}
 
@@ -106,6 +115,8 @@ class Journal:
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(plans)")}
             if "user" not in columns:   # a journal from before plans named the job's owner
                 self._db.execute("ALTER TABLE plans ADD COLUMN user TEXT NOT NULL DEFAULT ''")
+            if "exclude" not in columns:   # from before plans acted on a job's lost node
+                self._db.execute("ALTER TABLE plans ADD COLUMN exclude TEXT NOT NULL DEFAULT ''")
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the controller journal {self.path}: {exc}{_full(self.path)}") from None
 
@@ -119,11 +130,11 @@ class Journal:
         with self._tx():
             cur = self._db.execute(
                 "INSERT INTO plans (job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu,"
-                " mem_per_gpu_mb, entry, reason, user, forced, restarts, step, status, created_at, updated_at)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " mem_per_gpu_mb, entry, reason, user, exclude, forced, restarts, step, status, created_at,"
+                " updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (plan.job_id, plan.from_gpus, plan.to_gpus, plan.nodes, plan.gpus_per_node,
                  plan.cpus_per_gpu, plan.mem_per_gpu_mb, plan.entry.value, plan.reason, plan.user,
-                 int(plan.forced), restarts, "open", OPEN, at, at))
+                 ",".join(plan.exclude), int(plan.forced), restarts, "open", OPEN, at, at))
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, "open", at, json.dumps(plan.describe())))
@@ -149,7 +160,19 @@ class Journal:
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, status, at, note))
 
+    def record_drain(self, node: str, *, user: str, job_id: int, reason: str, now: float | None = None) -> None:
+        """A node drained on a job's report of losing it (admin daemon --drain-on-peer-loss)."""
+        at = time.time() if now is None else now
+        with self._tx():
+            self._db.execute("INSERT INTO drains (node, user, job_id, at, reason) VALUES (?,?,?,?,?)",
+                             (node, user, job_id, at, reason))
+
     # -- reading -----------------------------------------------------------------------
+    def drains_since(self, user: str, since: float) -> int:
+        """Nodes drained on the word of this user's jobs since `since` (the bound on what one user can drain)."""
+        row = self._db.execute("SELECT COUNT(*) FROM drains WHERE user=? AND at>=?", (user, since)).fetchone()
+        return int(row[0])
+
     def open_plans(self) -> list[PlanRecord]:
         return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))
 
@@ -192,13 +215,15 @@ class Journal:
     def _select(self, where: str, args: tuple[object, ...]) -> list[PlanRecord]:
         rows = self._db.execute(
             "SELECT plan_id, job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb,"
-            " entry, reason, forced, restarts, step, status, created_at, updated_at, note, user FROM plans " + where,
+            " entry, reason, forced, restarts, step, status, created_at, updated_at, note, user, exclude FROM plans "
+            + where,
             args).fetchall()
         out = []
         for r in rows:
             plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), nodes=int(r[4]),
                         gpus_per_node=int(r[5]), cpus_per_gpu=int(r[6]), mem_per_gpu_mb=int(r[7]),
-                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]), user=str(r[17]))
+                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]), user=str(r[17]),
+                        exclude=tuple(n for n in str(r[18]).split(",") if n))
             out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[11]), step=str(r[12]),
                                   status=str(r[13]), created_at=float(r[14]), updated_at=float(r[15]),
                                   note=str(r[16])))

@@ -32,6 +32,12 @@ class Plan:
     reason: str
     forced: bool = False   # a node it used was lost: hysteresis and the restart budget do not apply
     user: str = ""         # the job's owner when planned ('' in plans journaled before owners were kept)
+    exclude: tuple[str, ...] = ()   # nodes its ranks reported lost: given up now, never used again by this job
+
+    @property
+    def peer_lost(self) -> bool:
+        """The job said it lost these nodes: its ranks have ended (no signal, no ACK to wait for)."""
+        return bool(self.exclude)
 
     @property
     def shrinks(self) -> bool:
@@ -78,14 +84,18 @@ def on_dead_node(job: Job, state: ClusterState) -> bool:
 
 def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
                *, job_ids: frozenset[int] | None = None,
-               handled: Mapping[int, int] | None = None) -> tuple[Plan, ...]:
+               handled: Mapping[int, int] | None = None,
+               peer_lost: Mapping[int, tuple[str, ...]] | None = None) -> tuple[Plan, ...]:
     """The changes that take each in-scope elastic job from now to the allocation.
 
     `handled` maps job id -> restart count after the controller's own last plan: a pending job
     at that count was requeued by us (already resized, StartTime=now), not by a node failure.
+    `peer_lost` maps job id -> the nodes its ranks reported lost (control/peer_loss.py): such a
+    running job restarts now without them, at whatever size the allocation gives it.
     Shrinks come first so that grows find the GPUs they free.
     """
     handled = handled or {}
+    peer_lost = peer_lost or {}
     plans: list[Plan] = []
     for job in state.elastic_jobs:
         if job_ids is not None and job.job_id not in job_ids:
@@ -94,7 +104,7 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
         if target is None:
             continue
         plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state,
-                         ours=handled.get(job.job_id) == job.restarts)
+                         ours=handled.get(job.job_id) == job.restarts, lost_nodes=peer_lost.get(job.job_id, ()))
         if plan is not None:
             plans.append(plan)
     plans.sort(key=lambda p: (not p.shrinks, p.job_id))
@@ -102,7 +112,7 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
 
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
-              state: ClusterState, *, ours: bool = False) -> Plan | None:
+              state: ClusterState, *, ours: bool = False, lost_nodes: tuple[str, ...] = ()) -> Plan | None:
     spec = job.spec
     assert spec is not None
     if job.held:
@@ -118,6 +128,10 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
         if on_dead_node(job, state):
             # Slurm requeues it itself when it marks the node down; it enters at step 3 then.
             return None
+        if lost_nodes:
+            why = f"its ranks lost node{'s' if len(lost_nodes) > 1 else ''} {','.join(lost_nodes)} (the job's report)"
+            why += "; restarting without them" if target > 0 else "; no room without them: queued at its minimum"
+            return Plan(entry=PlanEntry.RUNNING, reason=why, forced=True, exclude=tuple(lost_nodes), **common)
         lost = lost_node(job, state)
         if target == now and not lost:
             return None

@@ -1,5 +1,10 @@
 """The requeue protocol: signal, wait for the checkpoint ACK, requeuehold, resize, release; and its recovery.
 
+A plan for a job whose ranks reported a lost node (Plan.exclude) sends no signal and waits for no
+ACK (its survivors already committed and exited); its hold first shrinks the running job to the
+nodes it keeps, so the requeue does not wait for the dead node, and its resize excludes the lost
+nodes for that job.
+
 Every step looks at the jobs again first and abandons (journaled, with the reason) a plan whose
 job is no longer what the plan assumed: a job its owner cancels during the ACK wait is never
 requeued, resized or released.
@@ -98,6 +103,9 @@ class RequeueProtocol:
         self._recheck(running, finished, held, before="signal")
         running = [r for r in running if r.plan_id not in finished]
         for rec in running:
+            if rec.plan.peer_lost:
+                self.journal.record(rec.plan_id, "signal", "not sent: its ranks ended on losing a peer")
+                continue
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
             try:
                 self.backend.signal(rec.job_id, self.settings.signal)
@@ -109,6 +117,8 @@ class RequeueProtocol:
         acked = self._wait_for_acks(running, state)
         for rec in running:
             note = "acked" if acked.get(rec.plan_id) else f"no ACK within {self.settings.ack_timeout_s:g}s"
+            if rec.plan.peer_lost:
+                note = f"none needed: {rec.plan.reason}"
             self.journal.record(rec.plan_id, "ack", note)
             if not acked.get(rec.plan_id):
                 log.warning("job %d: %s; the last periodic checkpoint is the resume point", rec.job_id, note)
@@ -260,7 +270,7 @@ class RequeueProtocol:
         """
         if fresh:
             try:
-                self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING)
+                self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING, plan=rec.plan)
                 return None
             except SlurmError as exc:
                 log.info("job %d: hold refused (%s); looking again", rec.job_id, exc)
@@ -272,7 +282,7 @@ class RequeueProtocol:
             return None  # done before a crash, or by the requeuehold itself
         if rec.plan.entry is PlanEntry.PENDING and job.state is JobState.RUNNING:
             return "the queued job started before it could be held; the next cycle plans it as running"
-        self._hold_action(rec.job_id, running=job.state is not JobState.PENDING)
+        self._hold_action(rec.job_id, running=job.state is not JobState.PENDING, plan=rec.plan)
         return None
 
     def _resize(self, plan: Plan, plan_id: int) -> None:
@@ -286,6 +296,11 @@ class RequeueProtocol:
             self._settle(plan.job_id, lambda: self.backend.set_resources(
                 plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
                 cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
+            if plan.exclude:
+                # For this job only: Slurm still counts the node as up (until SlurmdTimeout) and would
+                # otherwise start the job there again.
+                self._settle(plan.job_id, lambda: self.backend.exclude_nodes(  # type: ignore[attr-defined]
+                    plan.job_id, plan.exclude))
             job = self._observe(plan.job_id)
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:
@@ -338,13 +353,35 @@ class RequeueProtocol:
                 return
             self._sleep(self.settings.settle_poll_s)
 
-    def _hold_action(self, job_id: int, *, running: bool) -> None:
+    def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None) -> None:
+        if running and plan is not None and plan.exclude:
+            self._give_up_lost_nodes(job_id, plan.exclude)
         if running:
             self.backend.requeue_hold(job_id)
             log.info("job %d: requeued and held", job_id)
         else:
             self.backend.hold(job_id)
             log.info("job %d: held", job_id)
+
+    def _give_up_lost_nodes(self, job_id: int, lost: tuple[str, ...]) -> None:
+        """Shrink the running job to the nodes it keeps before requeuing it.
+
+        A requeued job stays COMPLETING until every node it holds has answered; a node whose slurmd
+        is gone answers once Slurm marks it DOWN (SlurmdTimeout). Given up first, it is not waited for.
+        """
+        job = self._observe(job_id)
+        if job is None or job.state is not JobState.RUNNING or not set(lost) & set(job.nodes):
+            return
+        keep = tuple(n for n in job.nodes if n not in lost)
+        if not keep:
+            return
+        try:
+            self.backend.keep_nodes(job_id, keep)  # type: ignore[attr-defined]
+            log.info("job %d: gave up %s, kept %s", job_id, ",".join(lost), ",".join(keep))
+        except SlurmError as exc:
+            # E.g. the lost node is the batch host. The requeue then completes when Slurm marks it down.
+            log.warning("job %d: could not give up %s before the requeue (%s); the requeue completes when "
+                        "Slurm marks the node down", job_id, ",".join(lost), exc)
 
     def _release(self, job_id: int, *, fresh: bool = False) -> None:
         if fresh:
@@ -393,8 +430,10 @@ class RequeueProtocol:
 
     # -- the ACK hand-shake ------------------------------------------------------------------------
     def _wait_for_acks(self, running: Sequence[PlanRecord], state: ClusterState) -> dict[int, bool]:
+        lost = {rec.plan_id: True for rec in running if rec.plan.peer_lost}   # committed before they exited
+        running = [rec for rec in running if not rec.plan.peer_lost]
         if not running:
-            return {}
+            return lost
         paths: dict[int, str | None] = {}
         for rec in running:
             job = _find(state, rec.job_id)
@@ -410,7 +449,7 @@ class RequeueProtocol:
                 if not acked[pid] and path is not None and os.path.exists(path):
                     acked[pid] = True
             if all(acked[pid] or pid in moved_on for pid in acked) or self._clock() >= deadline:
-                return acked
+                return {**acked, **lost}
             if self._clock() >= next_look:
                 moved_on |= self._moved_on([r for r in running if not acked[r.plan_id]])
                 next_look = self._clock() + self.settings.observe_every_s

@@ -23,16 +23,19 @@ from typing import Callable, Iterator, Mapping
 from slurm_elastic.allocate.from_state import capacity_from_state
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
-from slurm_elastic.cluster.backend import Backend
+from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
 from slurm_elastic.control.journal import DONE, OPEN, Journal
+from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
+from slurm_elastic.errors import SlurmError
 
 log = logging.getLogger(__name__)
 
 HOUR_S = 3600.0
+DRAINS_PER_USER_PER_HOUR = 2   # --drain-on-peer-loss: what one user's reports can drain, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,7 @@ class ControllerConfig:
     node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
     recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
     measured_speed: bool = True            # False: the default speed model (see RequestSettings.measured_speed)
+    drain_on_peer_loss: bool = False       # admin mode: drain a node a job reported lost (control/peer_loss.py)
 
     def settings(self) -> dict[str, float | int | str]:
         """The settings a running controller announces (in the daemon heartbeat), so that `status`,
@@ -94,6 +98,8 @@ class CycleReport:
     job_states: Mapping[int, str] = field(default_factory=dict)
     current_gpus: Mapping[int, int] = field(default_factory=dict)
     waits: Mapping[int, str] = field(default_factory=dict)
+    peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)
+    drained: tuple[str, ...] = ()
     gpus_total: int = 0
     gpus_elastic: int = 0
     gpus_free: int = 0
@@ -119,6 +125,11 @@ class CycleReport:
                      for j, s in sorted(self.job_states.items())],
             "malformed": [{"job_id": j, "error": e} for j, e in sorted(self.malformed.items())],
             "nodes_lost": list(self.nodes_lost), "nodes_gained": list(self.nodes_gained),
+            "peer_losses": [{"job_id": j, "lost_nodes": list(x.lost_nodes), "step_id": x.step_id,
+                             "commit": x.commit, "committed_step": x.committed_step,
+                             "detected_at": x.detected_at, "seen_at": x.seen_at}
+                            for j, x in sorted(self.peer_losses.items())],
+            "drained": list(self.drained),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
             "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
                                                   "objective": alloc.objective, "mip_gap": alloc.mip_gap,
@@ -157,6 +168,7 @@ class Decision:
     pinned: Mapping[int, str] = field(default_factory=dict)
     malformed: Mapping[int, str] = field(default_factory=dict)
     waits: Mapping[int, str] = field(default_factory=dict)   # job id -> why it is not being resized now
+    peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)   # reports read (acted on or not yet)
 
 
 def solve(problem: AllocationProblem) -> Allocation:
@@ -240,6 +252,11 @@ class Reconciler:
         self._reported_malformed: set[int] = set()
         self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
         self._said: dict[int, str] = {}
+        self.peer_losses = PeerLossReader(clock=clock)
+        self._can_exclude = isinstance(backend, NodeExcludingBackend)
+        if not self._can_exclude:
+            log.info("the %s backend cannot exclude nodes from a job: jobs' peer-lost reports are not acted on",
+                     getattr(backend, "name", type(backend).__name__))
 
     def cycle(self, *, dry_run: bool = False, job_ids: frozenset[int] | None = None) -> CycleReport:
         """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
@@ -274,6 +291,7 @@ class Reconciler:
         outcomes: list[Outcome] = []
         if plans and not dry_run:
             outcomes = self.protocol.execute(plans, decision.scoped)
+        drained = self._drain_lost(plans, outcomes) if not dry_run else ()
         elastic = decision.scoped.elastic_jobs
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
@@ -283,6 +301,7 @@ class Reconciler:
             pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
+            peer_losses=decision.peer_losses, drained=drained,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report
@@ -302,7 +321,11 @@ class Reconciler:
                 self._reported_malformed.add(job_id)
         requests = self.requests.requests(scoped, now, self.config.policy)
         stuck = self.requests.bad_geometry()
-        pinned, pins = self._pins(scoped, now, frozenset(stuck))
+        # A job whose ranks reported a lost node restarts now without it, past hysteresis and budget:
+        # its incarnation is over (the survivors committed and exited).
+        losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
+        acting = ready(losses, now, self.config.protocol.ack_timeout_s)
+        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s
@@ -310,7 +333,7 @@ class Reconciler:
                    and (r := self.journal.restarts_after_last_plan(j.job_id, since)) is not None}
         hit = frozenset(j.job_id for j in scoped.elastic_jobs
                         if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
-                        or j.job_id in stuck)
+                        or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
         problem = pin_jobs(AllocationProblem(requests, capacity_from_state(scoped), policy), pins, hit)
         if problem == self._last_solved[0] and self._last_solved[1] is not None:
@@ -324,9 +347,14 @@ class Reconciler:
         node_sizes = {n.gpus for n in scoped.nodes}
         plans = make_plans(scoped, allocation,
                            lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
-                           handled=handled)
+                           handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()})
         waits = self._waits(scoped, allocation, plans, pinned, stuck, now)
-        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits)
+        for job_id, loss in losses.items():
+            if job_id not in acting:
+                left = max(self.config.protocol.ack_timeout_s - (now - loss.seen_at), 0.0)
+                waits[job_id] = (f"{loss.describe()}: waiting for its just-in-time commit "
+                                 f"(restarted without {','.join(loss.lost_nodes)} in {left:.0f}s at the latest)")
+        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
 
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
                pinned: Mapping[int, str], stuck: Mapping[int, str], now: float) -> dict[int, str]:
@@ -377,6 +405,38 @@ class Reconciler:
             job = decision.scoped.job(plan.job_id)
             plan_id = self.journal.open_plan(plan, restarts=job.restarts, now=decision.taken_at)
             self.journal.finish(plan_id, "done", "applied outside the protocol", now=decision.taken_at)
+
+    def _drain_lost(self, plans: tuple[Plan, ...], outcomes: list[Outcome]) -> tuple[str, ...]:
+        """--drain-on-peer-loss (admin mode only): drain the nodes a finished peer-loss plan excluded.
+
+        A job's word is its user's: each user's reports drain at most DRAINS_PER_USER_PER_HOUR nodes
+        an hour (journaled), and only nodes the job ran on (checked when the report was read).
+        Draining stops new jobs there; the ones running go on.
+        """
+        if not self.config.drain_on_peer_loss or self.config.user is not None:
+            return ()
+        done = {o.plan_id for o in outcomes if o.status == DONE}
+        by_job = {o.job_id: o.plan_id for o in outcomes}
+        drained: list[str] = []
+        now = self._clock()
+        for plan in plans:
+            if not plan.peer_lost or by_job.get(plan.job_id) not in done:
+                continue
+            for node in plan.exclude:
+                if self.journal.drains_since(plan.user, now - HOUR_S) >= DRAINS_PER_USER_PER_HOUR:
+                    log.warning("job %d: not draining %s: %s's jobs drained %d nodes in the last hour already",
+                                plan.job_id, node, plan.user, DRAINS_PER_USER_PER_HOUR)
+                    break
+                reason = f"slurm-elastic: job {plan.job_id} ({plan.user}) reported its ranks here lost"
+                try:
+                    self.backend.drain(node, reason)  # type: ignore[attr-defined]
+                except SlurmError as exc:
+                    log.error("job %d: cannot drain %s: %s", plan.job_id, node, exc)
+                    continue
+                self.journal.record_drain(node, user=plan.user, job_id=plan.job_id, reason=reason, now=now)
+                log.warning("drained %s: %s", node, reason)
+                drained.append(node)
+        return tuple(drained)
 
     # -- hysteresis and the restart budget ----------------------------------------------------
     def _pins(self, state: ClusterState, now: float,

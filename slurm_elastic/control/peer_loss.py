@@ -1,0 +1,177 @@
+"""The job's word on a lost node: its peer-lost report, read as its user's data and used for that job only.
+
+The training shim's survivors write `<job dir>/peer-lost-<job id>-<restart>-<step>.json`
+(train/protocol.py, PeerLostReport) within seconds of losing a peer, long before Slurm marks a
+silent node DOWN (SlurmdTimeout, often 300 s). The controller believes such a report only as far
+as it concerns the job that wrote it:
+
+- the file is opened without following links or blocking, must be a regular file owned by the
+  job's user and at most MAX_REPORT_BYTES, and every field is validated (PeerLostReport.parse);
+- it must name this job and its current incarnation (Slurm's restart count), so an old report
+  never restarts the job again;
+- its lost nodes must be nodes the job runs on now, and not all of them (the survivors wrote it);
+- only the first STEPS_PROBED srun steps of an incarnation are looked at (one open each, no
+  directory listing, so a huge job directory costs nothing).
+
+What follows from a report is only that the job restarts without those nodes (ExcNodeList for
+that job); draining a node on a job's word is the admin's choice (`admin daemon
+--drain-on-peer-loss`), bounded per user.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pwd
+import stat
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.train import protocol as shim
+
+log = logging.getLogger(__name__)
+
+MAX_REPORT_BYTES = 64 * 1024   # a report is well under 1 KiB per lost rank; more is not the shim's
+STEPS_PROBED = 8               # srun steps per incarnation looked at (the templates run one)
+SETTLED = ("done", "failed", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLoss:
+    """A validated report of one job's current incarnation, with when this controller first saw it."""
+
+    job_id: int
+    user: str
+    restarts: int
+    step_id: int
+    lost_nodes: tuple[str, ...]
+    surviving_nodes: tuple[str, ...]   # the job's nodes not reported lost (from Slurm, not the report)
+    commit: str                        # pending | done | failed | none
+    committed_step: int | None
+    detected_at: float                 # the job's clock: shown, never used to decide
+    seen_at: float                     # the controller's clock
+    path: str
+
+    @property
+    def settled(self) -> bool:
+        """The survivors' just-in-time commit is over: requeuing cannot cut it short."""
+        return self.commit in SETTLED
+
+    def describe(self) -> str:
+        what = {"done": f"committed step {self.committed_step}", "failed": "its commit failed",
+                "none": "nothing to commit (no full replica)", "pending": "commit pending"}[self.commit]
+        return f"its ranks lost {','.join(self.lost_nodes)} (step {self.step_id}; {what})"
+
+
+def read_report(path: str, *, owner_uid: int, max_bytes: int = MAX_REPORT_BYTES
+                ) -> tuple[shim.PeerLostReport | None, str]:
+    """The report at `path` if it can be believed as the job user's file, and a problem ("" when none or absent)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "is not a regular file"
+        if st.st_uid != owner_uid:
+            return None, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
+        if st.st_size > max_bytes:
+            return None, f"is {st.st_size} bytes, more than the {max_bytes} a report takes"
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    try:
+        return shim.PeerLostReport.parse(data, where="report"), ""
+    except (ValueError, RecursionError) as exc:
+        return None, str(exc).removeprefix("report: ")
+
+
+def check_against_job(report: shim.PeerLostReport, job: Job) -> str:
+    """Why the report does not speak for this job's current incarnation ("" when it does)."""
+    if report.job_id != str(job.job_id):
+        return f"names job {report.job_id}"
+    if report.restart_count != job.restarts:
+        return f"is about restart {report.restart_count}, the job is at restart {job.restarts}"
+    if not report.lost_nodes:
+        return "names no lost node"
+    foreign = sorted(set(report.lost_nodes) - set(job.nodes))
+    if foreign:
+        return f"names nodes the job does not run on ({','.join(foreign)})"
+    if set(job.nodes) <= set(report.lost_nodes):
+        return "says every node of the job was lost (its survivors wrote it)"
+    return ""
+
+
+class PeerLossReader:
+    """Finds each running elastic job's report for its current incarnation, once per cycle."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, uid_of: Callable[[str], int | None] | None = None,
+                 steps_probed: int = STEPS_PROBED) -> None:
+        self._clock = clock
+        self._uid_of = uid_of or _uid_of
+        self._steps = steps_probed
+        self._seen: dict[tuple[int, int, int], float] = {}
+        self._said: dict[str, str] = {}
+
+    def losses(self, state: ClusterState) -> dict[int, PeerLoss]:
+        """Job id -> the loss its ranks reported for the incarnation running now (jobs of `state` only)."""
+        out: dict[int, PeerLoss] = {}
+        live: set[tuple[int, int, int]] = set()
+        for job in state.elastic_jobs:
+            spec = job.spec
+            if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir or len(job.nodes) < 2:
+                continue   # a single-node job has no other node to restart on without the lost one
+            uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
+            if uid is None:
+                continue   # the owner cannot be checked here, so the file is not read
+            try:
+                directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+            except ValueError:
+                continue
+            for step in range(self._steps):
+                path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
+                report, problem = read_report(path, owner_uid=uid)
+                if report is not None:
+                    problem = check_against_job(report, job)
+                if problem:
+                    self._say(path, f"job {job.job_id}: peer-lost report {path} {problem}; ignored")
+                    continue
+                if report is None:
+                    continue
+                key = (job.job_id, job.restarts, step)
+                live.add(key)
+                seen = self._seen.setdefault(key, self._clock())
+                out[job.job_id] = PeerLoss(
+                    job_id=job.job_id, user=job.user, restarts=job.restarts, step_id=step,
+                    lost_nodes=tuple(sorted(set(report.lost_nodes))),
+                    surviving_nodes=tuple(n for n in job.nodes if n not in report.lost_nodes),
+                    commit=report.commit, committed_step=report.committed_step,
+                    detected_at=report.detected_at, seen_at=seen, path=path)
+                break   # the first step with a report: the incarnation is over either way
+        self._seen = {k: v for k, v in self._seen.items() if k in live}
+        return out
+
+    def _say(self, path: str, line: str) -> None:
+        if self._said.get(path) != line:      # once per problem, not every cycle
+            log.warning("%s", line)
+            self._said[path] = line
+
+
+def ready(losses: Mapping[int, PeerLoss], now: float, pending_timeout_s: float) -> dict[int, PeerLoss]:
+    """The losses to act on now: the commit is over, or has been pending longer than `pending_timeout_s`
+    (a committer that died with its commit pending must not keep the job waiting for good)."""
+    return {j: loss for j, loss in losses.items() if loss.settled or now - loss.seen_at >= pending_timeout_s}
+
+
+def _uid_of(user: str) -> int | None:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, TypeError):
+        return None

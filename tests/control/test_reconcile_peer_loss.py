@@ -1,0 +1,225 @@
+"""The controller acts on a job's report of a lost node: that job restarts without it, and nothing else moves.
+
+The in-memory Slurm is given the three calls a NodeExcludingBackend adds (as the CLI backend makes
+them: NodeList=, ExcNodeList=, State=DRAIN); tests/control/test_peer_loss_live.py does it on Slurm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.cluster.model import JobState, NodeFlag
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.peer_loss import PeerLossReader
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+
+class ExcludingSlurm(InMemorySlurm):
+    """The in-memory Slurm, plus shrinking a running job, a per-job exclude list and draining."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.excluded: dict[int, set[str]] = {}
+        self.drained: dict[str, str] = {}
+
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        job = self._job("keep_nodes", job_id)
+        assert job.state is JobState.RUNNING and set(nodes) < set(job.nodes)
+        self.jobs[job_id] = dataclasses.replace(job, nodes=tuple(nodes), num_nodes=len(nodes))
+        self._recount()
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self._job("exclude_nodes", job_id)
+        self.excluded.setdefault(job_id, set()).update(nodes)
+
+    def drain(self, node: str, reason: str) -> None:
+        self.drained[node] = reason
+        self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN})
+
+    def _fit(self, job):
+        # Slurm honours ExcNodeList when it places the job.
+        hidden = {n: self.nodes.pop(n) for n in self.excluded.get(job.job_id, ()) if n in self.nodes}
+        try:
+            return super()._fit(job)
+        finally:
+            self.nodes.update(hidden)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skipped
+
+    def sleep(self, s: float) -> None:
+        self.skipped += s
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    slurm = ExcludingSlurm()
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user="alice")
+    b = slurm.add_job(ElasticSpec(4, 4, gpu_step=4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="bob")
+    assert slurm.jobs[a].nodes == ("n1", "n2") and slurm.jobs[b].nodes == ("n3",)
+    return slurm, a, b, tmp_path / "ckpt"
+
+
+def _reconciler(slurm, tmp_path: Path, *, uid: int | None = None, **config) -> tuple[Reconciler, Clock]:
+    clock = Clock()
+    cfg = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=30, settle_timeout_s=1.0), node_confirm_s=0,
+                           min_resize_interval_s=300, **config)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), cfg, clock=clock, sleep=clock.sleep)
+    owner = os.getuid() if uid is None else uid
+    rec.peer_losses = PeerLossReader(clock=clock, uid_of=lambda user: owner)
+    return rec, clock
+
+
+def _report(job_id: int, *, restart: int = 0, lost=("n2",), surviving=("n1",), commit: str = "done",
+            world: int = 8, **changes) -> dict:
+    body = shim.PeerLostReport(
+        job_id=str(job_id), restart_count=restart, step_id=0, world_size=world, detected_by="heartbeat",
+        detected_at=time.time(), lost=tuple(shim.LostRank(4 + i, n) for i, n in enumerate(lost)),
+        lost_nodes=tuple(lost), surviving_nodes=tuple(surviving), agreed_step=41, commit=commit,
+        committed_step=41 if commit == "done" else None, reason="test").to_json()
+    body.update(changes)
+    return body
+
+
+def _write(ckpt: Path, job_id: int, body: dict | bytes, *, restart: int = 0, step: int = 0) -> Path:
+    path = ckpt / str(job_id) / shim.peer_lost_file_name(job_id, restart, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body if isinstance(body, bytes) else json.dumps(body).encode())
+    return path
+
+
+def test_a_reported_lost_node_restarts_that_job_at_once_without_it(cluster, tmp_path):
+    slurm, a, b, ckpt = cluster
+    rec, _ = _reconciler(slurm, tmp_path)
+    assert rec.cycle().plans == ()              # both at their targets, a just started (hysteresis 300 s)
+    _write(ckpt, a, _report(a))
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [a]
+    plan = report.plans[0]
+    assert plan.exclude == ("n2",) and plan.forced and "lost node n2" in plan.reason
+    assert report.outcomes[0].status == "done" and report.outcomes[0].acked is True
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.restarts == 1 and "n2" not in job.nodes
+    assert slurm.excluded == {a: {"n2"}}
+    # Neither signalled (its ranks had exited) nor kept waiting for an ACK; given up n2 before the requeue.
+    verbs = [v for v, j in slurm.calls if j == a]
+    assert "signal" not in verbs and verbs.index("keep_nodes") < verbs.index("requeue_hold")
+    assert verbs.index("exclude_nodes") < verbs.index("release")
+    # The other user's job is untouched, and no node is drained by default.
+    assert slurm.jobs[b].restarts == 0 and slurm.jobs[b].nodes == ("n3",) and slurm.drained == {}
+    # The report is about restart 0: the job, now at restart 1, is not restarted again.
+    assert rec.cycle().plans == ()
+    steps = [s for s, _, _ in rec.journal.steps(report.outcomes[0].plan_id)]
+    assert steps == ["open", "signal", "ack", "hold", "resize", "release", "done"]
+    assert rec.journal.plans(a, limit=1)[0].plan.exclude == ("n2",)
+
+
+def test_a_pending_commit_is_waited_for_then_acted_on_anyway(cluster, tmp_path):
+    slurm, a, _, ckpt = cluster
+    rec, clock = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    path = _write(ckpt, a, _report(a, commit="pending"))
+    report = rec.cycle()
+    assert report.plans == () and "waiting for its just-in-time commit" in report.waits[a]
+    path.write_text(json.dumps(_report(a, commit="done")))
+    assert [p.job_id for p in rec.cycle().plans] == [a]
+
+    # A committer that died with its commit pending does not keep the job waiting for good.
+    slurm2 = ExcludingSlurm()
+    a2 = slurm2.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    rec2, clock2 = _reconciler(slurm2, tmp_path / "second")
+    _write(ckpt, a2, _report(a2, commit="pending"))
+    assert rec2.cycle().plans == ()
+    clock2.skipped += 31
+    assert [p.job_id for p in rec2.cycle().plans] == [a2]
+
+
+@pytest.mark.parametrize("hostile", [
+    "symlink", "other owner", "too big", "not json", "wrong format", "foreign node", "old restart",
+    "other job", "every node", "fifo"])
+def test_a_report_the_job_cannot_vouch_for_is_ignored(cluster, tmp_path, hostile):
+    slurm, a, b, ckpt = cluster
+    rec, _ = _reconciler(slurm, tmp_path, uid=os.getuid() + 1 if hostile == "other owner" else None)
+    rec.cycle()
+    good = _report(a)
+    path = ckpt / str(a) / shim.peer_lost_file_name(a, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if hostile == "symlink":
+        target = _write(ckpt, b, good)          # a valid-looking file elsewhere
+        os.symlink(target, path)
+    elif hostile == "fifo":
+        os.mkfifo(path)
+    elif hostile == "too big":
+        _write(ckpt, a, _report(a, reason="x" * 70000))
+    elif hostile == "not json":
+        _write(ckpt, a, b"{not json")
+    elif hostile == "wrong format":
+        _write(ckpt, a, {**good, "format": "something-else"})
+    elif hostile == "foreign node":           # a node of bob's job: a's word cannot reach it
+        _write(ckpt, a, _report(a, lost=("n3",)))
+    elif hostile == "old restart":
+        _write(ckpt, a, _report(a, restart=1), restart=0)
+    elif hostile == "other job":
+        _write(ckpt, a, _report(b))
+    elif hostile == "every node":
+        _write(ckpt, a, _report(a, lost=("n1", "n2"), surviving=()))
+    else:
+        _write(ckpt, a, good)
+    report = rec.cycle()
+    assert report.plans == () and report.peer_losses == {}
+    assert slurm.jobs[a].restarts == 0 and slurm.jobs[b].restarts == 0 and slurm.excluded == {}
+
+
+def test_drain_on_peer_loss_is_off_by_default_bounded_per_user_and_never_in_user_mode(tmp_path):
+    ckpt = tmp_path / "ckpt"
+
+    def run(**config) -> ExcludingSlurm:
+        slurm = ExcludingSlurm(nodes=10)
+        ids = [slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4,
+                             user="alice") for _ in range(3)]
+        d = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+        rec, _ = _reconciler(slurm, d, **config)
+        rec.cycle()
+        before = {}
+        for job_id in ids:
+            job = slurm.jobs[job_id]
+            first, second = job.nodes
+            before[job_id] = (job.restarts, second)
+            _write(ckpt, job_id, _report(job_id, restart=job.restarts, lost=(second,), surviving=(first,)),
+                   restart=job.restarts)
+        rec.cycle()
+        for job_id, (restarts, lost) in before.items():    # every job restarted without its node
+            assert slurm.jobs[job_id].restarts == restarts + 1 and lost not in slurm.jobs[job_id].nodes
+        return slurm
+
+    assert run().drained == {}
+    drained = run(drain_on_peer_loss=True).drained
+    assert len(drained) == DRAINS_PER_USER_PER_HOUR
+    assert all("reported its ranks here lost" in r and "(alice)" in r for r in drained.values())
+    assert run(drain_on_peer_loss=True, user="alice").drained == {}
+
+
+def test_a_backend_that_cannot_exclude_nodes_never_acts_on_reports(tmp_path):
+    slurm = InMemorySlurm()
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    rec, _ = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    assert rec.cycle().plans == ()
