@@ -242,10 +242,14 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
 @click.option("--speed", type=click.Choice(["measured", "linear"]), default="measured", show_default=True,
               help="Jobs' speed per GPU count: fitted from their metrics, or the default linear model "
                    "(for GPUs that are not real, such as the local cluster's, which share CPU cores).")
+@click.option("--drain-on-peer-loss", is_flag=True,
+              help="Also drain a node that a job reports its ranks lost on (with the job and user as the "
+                   "reason; at most 2 nodes per user per hour). Off: only that job avoids the node.")
 @click.option("--max-cycles", type=click.IntRange(min=1), default=None, hidden=True)
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
-                 metrics_port: int | None, metrics_addr: str, speed: str, max_cycles: int | None) -> None:
+                 metrics_port: int | None, metrics_addr: str, speed: str, drain_on_peer_loss: bool,
+                 max_cycles: int | None) -> None:
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
@@ -268,7 +272,7 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
 
     why = check_may_act("admin daemon")
     config = dataclasses.replace(controller_config(ack_timeout, hysteresis, restart_budget, signal_name),
-                                 measured_speed=speed == "measured")
+                                 measured_speed=speed == "measured", drain_on_peer_loss=drain_on_peer_loss)
     backend = select_backend()
     directory = daemon_dir()
     with InstanceLock(directory, "slurm-elastic controller (admin daemon or rebalance)"):
