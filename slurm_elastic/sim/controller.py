@@ -5,7 +5,9 @@ At every scheduling point the engine's view is mirrored into an
 wrapper submits them, finished jobs ended), each running job's "shim" appends
 the row the training shim writes to its `metrics.jsonl` (step, declared total,
 GPUs, nodes, steps/s at its placement), and one `Reconciler.cycle()` runs:
-the default request source reads those files, the allocator solves, the
+the default request source reads those files (sim/shim.py writes them: for
+Pollux jobs also the batch and gradient noise; an adaptive job also its
+`batch.json`), the allocator solves, the
 requeue protocol signals, holds, updates and releases, the journal records
 every step, and hysteresis and the restart budget apply. Whatever Slurm then
 runs is the placement handed back to the engine. Nothing sleeps: the
@@ -19,7 +21,6 @@ times per trace on a shared machine).
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import math
 import os
@@ -35,7 +36,8 @@ from slurm_elastic.control.plan import Plan
 from slurm_elastic.control.reconcile import Allocator, ControllerConfig, Reconciler
 from slurm_elastic.control.requests import RequestSource
 from slurm_elastic.sim.jobs import SimJob, packed_placement
-from slurm_elastic.sim.policy import ClusterView, Decision
+from slurm_elastic.sim.policy import ClusterView, Decision, JobView
+from slurm_elastic.sim.shim import SimulatedShim, write_batch_range
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol as shim
 
@@ -102,7 +104,7 @@ class ControllerPolicy:
                                      requests=requests, allocator=allocator)
         self._ids: dict[str, int] = {}
         self._keys: dict[int, str] = {}
-        self._last_row: dict[str, tuple[float, float, int]] = {}   # key -> (time, work done, gpus)
+        self._shims: dict[str, SimulatedShim] = {}
         self._user = getpass.getuser()
         self._node_names: set[str] = set()
         self.cycles = 0
@@ -123,12 +125,13 @@ class ControllerPolicy:
                 if not self.slurm.jobs[job_id].state.finished:
                     self.slurm.finish(job_id)                   # the training loop reached its end
                 del self._ids[key]
+                self._shims.pop(key, None)
         gpn = view.gpus_per_node
         for jv in view.jobs:
             if jv.key not in self._ids:
                 self._submit(jv.job, gpn)
             elif jv.placement:
-                self._write_metrics(jv.key, jv.job, jv.placement, jv.job.work - jv.remaining, view.now)
+                self._write_metrics(jv, view.now)
         t0 = time.perf_counter()
         report = self.reconciler.cycle()
         self.solve_s += time.perf_counter() - t0
@@ -169,19 +172,10 @@ class ControllerPolicy:
         self._ids[job.key] = job_id
         self._keys[job_id] = job.key
         os.makedirs(shim.job_dir(self.ckpt_root, str(job_id)), mode=0o700, exist_ok=True)
+        self._shims[job.key] = SimulatedShim(self.ckpt_root, str(job_id), job)
+        write_batch_range(self.ckpt_root, str(job_id), job)
 
-    def _write_metrics(self, key: str, job: SimJob, placement: dict[str, int], done: float, now: float) -> None:
+    def _write_metrics(self, jv: JobView, now: float) -> None:
         """The row the training shim appends, once the job has stepped since its last row."""
-        per_node = tuple(sorted((g for g in placement.values() if g > 0), reverse=True))
-        gpus = sum(per_node)
-        last = self._last_row.get(key)
-        step = int(done)
-        if step <= (int(last[1]) if last is not None else 0):
-            return                                   # no step since the last row: the shim writes nothing
-        speed = job.speed(per_node)
-        row = {"step": step, "time": now, "gpus": gpus, "nodes": len(per_node), "steps_per_s": speed,
-               "total_steps": max(int(math.ceil(job.work)), 1)}
-        path = shim.metrics_path(self.ckpt_root, str(self._ids[key]))
-        with open(path, "a", encoding="utf-8", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
-            fh.write(json.dumps(row) + "\n")
-        self._last_row[key] = (now, done, gpus)
+        per_node = tuple(sorted((g for g in jv.placement.values() if g > 0), reverse=True))
+        self._shims[jv.key].report(per_node, jv.job.work - jv.remaining, now, jv.segment)

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Mapping
 
 from slurm_elastic.errors import AllocationError, TraceError
 from slurm_elastic.sim.cluster import FailureSchedule, NodeEvent, SimNode
-from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.jobs import Segment, SegmentedSpeed, SimJob
 from slurm_elastic.sim.policy import ClusterView, Decision, FreeResources, JobView, SchedulingPolicy
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class _Run:
 
     __slots__ = ("job", "placement", "remaining", "stall", "stall_counts", "since_ckpt_run", "since_ckpt_work",
                  "attained", "executed", "start", "finish", "restarts", "loss", "speed",
-                 "pending_stall")
+                 "pending_stall", "segment_left", "segment")
 
     def __init__(self, job: SimJob) -> None:
         self.job = job
@@ -137,6 +137,8 @@ class _Run:
         self.loss = 0.0
         self.speed = 0.0                # effective work/s while running (after checkpoint stalls)
         self.pending_stall = 0.0        # traditional: synchronous checkpoint owed before the next start
+        self.segment_left = math.inf    # work before the speed changes (SegmentedSpeed: the epoch's end)
+        self.segment: Segment | None = None
 
     @property
     def gpus(self) -> int:
@@ -174,7 +176,14 @@ class Simulation:
         return self.config.restart.overhead_s if job.restart_overhead_s is None else job.restart_overhead_s
 
     def _effective_speed(self, run: _Run) -> float:
-        raw = run.job.speed(tuple(sorted(run.placement.values(), reverse=True)))
+        placement = tuple(sorted(run.placement.values(), reverse=True))
+        model = run.job.speed
+        if isinstance(model, SegmentedSpeed):
+            run.segment = model.segment(placement, run.job.work - run.remaining)
+            run.segment_left = run.segment.until
+            raw = run.segment.rate
+        else:
+            raw = model(placement)
         if self.config.restart.method == "traditional" and self.config.restart.sync_checkpoint_s > 0:
             interval = self._interval(run.job)
             return raw * interval / (interval + self.config.restart.sync_checkpoint_s)
@@ -213,7 +222,7 @@ class Simulation:
                 t_next = min(t_next, repairs[0][0])
             for run in active.values():
                 if run.placement and run.speed > 0:
-                    t_next = min(t_next, now + run.stall + run.remaining / run.speed)
+                    t_next = min(t_next, now + run.stall + min(run.remaining, run.segment_left) / run.speed)
             if t_next > cfg.max_time_s:
                 log.warning("stopping at the time limit %.0f s with %d jobs unfinished", cfg.max_time_s, total - done)
                 break
@@ -226,6 +235,10 @@ class Simulation:
                         self._advance(run, dt)
             now = t_next
             reasons: list[str] = []
+            # 2b. a job whose speed follows its progress starts its next segment (a new epoch: batch re-chosen)
+            for run in active.values():
+                if run.placement and run.segment_left <= 1e-9 * run.job.work + 1e-12 and run.remaining > 0:
+                    run.speed = self._effective_speed(run)
             # 3. completions
             for key in [k for k, r in active.items() if r.placement and r.remaining <= 1e-9 * r.job.work + 1e-12]:
                 run = active.pop(key)
@@ -270,7 +283,8 @@ class Simulation:
                 view = ClusterView(
                     now=now, nodes=tuple(up.values()),
                     jobs=tuple(JobView(r.job, dict(r.placement), r.remaining, r.attained, r.executed,
-                                       r.restarts, r.start is not None) for r in active.values()),
+                                       r.restarts, r.start is not None, r.segment if r.placement else None)
+                               for r in active.values()),
                     reasons=tuple(dict.fromkeys(reasons)))
                 decision = self.policy.decide(view)
                 changes = self._apply(decision, active, up, now, sync)
@@ -308,6 +322,7 @@ class Simulation:
             return
         work = min(run.remaining, run.speed * running)
         run.remaining -= work
+        run.segment_left -= work
         if self.config.restart.method == "traditional" and self.config.restart.sync_checkpoint_s > 0:
             interval = self._interval(run.job)
             # The share of running time spent in synchronous checkpoints.
@@ -329,6 +344,7 @@ class Simulation:
         run.placement = {}
         run.speed = 0.0
         run.stall = 0.0
+        run.segment, run.segment_left = None, math.inf
 
     def _apply(self, decision: Decision, active: dict[str, _Run], up: Mapping[str, SimNode], now: float,
                sync: float) -> list[tuple[str, int, int]]:
@@ -384,5 +400,6 @@ class Simulation:
             else:
                 run.speed = 0.0
                 run.stall = 0.0
+                run.segment, run.segment_left = None, math.inf
             changes.append((key, before, sum(new.values())))
         return changes

@@ -17,6 +17,34 @@ class SpeedModel(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Segment:
+    """How a job runs on a placement until its speed next changes (an epoch boundary, for Pollux jobs).
+
+    `batch`, `steps_per_s` and `noise` are what its shim would measure and
+    write (0 / None when the model does not know them).
+    """
+
+    rate: float           # work units per second
+    until: float          # work left before the rate changes (inf: never)
+    batch: int = 0
+    steps_per_s: float = 0.0
+    noise: object = None  # allocate.goodput.GradientNoise, per sample
+
+
+@runtime_checkable
+class SegmentedSpeed(Protocol):
+    """A speed that changes with the job's own progress (statistical progress, a batch chosen per epoch).
+
+    The engine asks at every start and whenever the last segment's work is
+    done; `__call__` (SpeedModel) stays the stateless estimate for policies.
+    """
+
+    def __call__(self, placement: tuple[int, ...]) -> float: ...
+
+    def segment(self, placement: tuple[int, ...], done: float) -> Segment: ...
+
+
+@dataclass(frozen=True, slots=True)
 class SimJob:
     """One job of a workload.
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
 from slurm_elastic.sim.cluster import SimNode
-from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.jobs import Segment, SimJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,7 @@ class JobView:
     executed_s: float                 # wall seconds it has held GPUs
     restarts: int
     started: bool                     # ran at least once
+    segment: Segment | None = None    # how it runs now, for jobs whose speed follows their progress
 
     @property
     def key(self) -> str:

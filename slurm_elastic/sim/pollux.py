@@ -14,7 +14,7 @@ import numpy as np
 from slurm_elastic.allocate import goodput
 from slurm_elastic.allocate.goodput import GradientNoise
 from slurm_elastic.errors import TraceError
-from slurm_elastic.sim.jobs import SimJob, packed_placement
+from slurm_elastic.sim.jobs import Segment, SimJob, packed_placement
 from slurm_elastic.sim.tables import integer, number, read_rows
 
 log = logging.getLogger(__name__)
@@ -285,17 +285,6 @@ class PolluxSpeed:
         accumulation whatever the batch, as the original's prediction does)."""
         return self.profile.iteration_time(packed_placement(gpus, gpus_per_node), self.batch_size,
                                            one_gpu_accumulates=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """An adaptive job's running state until its next epoch boundary (or until it is moved)."""
-
-    rate: float           # statistical progress per second
-    until: float          # progress left before the epoch ends and the batch is chosen again
-    batch: int            # the global batch it runs at
-    steps_per_s: float
-    noise: GradientNoise
 
 
 @dataclass(frozen=True, slots=True)
