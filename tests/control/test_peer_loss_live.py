@@ -1,0 +1,149 @@
+"""Live: a node dies under a real DDP job; the daemon acts on the job's peer-lost report, not on Slurm.
+
+The private cluster runs with SlurmdTimeout=300 (tests/control/conftest.py), so Slurm itself does
+not notice a killed slurmd for five minutes, as at many sites. The job (job_templates/ddp.sbatch,
+the digits example, one rank on each of two nodes) loses the rank on its second node; its
+survivor commits the step every rank completed and writes its peer-lost report; the daemon
+shrinks the job to the survivor, requeues it, excludes the lost node for that job and releases
+it. The test asserts the job trains again, on two nodes neither of which is the lost one, while
+Slurm has not marked the lost node DOWN (so it was the job's word that moved things), with no
+completed step lost, and that the other job on the lost node and the node itself were not
+touched. It prints where the seconds went.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
+from slurm_elastic.train import protocol as shim
+
+pytestmark = pytest.mark.slurm
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
+
+
+def _blockers(cluster) -> dict[str, int]:
+    """A plain job holding 3 of the 4 GPUs of every node, so a 2-GPU job must span two nodes."""
+    out = {}
+    for node in ("n1", "n2", "n3", "n4"):
+        proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:3", "--cpus-per-gpu=1",
+                               "--mem=1000", "--no-requeue", "--job-name=blocker", "--output=/dev/null",
+                               "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+        out[node] = int(proc.stdout.strip().split(";")[0])
+    return out
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass    # a line being written
+    return rows
+
+
+def _show_job(cluster, job_id: int) -> str:
+    return subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env=cluster.env, capture_output=True,
+                          text=True, check=False).stdout
+
+
+def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_cluster, tmp_path):
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    blockers = _blockers(cluster)
+    cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
+                                 if j.job_id in blockers.values()), 60, what="the blockers running")
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20",
+                           log=tmp_path / "daemon.log")
+    victim = None
+    try:
+        ckpt = cluster.root / "ckpt"
+        loss_log = cluster.root / "out" / "peerloss-loss.jsonl"
+        out = cluster.cli("sbatch", "--parsable", "--gpus=2-2", f"--ckpt-dir={ckpt}", "--job-name=peerloss",
+                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
+                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
+                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
+        job_id = int(out.stdout.strip())
+        job_dir = ckpt / str(job_id)
+
+        def running_job():
+            job = next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+            return job if job.state is JobState.RUNNING else None
+
+        def training(since: int) -> bool:
+            """Three more steps logged (rank 0 logs each completed step) than `since`."""
+            return len(_rows(loss_log)) >= since + 3
+
+        cluster.wait_for(lambda: (j := running_job()) and len(j.nodes) == 2, 180,
+                         what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
+        cluster.wait_for(lambda: training(0), 300, what=lambda: f"training to start; {cluster.job_outputs()}")
+        job = running_job()
+        assert job is not None and job.restarts == 0
+        batch_host = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
+        victim = next(n for n in job.nodes if n != batch_host)   # the node that dies: not the batch script's
+
+        lost_at = time.time()
+        logged_before = _rows(loss_log)
+        cluster.local.node_down(victim)      # slurmd and the rank there SIGKILLed; Slurm is not told
+        report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
+        cluster.wait_for(report_path.exists, 120, what=lambda: f"the peer-lost report; {cluster.job_outputs()}")
+
+        def settled() -> bool:
+            try:
+                return shim.PeerLostReport.parse(report_path.read_bytes()).commit != "pending"
+            except ValueError:
+                return False      # being replaced
+        cluster.wait_for(settled, 120, what="the survivor's just-in-time commit")
+        rows_at_restart = len(_rows(loss_log))     # the survivor has exited: what follows is the next incarnation
+
+        def restarted():
+            j = running_job()
+            return j if j is not None and j.restarts >= 1 else None
+
+        again = cluster.wait_for(restarted, 240, 0.5, what=lambda: f"the job restarted; {cluster.slurm_view()}")
+        running_at = time.time()
+        cluster.wait_for(lambda: training(rows_at_restart), 240, 0.5,
+                         what=lambda: f"training again; {cluster.job_outputs()}")
+        trained_at = time.time()
+
+        # Slurm has not acted: the lost node is not DOWN (at most flagged not responding, after the
+        # controller's shrink sent it a kill it could not answer) and its jobs were not requeued.
+        state = cluster.snapshot()
+        lost_node = state.node(victim)
+        assert lost_node.state is not NodeState.DOWN, f"Slurm acted on {victim} itself; the test proves nothing"
+        # Training again on two nodes, neither of them the lost one, which this job now excludes.
+        again = next(j for j in state.jobs if j.job_id == job_id)
+        assert again.state is JobState.RUNNING and len(again.nodes) == 2 and victim not in again.nodes
+        assert victim in _show_job(cluster, job_id).split("ExcNodeList=")[1].split()[0]
+        # Nothing else moved: the other job on the lost node runs on in Slurm's view, the node is not drained.
+        other = next(j for j in state.jobs if j.job_id == blockers[victim])
+        assert other.state is JobState.RUNNING and other.restarts == 0
+        assert NodeFlag.DRAIN not in lost_node.flags, lost_node.flags
+        # No completed step lost: the survivor committed the last step every rank completed, the run resumed there.
+        report = shim.PeerLostReport.parse(report_path.read_bytes())
+        assert report.lost_nodes == (victim,) and report.commit == "done"
+        assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
+        resumed = [r["step"] for r in _rows(loss_log)[rows_at_restart:]]
+        assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
+        print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
+              f"{running_at - lost_at:.1f} s, training again {trained_at - lost_at:.1f} s "
+              f"(SlurmdTimeout 300 s); committed step {report.committed_step}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-4000:])
+        if victim is not None:
+            cluster.local.node_up(victim, timeout=120)
+        cluster.cancel_all()
+    assert rc == 0
