@@ -2,7 +2,10 @@
 
 The cause is found by probing the final layout: the job's next allowed count
 either does not fit (capacity of resource r on node n), or fits but the
-objective says no (restart cost, node cost), or it is at its max.
+objective says no (restart cost, node cost), or it is at its max. Every reason
+ends with the job's speed before and after as a share of its best, from the
+speed model the solver used (measured or default: the request source's basis,
+printed beside it, says which), so a reader sees what the speeds decided.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 from slurm_elastic.allocate.instance import RESOURCES, Instance
 from slurm_elastic.allocate.packing import Layout, Row
 from slurm_elastic.allocate.shapes import spanning_widths
+from slurm_elastic.allocate.throughput import evaluate_curve
 from slurm_elastic.allocate.problem import Allocation, JobDecision
 
 _UNIT = {"gpu": " GPUs", "cpu": " CPUs", "mem": " MB"}
@@ -28,7 +32,7 @@ def decide(inst: Instance, rows: Sequence[Row]) -> tuple[JobDecision, ...]:
     for i, job in enumerate(inst.jobs):
         before, after = job.current_gpus, sum(rows[i].values())
         cause, reason = _why(inst, lay, i, unplaceable.get(job.key))
-        out.append(JobDecision(job.key, before, after, reason, cause))
+        out.append(JobDecision(job.key, before, after, reason + _speeds(inst, i, before, after), cause))
     return tuple(out)
 
 
@@ -44,6 +48,18 @@ def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[
         # it could have kept what it had: the GPUs went to others, and the probe says what blocks it now
         return "traded", (f"gave up {job.current_gpus - g} GPUs to jobs that gain more from them; now: {reason}")
     return cause, reason + lost_note
+
+
+def _speeds(inst: Instance, i: int, before: int, after: int) -> str:
+    """'; speed 12 -> 4 GPUs: 100% -> 100% of its best': what the solver's speed model says of both sizes."""
+    t = inst.terms[i]
+
+    def share(g: int) -> str:
+        return f"{evaluate_curve(t.hull, g) / t.norm:.0%}" if g > 0 else "0%"
+
+    if before == after:
+        return f"; speed at {after} GPUs: {share(after)} of its best"
+    return f"; speed {before} -> {after} GPUs: {share(before)} -> {share(after)} of its best"
 
 
 def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""Throughput models s_j(g, nodes): linear with a node penalty, from a profile table, or fitted from measured steps/s."""
+"""Throughput models s_j(g, nodes): linear with a node penalty, from a profile table, fitted from measured steps/s,
+or an adaptive-batch job's goodput at its best batch."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from slurm_elastic.allocate.goodput import GradientNoise, best_batch
 from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
@@ -247,7 +249,7 @@ class MeasuredThroughput:
 
 
 def speed_frontier(counts: Sequence[int], model: Callable[..., float], nodes_for: Callable[[int], int],
-                   placeable: Callable[[int], bool]) -> tuple[int, ...]:
+                   placeable: Callable[[int], bool], min_marginal: float = 0.0) -> tuple[int, ...]:
     """The counts Slurm can place that are faster than every smaller placeable count.
 
     The allocator treats more GPUs as never slower (the hull is flat past the
@@ -255,16 +257,23 @@ def speed_frontier(counts: Sequence[int], model: Callable[..., float], nodes_for
     rule can place are scanned: a count such as 10 = 4+4+2 on 4-GPU nodes
     would otherwise set the bar for 12..32 (deepspeech2 B=320 was capped at 8
     GPUs though 32 ran 36 % faster).
+
+    With `min_marginal` m, a count g is faster than the best smaller one g0
+    only if each GPU added gains at least m of what a GPU gives at g0 on
+    average, s(g) - s(g0) >= m * s(g0) * (g - g0) / g0: a job that does not
+    scale, measured a hair faster at 12 GPUs than at 4 by timing noise, is
+    not worth 8 more GPUs (seen live: it was grown again and again).
     """
-    best = 0.0
+    best, best_g = 0.0, 0
     keep: list[int] = []
     for g in counts:
         if not placeable(g):
             continue
         s = float(model(g, nodes_for(g)))
-        if s > best * (1 + 1e-6) or not keep:
+        gains = s > best * (1 + 1e-6) and s - best >= min_marginal * best * (g - best_g) / max(best_g, 1)
+        if gains or not keep:
             keep.append(g)
-            best = max(best, s)
+            best, best_g = max(best, s), g
     return tuple(keep)
 
 
@@ -289,3 +298,53 @@ def _interpolate(points: Sequence[tuple[float, float]], g: float) -> float:
 
 def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
     return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputThroughput:
+    """An adaptive-batch job's speed at g GPUs: its goodput at the best batch for g (`allocate.goodput`).
+
+    The rule for batches it never ran at (no optimism beyond what was measured):
+    `samples` is its samples/s per GPU count, each at the batch per GPU it was
+    measured at (a MeasuredThroughput, with that model's rule for counts never
+    run); at a larger batch per GPU the per-GPU compute time grows in
+    proportion (samples/s no higher than measured); at a smaller one a step
+    takes no less time than measured (steps/s no higher than measured: the
+    all-reduce and the optimizer step do not shrink with the batch). So
+    samples/s(g, M) = samples(g) * min(1, M / (b * g)), b the batch per GPU
+    measured at the measured count nearest g, and the speed is
+    max over M in [min_batch, max_batch] of samples/s(g, M) * efficiency(M).
+    """
+
+    samples: MeasuredThroughput
+    local_batch_at: tuple[tuple[int, float], ...]     # (gpus, global batch / gpus) as measured
+    min_batch: int
+    max_batch: int
+    base_batch: int
+    noise: GradientNoise
+
+    def batch_for(self, gpus: int, nodes: int = 1) -> tuple[int, float]:
+        """The best global batch at `gpus` GPUs and its goodput (samples/s worth of `base_batch` samples)."""
+        if gpus <= 0 or not self.local_batch_at:
+            return self.min_batch, 0.0
+        full = self.samples(gpus, nodes)
+        near = min(self.local_batch_at, key=lambda gb: (abs(gb[0] - gpus), gb[0]))
+        measured_batch = near[1] * gpus
+
+        def samples_per_s(batch: int) -> float:
+            return full * min(1.0, batch / measured_batch)
+
+        return best_batch(self._candidates(measured_batch), samples_per_s, self.base_batch, self.noise)
+
+    def __call__(self, gpus: int, nodes: int = 1) -> float:
+        return self.batch_for(gpus, nodes)[1]
+
+    def _candidates(self, measured_batch: float) -> list[int]:
+        lo, hi = self.min_batch, self.max_batch
+        out = {lo, hi, min(hi, max(lo, int(measured_batch)))}
+        power = 1
+        while power <= hi:
+            if power >= lo:
+                out.add(power)
+            power *= 2
+        return sorted(out)

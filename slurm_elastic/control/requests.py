@@ -19,6 +19,28 @@ What the default source (`MeasuredRequests`) reads, per job, from
 - remaining work: the last row's `step` against its declared `total_steps`
   (written when the training loop declares its length).
 
+A size measured no faster than a smaller one is not allowed (the speed
+frontier), and "faster" means each added GPU gains at least
+`min_marginal_gain` (5 %) of what a GPU gives at the smaller size: timing
+noise between two sizes of a job that does not scale is not a reason to move.
+
+Adaptive-batch jobs (issue 18): a job whose directory holds `batch.json`
+({"min", "max", "base"}: the batch range the shim may choose from and the
+batch its learning rate was tuned for) and whose rows carry the batch they ran
+at and the gradient noise (`batch`, `grad_sqr`, `grad_var`) is allocated by
+goodput: its speed at g GPUs is samples/s times statistical efficiency at the
+best batch for g (`allocate.throughput.GoodputThroughput`, arithmetic in
+`allocate.goodput`). The rule for batches never run, stated there: above the
+batch per GPU measured, per-GPU compute time grows in proportion to the batch
+per GPU (samples/s no higher than measured); below it, a step takes no less
+time than measured (steps/s no higher than measured). Speeds at one GPU count
+are those measured at the batch it last ran there. Until the noise is
+measured (or when batch.json is absent or not believable) the job is
+allocated by plain measured speed, as a fixed-batch job is; fixed-batch jobs
+always are. Both kinds are in one problem: each job's throughput term is
+normalised by its own best, so steps/s and goodput need no common unit.
+Remaining time (for the weight) is always from steps/s at the batch measured.
+
 Weights favour short remaining time (shortest remaining time first is what
 minimises average completion time): w = user weight x clamp(H / remaining s),
 in steps of 19 % (`quantised`).
@@ -51,9 +73,11 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
+from slurm_elastic.allocate.goodput import GradientNoise
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
 from slurm_elastic.allocate.shapes import spanning_widths
-from slurm_elastic.allocate.throughput import LinearThroughput, MeasuredThroughput, concave_hull, speed_frontier
+from slurm_elastic.allocate.throughput import (GoodputThroughput, LinearThroughput, MeasuredThroughput, concave_hull,
+                                               speed_frontier)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.train import protocol as shim
 
@@ -97,6 +121,8 @@ class RequestSettings:
     restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
     geometry_max_bytes: int = 1 << 14         # geometry.json is a few hundred bytes; more is not the shim's
+    batch_max_bytes: int = 1 << 12            # batch.json is three numbers
+    min_marginal_gain: float = 0.05           # a GPU gaining less than 5 % of an average one's speed is noise
     prior: LinearThroughput = LinearThroughput()
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
@@ -108,6 +134,10 @@ class JobMeasurements:
     """What one job's metrics file says, validated."""
 
     model: MeasuredThroughput | None = None
+    speeds: tuple[tuple[int, float], ...] = ()              # (gpus, median steps/s) as measured, hull or not
+    samples: MeasuredThroughput | None = None               # samples/s per GPU count (rows with `batch` only)
+    local_batch_at: tuple[tuple[int, float], ...] = ()      # (gpus, batch / gpus) those samples/s were at
+    noise: GradientNoise | None = None                      # the newest row's gradient statistics
     restart_costs_s: tuple[float, ...] = ()
     step: int | None = None
     total_steps: int | None = None
@@ -120,31 +150,40 @@ class JobMeasurements:
         return statistics.median(recent) if recent else None
 
 
-_INT_FIELDS = {"step": (0, 10**12), "gpus": (1, 10**5), "nodes": (1, 10**5), "total_steps": (1, 10**12)}
-_FLOAT_FIELDS = {"time": (0.0, 1e11), "steps_per_s": (0.0, 1e7), "samples_per_s": (0.0, 1e12)}
+_MAX_BATCH = 10**8
+_INT_FIELDS = {"step": (0, 10**12), "gpus": (1, 10**5), "nodes": (1, 10**5), "total_steps": (1, 10**12),
+               "batch": (1, _MAX_BATCH)}
+# grad_sqr and grad_var are per-sample squared norms: any finite size a model's gradients can have.
+_FLOAT_FIELDS = {"time": (0.0, 1e11), "steps_per_s": (0.0, 1e7), "samples_per_s": (0.0, 1e12),
+                 "grad_sqr": (0.0, 1e30), "grad_var": (0.0, 1e30)}
+_OPTIONAL = frozenset({"total_steps", "nodes", "samples_per_s", "batch", "grad_sqr", "grad_var"})
 
 
 def validate_row(row: object) -> dict[str, float | int] | None:
-    """The fields a row may carry, typed and in range; None when a required one is missing or bad."""
+    """The fields a row may carry, typed and in range; None when a required one is missing or bad.
+
+    The gradient statistics come as a pair (`grad_sqr` and `grad_var`) or not at all."""
     if not isinstance(row, dict):
         return None
     out: dict[str, float | int] = {}
     for name, (lo, hi) in _INT_FIELDS.items():
         v = row.get(name)
-        if v is None and name in ("total_steps", "nodes"):
+        if v is None and name in _OPTIONAL:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             return None
         out[name] = v
     for name, (lo, hi) in _FLOAT_FIELDS.items():
         v = row.get(name)
-        if v is None and name == "samples_per_s":
+        if v is None and name in _OPTIONAL:
             continue
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
             return None
         out[name] = float(v)
     out.setdefault("nodes", 1)
     if out["nodes"] > out["gpus"]:
+        return None
+    if ("grad_sqr" in out) != ("grad_var" in out):
         return None
     return out
 
@@ -153,8 +192,10 @@ def validate_row(row: object) -> dict[str, float | int] | None:
 class MetricsTail:
     """What was read of one growing metrics file so far (the controller reads only what was appended).
 
-    Kept bounded: the newest SPEEDS_KEPT speeds per GPU count, the newest
-    COSTS_KEPT restart intervals, and the last row.
+    Kept bounded: the newest SPEEDS_KEPT speeds per GPU count (at the batch
+    the job last ran at with that count: a new batch there starts them
+    afresh), the newest COSTS_KEPT restart intervals, the newest gradient
+    noise, and the last row.
     """
 
     inode: tuple[int, int] = (0, 0)
@@ -162,6 +203,8 @@ class MetricsTail:
     partial: bytes = b""
     speeds: dict[int, collections.deque[float]] = dataclasses.field(default_factory=dict)
     nodes: dict[int, int] = dataclasses.field(default_factory=dict)
+    batch_at: dict[int, int] = dataclasses.field(default_factory=dict)   # gpus -> batch of speeds[gpus]
+    noise: tuple[float, float] | None = None
     lost_s: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=16))
     last: dict[str, float | int] | None = None
     count: int = 0
@@ -170,8 +213,17 @@ class MetricsTail:
     def add(self, row: dict[str, float | int]) -> None:
         g, v = int(row["gpus"]), float(row["steps_per_s"])
         if v > 0:
+            batch = row.get("batch")
+            if batch is not None and self.batch_at.get(g, batch) != batch:
+                self.speeds.pop(g, None)                 # measured at another batch: not comparable
+            if batch is not None:
+                self.batch_at[g] = int(batch)
+            else:
+                self.batch_at.pop(g, None)
             self.speeds.setdefault(g, collections.deque(maxlen=SPEEDS_KEPT)).append(v)
             self.nodes[g] = max(self.nodes.get(g, 1), int(row["nodes"]))
+        if "grad_sqr" in row:
+            self.noise = (float(row["grad_sqr"]), float(row["grad_var"]))
         prev = self.last
         if prev is not None and v > 0 and float(row["time"]) > float(prev["time"]):
             # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
@@ -254,11 +306,11 @@ class JobGeometry:
 _MAX_WORLD = 10**5
 
 
-def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[JobGeometry | None, str]:
-    """A job's geometry.json, validated, and a problem ("" when none, or when there is no file).
+def _read_job_json(path: str, *, owner_uid: int | None, max_bytes: int, what: str) -> tuple[object, str]:
+    """The JSON of a small file the job's user wrote, and a problem ("" when none; None, "" when there is no file).
 
     The file lies in the job user's directory: opened without following links or blocking,
-    a regular file owned by `owner_uid`, at most `max_bytes`, every field checked.
+    a regular file owned by `owner_uid`, at most `max_bytes`.
     """
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -274,14 +326,21 @@ def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tu
         if owner_uid is not None and st.st_uid != owner_uid:
             return None, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
         if st.st_size > max_bytes:
-            return None, f"is {st.st_size} bytes, more than the {max_bytes} a geometry takes"
+            return None, f"is {st.st_size} bytes, more than the {max_bytes} {what} takes"
         data = os.read(fd, max_bytes + 1)
     finally:
         os.close(fd)
     try:
-        body = json.loads(data)
+        return json.loads(data), ""
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None, "is not JSON"
+
+
+def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[JobGeometry | None, str]:
+    """A job's geometry.json, validated (`_read_job_json`, then every field), and a problem ("" when none)."""
+    body, problem = _read_job_json(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a geometry")
+    if problem or body is None:
+        return None, problem
 
     def size(v: object) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_WORLD
@@ -295,6 +354,35 @@ def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tu
     return JobGeometry(int(world), tuple(sorted(set(valid)))), ""  # type: ignore[arg-type]
 
 
+BATCH_FILE = "batch.json"   # written by the shim for an adaptive-batch job (its name belongs in train/protocol.py)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRange:
+    """What an adaptive-batch job's batch.json says, validated: the global batches the shim may choose from,
+    and the batch its learning rate was tuned for."""
+
+    min: int
+    max: int
+    base: int
+
+
+def read_batch_range(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[BatchRange | None, str]:
+    """A job's batch.json, validated (`_read_job_json`, then every field), and a problem ("" when none)."""
+    body, problem = _read_job_json(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a batch range")
+    if problem or body is None:
+        return None, problem
+    if not isinstance(body, dict):
+        return None, "is not a JSON object"
+    values = [body.get(k) for k in ("min", "max", "base")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_BATCH for v in values):
+        return None, f"has no valid min, max and base (integers 1-{_MAX_BATCH})"
+    lo, hi, base = values
+    if lo > hi:  # type: ignore[operator]
+        return None, f"has min {lo} above max {hi}"
+    return BatchRange(lo, hi, base), ""  # type: ignore[arg-type]
+
+
 def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings) -> JobMeasurements:
     """Speed model, restart costs and progress from validated rows (in file order) or a file's tail."""
     if not isinstance(rows, MetricsTail):
@@ -306,12 +394,20 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     if tail.last is None:
         return JobMeasurements()
     medians = {g: statistics.median(v) for g, v in tail.speeds.items() if v}
-    model = (MeasuredThroughput(concave_hull(medians.items()), tuple(sorted(tail.nodes.items())),
-                                float(max(medians)), settings.prior) if medians else None)
+    nodes = tuple(sorted(tail.nodes.items()))
+    model = (MeasuredThroughput(concave_hull(medians.items()), nodes, float(max(medians)), settings.prior)
+             if medians else None)
+    # samples/s only where the batch is known: steps/s at different batches are not comparable
+    at_batch = {g: v * tail.batch_at[g] for g, v in medians.items() if g in tail.batch_at}
+    samples = (MeasuredThroughput(concave_hull(at_batch.items()), nodes, float(max(at_batch)), settings.prior)
+               if at_batch else None)
+    local = tuple(sorted((g, tail.batch_at[g] / g) for g in at_batch))
+    noise = GradientNoise(*tail.noise) if tail.noise is not None else None
     costs = tuple(c for c in tail.lost_s if settings.restart_min_s <= c <= settings.max_restart_cost_s)
     total = tail.last.get("total_steps")
-    return JobMeasurements(model=model, restart_costs_s=costs, step=int(tail.last["step"]),
-                           total_steps=int(total) if total is not None else None, rows=tail.count)
+    return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local, noise=noise, restart_costs_s=costs,
+                           step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
+                           rows=tail.count)
 
 
 class MeasuredRequests:
@@ -371,11 +467,17 @@ class MeasuredRequests:
         spec = job.spec
         assert spec is not None
         notes: list[str] = []
-        model: MeasuredThroughput | LinearThroughput
+        model: MeasuredThroughput | LinearThroughput | GoodputThroughput
+        steps_model: MeasuredThroughput | LinearThroughput = s.prior
         if m.model is not None and s.measured_speed:
-            model = m.model
-            pts = ", ".join(f"{int(g)}:{v:.3g}" for g, v in model.points[1:])
+            model = steps_model = m.model
+            pts = ", ".join(f"{g}:{v:.3g}" for g, v in m.speeds)
             notes.append(f"speed measured ({m.rows} rows; GPUs:steps/s {pts})")
+            adaptive, why_not = self._goodput(job, m)
+            if adaptive is not None:
+                model = adaptive
+            if why_not:
+                notes.append(why_not)
         else:
             model = s.prior
             notes.append(f"speed not measured yet: default model (linear, {s.prior.node_penalty:.0%} per extra node)"
@@ -406,7 +508,7 @@ class MeasuredRequests:
                 notes.append(f"no size in {spec.min_gpus}-{spec.max_gpus} splits its batch (valid "
                              f"{', '.join(map(str, geometry.valid_world_sizes[:12]))})")
         measured = m.model is not None and s.measured_speed
-        allowed = speed_frontier(counts, model, nodes_for, placeable) if measured else None
+        allowed = speed_frontier(counts, model, nodes_for, placeable, s.min_marginal_gain) if measured else None
         if allowed is None and fits:
             allowed = fits
         started = job.start_time if job.start_time is not None else now
@@ -419,7 +521,13 @@ class MeasuredRequests:
                     f"{s.measure_first_s - (now - started):.0f}s left)")
             self._waits[job.job_id] = wait
             notes.append(wait)
-        best = max((model(g, nodes_for(g)) for g in (allowed or counts) if placeable(g)), default=0.0)
+        if isinstance(model, GoodputThroughput):
+            shown = ", ".join(f"{g}:{model.batch_for(g, nodes_for(g))[0]}@{model(g, nodes_for(g)):.3g}"
+                              for g in (allowed or counts) if placeable(g))
+            notes.append(f"goodput at the best batch (GPUs:batch@goodput {shown}; noise scale "
+                         f"{model.noise.noise_scale:.3g}, base batch {model.base_batch})")
+        # remaining time from steps/s at the batch measured, whatever the speed model is in
+        best = max((steps_model(g, nodes_for(g)) for g in (allowed or counts) if placeable(g)), default=0.0)
 
         restart = m.restart_cost_s
         if restart is None:
@@ -484,6 +592,27 @@ class MeasuredRequests:
         result = self._report(job, path, problem) if problem else measure(tail, self.settings)
         self._cache[path] = (key, tail, result)
         return result
+
+    def _goodput(self, job: Job, m: JobMeasurements) -> tuple[GoodputThroughput | None, str]:
+        """An adaptive job's goodput model, or None and why not ("" for a fixed-batch job)."""
+        spec = job.spec
+        assert spec is not None and spec.ckpt_dir
+        uid = job.user_id if job.user_id is not None else _uid_of(job.user)
+        if uid is None:
+            return None, ""
+        path = os.path.join(shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id)), BATCH_FILE)
+        batch, problem = read_batch_range(path, owner_uid=uid, max_bytes=self.settings.batch_max_bytes)
+        if problem:
+            key = -job.job_id - (1 << 40)      # its own slot in the once-per-problem memory
+            if self._reported.get(key) != problem:
+                log.warning("job %d: %s %s; allocated by plain speed", job.job_id, path, problem)
+                self._reported[key] = problem
+            return None, f"batch.json ignored ({problem}): plain speed"
+        if batch is None:
+            return None, ""
+        if m.samples is None or m.noise is None:
+            return None, "adaptive batch, but its rows carry no batch and gradient noise yet: plain speed"
+        return GoodputThroughput(m.samples, m.local_batch_at, batch.min, batch.max, batch.base, m.noise), ""
 
     def _geometry(self, job: Job) -> JobGeometry | None:
         """The job's own geometry.json when it can be believed (a bad one: one log line, ignored)."""

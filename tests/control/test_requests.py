@@ -130,3 +130,40 @@ def test_a_geometry_file_restricts_the_allowed_sizes_to_valid_world_sizes(two):
     assert reqs[str(a)].allowed_gpus == (1, 2, 3, 4, 6)      # 8 is in its range but does not split 48 / 4
     assert reqs[str(b)].allowed_gpus is None                 # another job's file is never read for b
     assert src.bad_geometry() == {}                          # 2 is valid: not stuck
+
+
+def test_timing_noise_is_no_reason_to_grow_but_a_small_real_gain_is(two):
+    slurm, ckpt, a, b = two
+    # a does not scale: 8 GPUs measured 1 % faster than 2 (noise); b scales
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 2, 1.0), _row(20, 300, 8, 1.01, nodes=2)])
+    _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 4, 4.0), _row(20, 300, 8, 8.0, nodes=2)])
+    src = MeasuredRequests()
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    assert max(reqs[str(a)].allowed_gpus) == 2
+    assert max(reqs[str(b)].allowed_gpus) == 8
+    # the same 1 % counts once the rule is off (min_marginal_gain 0: any measured gain is a gain)
+    src = MeasuredRequests(RequestSettings(min_marginal_gain=0.0))
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    assert max(reqs[str(a)].allowed_gpus) == 8
+
+
+def test_explain_names_the_measured_speeds_behind_each_decision(two):
+    from slurm_elastic.allocate import render_explanation
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+
+    slurm, ckpt, a, b = two
+    # rows 10 steps apart at the speed measured: no restart between them
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 2, 1.0), _row(20, 10, 4, 1.0)])    # flat
+    _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 2, 1.0), _row(20, 5, 4, 2.0)])     # scales
+    report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
+                        requests=MeasuredRequests()).cycle(dry_run=True)
+    text = render_explanation(report.allocation)
+    assert report.target(b) == 4 and report.target(a) == 2, text     # b takes the free node; a is kept small
+    lines = text.splitlines()
+    at_a = next(i for i, ln in enumerate(lines) if ln.startswith(f"{a} "))
+    at_b = next(i for i, ln in enumerate(lines) if ln.startswith(f"{b} "))
+    assert "speed 2 -> 2 GPUs" not in lines[at_a] and "speed at 2 GPUs: 100% of its best" in lines[at_a]
+    assert "decided from: speed measured (2 rows; GPUs:steps/s 2:1, 4:1)" in lines[at_a + 1]
+    assert "speed 2 -> 4 GPUs: 26% -> 53% of its best" in lines[at_b], lines[at_b]   # of 8 on 2 nodes
+    assert "GPUs:steps/s 2:1, 4:2)" in lines[at_b + 1]

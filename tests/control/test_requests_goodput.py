@@ -1,0 +1,195 @@
+"""Adaptive-batch jobs are allocated by goodput at their best batch; fixed-batch jobs by plain speed; hostile files
+change nothing but the one job's own model (issue 18, point 3)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import math
+import os
+
+import pytest
+
+from slurm_elastic.allocate import goodput
+from slurm_elastic.allocate.problem import Policy
+from slurm_elastic.allocate.throughput import GoodputThroughput, MeasuredThroughput, concave_hull
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+from slurm_elastic.control.requests import (BATCH_FILE, MeasuredRequests, RequestSettings, read_batch_range,
+                                            validate_row)
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic.train import protocol as shim
+
+ME = getpass.getuser()
+RANGE = {"min": 32, "max": 1024, "base": 128}
+BIG_NOISE = {"grad_sqr": 1.0, "grad_var": 1e5}     # noise scale 1e5: a big batch is as good as a small one
+SMALL_NOISE = {"grad_sqr": 1.0, "grad_var": 1.0}   # noise scale 1: twice the batch, half the progress per sample
+
+
+def _row(step: int, t: float, gpus: int, sps: float, **extra: float | int) -> dict:
+    return {"step": step, "time": t, "gpus": gpus, "nodes": 1, "steps_per_s": sps, "samples_per_s": sps * 128,
+            **extra}
+
+
+def _write(ckpt: str, job: int, rows: list[dict], batch: object | None = None) -> None:
+    path = shim.metrics_path(ckpt, str(job))
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    if batch is not None:
+        with open(os.path.join(os.path.dirname(path), BATCH_FILE), "w") as f:
+            f.write(batch if isinstance(batch, str) else json.dumps(batch))
+
+
+def _measured(noise: dict) -> list[dict]:
+    """Measured at 4 GPUs only, at batch 128 (32 per GPU), 1 step/s."""
+    return [_row(10 * i, 10.0 * i, 4, 1.0, batch=128, **noise) for i in range(1, 6)]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    slurm = InMemorySlurm(nodes=1, gpus_per_node=8)   # 6 GPUs fit on one node
+    ckpt = str(tmp_path / "ckpt")
+    spec = ElasticSpec(2, 6, gpu_step=2, ckpt_dir=ckpt)
+    a = slurm.add_job(spec, nodes=1, gpus_per_node=4, user=ME)
+    b = slurm.add_job(spec, nodes=1, gpus_per_node=4, user=ME)
+    return slurm, ckpt, a, b
+
+
+def _requests(slurm, src=None):
+    src = src or MeasuredRequests()
+    return src, {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+
+
+def test_goodput_decides_between_two_adaptive_jobs_in_one_milp(cluster):
+    slurm, ckpt, a, b = cluster
+    _write(ckpt, a, _measured(BIG_NOISE), RANGE)
+    _write(ckpt, b, _measured(SMALL_NOISE), RANGE)
+    src, reqs = _requests(slurm)
+    ra, rb = reqs[str(a)], reqs[str(b)]
+    assert isinstance(ra.throughput, GoodputThroughput) and isinstance(rb.throughput, GoodputThroughput)
+    # a: its batch grows with its GPUs at almost no loss of efficiency, so its goodput scales
+    assert ra.throughput(6) / ra.throughput(2) == pytest.approx(3.0, rel=0.01)
+    # b: a bigger batch buys nothing, and a smaller one still takes a measured step's time per step
+    assert rb.throughput(6) / rb.throughput(2) == pytest.approx(1.0, abs=0.02)
+    assert "goodput at the best batch" in src.basis()[str(a)] and "6:192@" in src.basis()[str(a)]
+    # One cluster, one MILP (the shipped Reconciler): the GPUs go where they make progress.
+    report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
+                        requests=src).cycle(dry_run=True)
+    assert (report.target(a), report.target(b)) == (6, 2)
+
+
+def test_the_speed_is_goodput_at_the_best_batch_by_allocate_goodput(cluster):
+    slurm, ckpt, a, _ = cluster
+    _write(ckpt, a, _measured(SMALL_NOISE), RANGE)
+    _, reqs = _requests(slurm)
+    model = reqs[str(a)].throughput
+    noise = goodput.GradientNoise(**SMALL_NOISE)
+    # 6 GPUs: samples/s extrapolated linearly from the one count measured (1.5 x 128/s), batch per GPU as measured
+    batch, value = model.batch_for(6)
+    assert batch == 192
+    assert value == pytest.approx(goodput.goodput(1.5 * 128, 192, 128, noise))
+
+
+def test_no_optimism_beyond_the_batch_measured():
+    """The stated rule: above the batch per GPU measured, samples/s no higher than measured; below it,
+    steps/s no higher than measured."""
+    samples = MeasuredThroughput(concave_hull([(4, 128.0)]), ((4, 1),), 4.0)
+    pure_noise = goodput.GradientNoise(grad_sqr=0.0, grad_var=1.0)        # every batch equally efficient
+    no_noise = goodput.GradientNoise(grad_sqr=1.0, grad_var=0.0)          # only the number of steps counts
+    grow = GoodputThroughput(samples, ((4, 32.0),), 32, 1024, 128, pure_noise)
+    assert grow.batch_for(4) == (128, pytest.approx(128.0))              # a bigger batch is no faster per sample
+    steps = GoodputThroughput(samples, ((4, 32.0),), 32, 1024, 128, no_noise)
+    batch, value = steps.batch_for(4)
+    assert batch == 32 and value == pytest.approx(128.0)                 # 1 step/s at most, whatever the batch
+
+
+def test_fixed_batch_jobs_keep_plain_speed_beside_an_adaptive_one(cluster):
+    slurm, ckpt, a, b = cluster
+    _write(ckpt, a, _measured(BIG_NOISE), RANGE)
+    _write(ckpt, b, _measured(BIG_NOISE))                   # the same rows, no batch.json: fixed batch
+    src, reqs = _requests(slurm)
+    assert isinstance(reqs[str(a)].throughput, GoodputThroughput)
+    assert isinstance(reqs[str(b)].throughput, MeasuredThroughput)
+    assert reqs[str(b)].throughput(4) == pytest.approx(1.0)           # steps/s, as before
+    assert "goodput" not in src.basis()[str(b)]
+
+
+def test_an_adaptive_job_without_noise_yet_is_allocated_by_plain_speed(cluster):
+    slurm, ckpt, a, _ = cluster
+    _write(ckpt, a, [_row(10 * i, 10.0 * i, 4, 1.0, batch=128) for i in range(1, 4)], RANGE)
+    src, reqs = _requests(slurm)
+    assert isinstance(reqs[str(a)].throughput, MeasuredThroughput)
+    assert "no batch and gradient noise yet: plain speed" in src.basis()[str(a)]
+
+
+def test_a_new_batch_at_the_same_size_starts_its_speeds_afresh(cluster):
+    slurm, ckpt, a, _ = cluster
+    rows = [_row(i, float(i), 4, 1.0, batch=128, **BIG_NOISE) for i in range(1, 5)]
+    rows += [_row(10 + i, 10.0 + i, 4, 0.5, batch=256, **BIG_NOISE) for i in range(1, 3)]   # twice the batch
+    _write(ckpt, a, rows, RANGE)
+    _, reqs = _requests(slurm)
+    model = reqs[str(a)].throughput
+    assert model.local_batch_at == ((4, 64.0),)
+    assert model.samples(4) == pytest.approx(128.0)          # 0.5 steps/s x 256, not a median with 1.0 x 128
+
+
+@pytest.mark.parametrize("case", ["symlink", "fifo", "huge", "not-json", "list", "bool", "float", "zero",
+                                  "too-big", "min-above-max", "missing", "other-owner"])
+def test_a_bad_batch_file_means_plain_speed_and_one_log_line(cluster, case, tmp_path, caplog):
+    slurm, ckpt, a, b = cluster
+    _write(ckpt, a, _measured(BIG_NOISE))
+    _write(ckpt, b, _measured(BIG_NOISE), RANGE)
+    path = os.path.join(shim.job_dir(ckpt, str(a)), BATCH_FILE)
+    bodies = {"not-json": "{min: 1", "list": "[32, 1024, 128]", "bool": '{"min": true, "max": 1024, "base": 128}',
+              "float": '{"min": 32.0, "max": 1024, "base": 128}', "zero": '{"min": 0, "max": 1024, "base": 128}',
+              "too-big": '{"min": 32, "max": 1000000000, "base": 128}',
+              "min-above-max": '{"min": 64, "max": 32, "base": 32}', "missing": '{"min": 32, "max": 1024}',
+              "huge": json.dumps({**RANGE, "pad": "x" * 10000})}
+    if case == "symlink":
+        elsewhere = tmp_path / "batch.json"
+        elsewhere.write_text(json.dumps(RANGE))
+        os.symlink(elsewhere, path)
+    elif case == "fifo":
+        os.mkfifo(path)
+    elif case == "other-owner":
+        with open(path, "w") as f:
+            json.dump(RANGE, f)
+        if os.geteuid() != 0:
+            pytest.skip("chown to another user needs root")
+        os.chown(path, 65534, 65534)
+    else:
+        with open(path, "w") as f:
+            f.write(bodies[case])
+    src = MeasuredRequests()
+    for _ in range(3):
+        src, reqs = _requests(slurm, src)
+    assert isinstance(reqs[str(a)].throughput, MeasuredThroughput)       # plain speed for a
+    assert "batch.json ignored" in src.basis()[str(a)]
+    assert isinstance(reqs[str(b)].throughput, GoodputThroughput)        # b's own file still counts for b
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and BATCH_FILE in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_read_batch_range_valid_and_absent(tmp_path):
+    path = tmp_path / BATCH_FILE
+    assert read_batch_range(str(path), owner_uid=os.getuid(), max_bytes=4096) == (None, "")
+    path.write_text(json.dumps(RANGE))
+    got, problem = read_batch_range(str(path), owner_uid=os.getuid(), max_bytes=4096)
+    assert problem == "" and (got.min, got.max, got.base) == (32, 1024, 128)
+
+
+@pytest.mark.parametrize("bad", [{"batch": 0}, {"batch": True}, {"batch": 12.5}, {"batch": 10**9},
+                                 {"grad_sqr": math.nan, "grad_var": 1.0}, {"grad_sqr": 1.0, "grad_var": math.inf},
+                                 {"grad_sqr": -1.0, "grad_var": 1.0}, {"grad_sqr": "1", "grad_var": 1.0},
+                                 {"grad_sqr": 1.0, "grad_var": False}, {"grad_sqr": 1.0}, {"grad_var": 1.0},
+                                 {"grad_sqr": 1e31, "grad_var": 1.0}])
+def test_hostile_goodput_fields_make_the_row_invalid(bad):
+    assert validate_row(_row(1, 1.0, 4, 1.0)) is not None
+    assert validate_row({**_row(1, 1.0, 4, 1.0), **bad}) is None
+
+
+def test_valid_goodput_fields_are_kept():
+    row = validate_row(_row(1, 1.0, 4, 1.0, batch=256, grad_sqr=0.5, grad_var=3.0))
+    assert row is not None and row["batch"] == 256 and row["grad_sqr"] == 0.5 and row["grad_var"] == 3.0
