@@ -33,6 +33,11 @@ SCONTROL_JSON_SINCE = SlurmVersion(23, 2)
 # `TresPerNode=gres/gpu:N` is accepted and shown but ignored by the scheduler, while
 # `gres:gpu:N` works on every version (slurm-versions.md); so 22.05 gets the ':' spelling.
 TRES_SLASH_SINCE = SlurmVersion(23, 2)
+# `--requeue=expedite` (25.11 on): a job requeued after a node failure is eligible at once and at
+# the top of the queue, instead of waiting ~120 s (BeginTime) - where slurm.conf has
+# SlurmctldParameters=enable_expedited_requeue; elsewhere Slurm takes the flag as a plain --requeue.
+# sbatch 24.11 refuses the argument ("option '--requeue' doesn't allow an argument"); 26.05 takes it.
+REQUEUE_EXPEDITE_SINCE = SlurmVersion(25, 11)
 
 _UNAVAILABLE = re.compile(
     r"Unable to contact slurm controller|Connection refused|Socket timed out|Zero Bytes were transmitted"
@@ -190,7 +195,7 @@ class CliBackend:
 
     # --- actions -------------------------------------------------------------------------------------
     def submit(self, description: SubmitDescription) -> int:
-        out = self._run(sbatch_args(description), retry=False)
+        out = self._run(sbatch_args(description, self.version), retry=False)
         first = out.strip().splitlines()[0] if out.strip() else ""
         m = re.fullmatch(r"(\d+)(?:;\S+)?", first.strip())
         if m is None:
@@ -316,8 +321,16 @@ def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node
     return args
 
 
-def sbatch_args(d: SubmitDescription) -> list[str]:
-    """sbatch flags for a SubmitDescription (per-node GPUs via --gres, understood by every version)."""
+def requeue_flag(version: SlurmVersion | None) -> str:
+    """`--requeue=expedite` where this Slurm has it (REQUEUE_EXPEDITE_SINCE), else `--requeue`."""
+    return "--requeue=expedite" if version is not None and version >= REQUEUE_EXPEDITE_SINCE else "--requeue"
+
+
+def sbatch_args(d: SubmitDescription, version: SlurmVersion | None = None) -> list[str]:
+    """sbatch flags for a SubmitDescription (per-node GPUs via --gres, understood by every version).
+
+    `version`: the Slurm the job goes to; None (not known) gives the flags every version takes.
+    """
     for name, val in (("nodes", d.nodes), ("gpus_per_node", d.gpus_per_node), ("cpus_per_gpu", d.cpus_per_gpu),
                       ("mem_per_gpu_mb", d.mem_per_gpu_mb)):
         if int(val) < (0 if name == "gpus_per_node" else 1):
@@ -330,7 +343,7 @@ def sbatch_args(d: SubmitDescription) -> list[str]:
         args.append(f"--comment={d.comment}")
     if d.job_name:
         args.append(f"--job-name={d.job_name}")
-    args.append("--requeue" if d.requeue else "--no-requeue")
+    args.append(requeue_flag(version) if d.requeue else "--no-requeue")
     if d.hold:
         args.append("--hold")
     if d.workdir:

@@ -104,7 +104,8 @@ def test_controller_down_is_a_clear_error_after_bounded_retries(dead_controller,
 def test_controller_down_submit_is_not_retried(dead_controller, tmp_path) -> None:
     script = tmp_path / "s.sh"
     script.write_text("#!/bin/sh\ntrue\n")
-    b = CliBackend(env=dead_controller, retries=3, backoff_s=0.05)
+    # The version given: submit would otherwise first ask `scontrol --version` (for --requeue=expedite).
+    b = CliBackend(env=dead_controller, retries=3, backoff_s=0.05, version=SlurmVersion(22, 5, 8))
     with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
         b.submit(SubmitDescription(script=str(script), nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=10))
     assert b.calls == 1  # a retried sbatch could submit twice
@@ -168,3 +169,26 @@ def test_finished_and_unknown_job_errors_as_slurm_words_them(version: str, tmp_p
         with pytest.raises(SlurmError, match="Job has already finished") as info:
             action(finished)
         assert type(info.value) is SlurmError
+
+
+@pytest.mark.parametrize("version,flag", [
+    ("22.05.8", "--requeue"), ("23.02.7", "--requeue"), ("23.11.10", "--requeue"), ("24.05.4", "--requeue"),
+    # 24.11's sbatch refuses an argument to --requeue (checked on Debian's 24.11.5)
+    ("24.11.5", "--requeue"), ("25.05.3", "--requeue"),
+    ("25.11.0", "--requeue=expedite"), ("25.11.2", "--requeue=expedite"), ("26.05.5", "--requeue=expedite")])
+def test_requeue_is_expedited_where_slurm_has_it(version: str, flag: str) -> None:
+    d = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1)
+    args = sbatch_args(d, SlurmVersion.parse(version))
+    assert flag in args and sum(a.startswith("--requeue") for a in args) == 1
+    assert "--requeue" in sbatch_args(d)                         # version unknown: what every sbatch takes
+    no = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, requeue=False)
+    assert "--no-requeue" in sbatch_args(no, SlurmVersion.parse(version))
+
+
+def test_submit_asks_for_the_expedited_requeue_on_the_version_it_talks_to(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    backend = CliBackend(version=SlurmVersion(26, 5, 5))
+    monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args)) or "42\n")
+    assert backend.submit(SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1,
+                                            mem_per_gpu_mb=1)) == 42
+    assert "--requeue=expedite" in calls[0]
