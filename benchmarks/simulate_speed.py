@@ -1,6 +1,7 @@
-"""How long the simulator takes on the 160-job Pollux workloads, per policy (goal: l1 under 60 s).
+"""How long the simulator takes on the 160-job Pollux workloads, per policy (goal: under 60 s).
 
-    python3 benchmarks/simulate_speed.py [--workload PATH ...] [--policy controller] [--json]
+    .venv/bin/python benchmarks/simulate_speed.py [--workload PATH ...] [--policy controller]
+        [--adaptive none|all|half] [--ticks-only] [--json]
 
 The machine is shared: note its load (printed) next to any figure you quote; CPU seconds (this
 process, HiGHS included: the l1 policy solves single-threaded) are less sensitive to other load.
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, summarize
+from slurm_elastic.sim.pollux import ADAPTIVE
 from slurm_elastic.sim.workload import load_any
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux" / "workloads" / "workload-1.csv"
@@ -26,6 +28,12 @@ def main() -> int:
     parser.add_argument("--workload", type=Path, action="append", help="workload file (repeatable)")
     parser.add_argument("--policy", action="append", help="policy (repeatable; default controller)")
     parser.add_argument("--cluster", default="16x4")
+    parser.add_argument("--adaptive", default="none", choices=ADAPTIVE,
+                        help="Pollux workloads: which jobs adapt their batch (all: as in Pollux's runs)")
+    parser.add_argument("--max-scale", type=float, default=2.0, help="controller: range as a multiple of the request "
+                        "(0: the trace's)")
+    parser.add_argument("--ticks-only", action="store_true",
+                        help="decide only at the 60 s ticks, as the original simulator (and simulate_targets.py)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
     args = parser.parse_args()
     workloads = args.workload or [DEFAULT]
@@ -37,11 +45,11 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         t0 = time.perf_counter()
-        jobs = load_any(path)
+        jobs = load_any(path, adaptive=args.adaptive)
         load_s = time.perf_counter() - t0
         for name in policies:
             load_before = os.getloadavg()[0]
-            policy = make_policy(name)
+            policy = make_policy(name, max_scale=args.max_scale)
             solves: list[float] = []
             decide = policy.decide
 
@@ -53,10 +61,11 @@ def main() -> int:
 
             policy.decide = counted  # type: ignore[method-assign]
             t0, c0 = time.perf_counter(), time.process_time()
-            result = Simulation(jobs, policy, SimConfig(parse_cluster(args.cluster))).run()
+            result = Simulation(jobs, policy, SimConfig(parse_cluster(args.cluster), immediate=not args.ticks_only)).run()
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             s = summarize(result)
-            rows.append({"workload": path.name, "policy": name, "jobs": len(jobs), "load_s": round(load_s, 3),
+            rows.append({"workload": path.name, "policy": name, "adaptive": args.adaptive,
+                         "ticks_only": args.ticks_only, "jobs": len(jobs), "load_s": round(load_s, 3),
                          "simulate_s": round(wall, 2), "cpu_s": round(cpu, 2), "solve_s": round(sum(solves), 2),
                          "solve_max_s": round(max(solves, default=0.0), 3), "solves": len(solves),
                          "decision_points": s["decision_points"],

@@ -1,15 +1,25 @@
 """The shipped controller against the original Pollux simulator's reference JCTs, and the calibration beside it.
 
-For each of the shared workloads 1-4 (16 nodes x 4 GPUs, 60 s ticks, 30 s per
-(re)start, statistical progress as the original counts it), this runs the
-project's Tiresias and Optimus+Oracle (calibration: how near the original's
-per-job JCTs they land) and the shipped controller (sim/controller.py: the
-daemon's Reconciler over the in-memory Slurm), and prints one row per
-(workload, policy) with the reference figures side by side.
+For each of the shared workloads 1-4 (16 nodes x 4 GPUs, 60 s ticks only, 30 s
+per (re)start, statistical progress as the original counts it) this runs:
 
-    python3 benchmarks/simulate_targets.py [--workloads 1 2 3 4] [--policy controller ...] [--json]
+- the project's Tiresias and Optimus+Oracle (calibration: how near the
+  original's per-job JCTs they land);
+- the shipped controller (sim/controller.py: the daemon's Reconciler over the
+  in-memory Slurm) in three modes: `fixed` (every job at its trace batch; the
+  one-controller issue's targets), `adaptive` (every job adaptive, as in the
+  original's Pollux runs) and `mixed` (every other job adaptive);
 
-Not a test: it reports whatever it measures.
+then prints one row per run and the targets of issues 15 and 18 side by side
+(measured, target, met), all in one run:
+
+    .venv/bin/python benchmarks/simulate_targets.py [--workloads 1 2 3 4] [--policy controller ...]
+        [--modes fixed adaptive mixed] [--json]
+
+Elastic ranges: fixed-batch jobs declare 1 .. 2x their requested GPUs (the
+simulator's default `--max-scale 2`); in the adaptive and mixed modes every
+job declares its whole range (1 .. the trace's bound), as Pollux's jobs do;
+`--max-scale` sets one value for all. Not a test: it reports what it measures.
 """
 
 from __future__ import annotations
@@ -24,10 +34,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, summarize
-from slurm_elastic.sim.workload import load_any
+from slurm_elastic.sim.pollux import load_workload
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
 REFERENCE_COLUMNS = {"tiresias": "tiresias_jct_s", "optimus": "optimus_oracle_jct_s", "pollux": "pollux_jct_s"}
+MODES = {"fixed": "none", "adaptive": "all", "mixed": "half"}
 
 
 def reference(path: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -38,32 +49,48 @@ def reference(path: Path) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def run(workload: str, policy: str, ref: dict[str, dict[str, float]]) -> dict[str, object]:
-    jobs = load_any(TRACES / "workloads" / f"{workload}.csv")
+def _makespan(submit: dict[str, float], jct: dict[str, float]) -> float:
+    return max(submit[k] + jct[k] for k in jct) - min(submit.values())
+
+
+def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: str = "fixed",
+        max_scale: float | None = None) -> dict[str, object]:
+    jobs = load_workload(TRACES / "workloads" / f"{workload}.csv", adaptive=MODES[mode])
+    if max_scale is None:
+        max_scale = 2.0 if mode == "fixed" else 0.0
     t0 = time.perf_counter()
-    result = Simulation(jobs, make_policy(policy), SimConfig(parse_cluster("16x4"), immediate=False)).run()
+    sim_policy = make_policy(policy, max_scale=max_scale)
+    result = Simulation(jobs, sim_policy, SimConfig(parse_cluster("16x4"), immediate=False)).run()
     wall = time.perf_counter() - t0
+    close = getattr(sim_policy, "close", None)
+    if close:
+        close()
     s = summarize(result)
     mine = {j.key: j.jct_s for j in result.jobs if j.jct_s is not None}
+    submit = {j.key: j.submit_s for j in jobs}
     avg = {k: statistics.mean(v[k] for v in ref.values()) for k in REFERENCE_COLUMNS}
     by_app: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for j in result.jobs:
         if j.jct_s is not None:
             by_app[j.application].append((j.jct_s, ref[j.key]["tiresias"]))
-    worst_app, worst = max(((app, statistics.mean(a for a, _ in v) / statistics.mean(b for _, b in v))
-                            for app, v in by_app.items()), key=lambda x: x[1])
+    apps = {app: statistics.mean(a for a, _ in v) / statistics.mean(b for _, b in v) for app, v in by_app.items()}
+    worst_app = max(apps, key=lambda a: apps[a])
     row: dict[str, object] = {
-        "workload": workload, "policy": policy, "jobs": len(jobs), "finished": s["finished"],
-        "avg_jct_s": round(float(s["avg_jct_s"]), 1),
+        "workload": workload, "policy": policy, "mode": mode if policy == "controller" else "fixed",
+        "max_scale": max_scale or None, "jobs": len(jobs), "finished": s["finished"],
+        "avg_jct_s": round(float(s["avg_jct_s"]), 1), "makespan_s": round(float(s["makespan_s"]), 1),
         "ref_tiresias_avg_jct_s": round(avg["tiresias"], 1), "ref_optimus_avg_jct_s": round(avg["optimus"], 1),
         "ref_pollux_avg_jct_s": round(avg["pollux"], 1),
+        "ref_pollux_makespan_s": round(_makespan(submit, {k: v["pollux"] for k, v in ref.items()}), 1),
         "vs_ref_tiresias_ratio": round(float(s["avg_jct_s"]) / avg["tiresias"], 4),
         "vs_ref_optimus_ratio": round(float(s["avg_jct_s"]) / avg["optimus"], 4),
         "vs_ref_pollux_ratio": round(float(s["avg_jct_s"]) / avg["pollux"], 4),
-        "worst_app_vs_ref_tiresias": worst_app, "worst_app_vs_ref_tiresias_ratio": round(worst, 4),
+        "worst_app_vs_ref_tiresias": worst_app, "worst_app_vs_ref_tiresias_ratio": round(apps[worst_app], 4),
+        "app_vs_ref_tiresias_ratio": {a: round(v, 3) for a, v in sorted(apps.items())},
         "restarts": s["restarts"], "restart_loss_share": round(float(s["restart_loss_share"]), 4),
         "simulate_s": round(wall, 1),
     }
+    row["vs_ref_pollux_makespan_ratio"] = round(float(s["makespan_s"]) / float(row["ref_pollux_makespan_s"]), 4)
     if policy in ("tiresias", "optimus"):
         # calibration: the same policy in the original simulator, job by job
         ratios = [mine[k] / ref[k][policy] for k in mine if ref[k][policy] > 0]
@@ -75,11 +102,52 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]]) -> dict[st
     return row
 
 
+# (issue, mode, what, row key, bound): measured <= bound is met
+PER_WORKLOAD = (
+    ("15", "fixed", "avg JCT / Tiresias", "vs_ref_tiresias_ratio", 0.85),
+    ("15", "fixed", "avg JCT / Optimus+Oracle", "vs_ref_optimus_ratio", 0.60),
+    ("15", "fixed", "worst application's mean JCT / its Tiresias mean", "worst_app_vs_ref_tiresias_ratio", 1.10),
+    ("18", "adaptive", "avg JCT / Pollux", "vs_ref_pollux_ratio", 0.90),
+    ("18", "adaptive", "makespan / Pollux makespan", "vs_ref_pollux_makespan_ratio", 1.00),
+    ("18", "mixed", "avg JCT / Tiresias (ahead: < 1)", "vs_ref_tiresias_ratio", 1.00),
+    ("18", "mixed", "avg JCT / Optimus+Oracle (ahead: < 1)", "vs_ref_optimus_ratio", 1.00),
+)
+
+
+def targets(rows: list[dict[str, object]], workloads: list[str]) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    ctl = {(r["workload"], r["mode"]): r for r in rows if r["policy"] == "controller"}
+    for issue, mode, what, key, bound in PER_WORKLOAD:
+        values = {w: ctl[(w, mode)][key] for w in workloads if (w, mode) in ctl}
+        if values:
+            strict = "ahead" in what
+            met = all((v < bound) if strict else (v <= bound) for v in values.values())
+            out.append({"target": f"{issue}: {mode}: {what}", "bound_ratio": bound, "per_workload_ratio": values,
+                        "met": met and len(values) == len(workloads)})
+    fixed = [ctl[(w, "fixed")] for w in workloads if (w, "fixed") in ctl]
+    if len(fixed) == len(workloads) == 4:
+        mean = statistics.mean(float(r["avg_jct_s"]) for r in fixed)
+        pollux = statistics.mean(float(r["ref_pollux_avg_jct_s"]) for r in fixed)
+        out.append({"target": "15: fixed: mean over workloads 1-4 / Pollux's", "bound_ratio": 1.0,
+                    "per_workload_ratio": {"mean": round(mean / pollux, 4)}, "met": mean <= pollux})
+    timed = [r for r in rows if r["policy"] == "controller" and r["jobs"] >= 160]
+    if timed:
+        worst = max(float(r["simulate_s"]) for r in timed)
+        out.append({"target": "15: a 160-job workload simulated in < 60 s (slowest controller run, s)",
+                    "bound_s": 60.0, "per_workload_s": {f"{r['workload']}/{r['mode']}": r["simulate_s"] for r in timed},
+                    "met": worst < 60.0})
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="*", default=["1", "2", "3", "4"])
     parser.add_argument("--policy", action="append", help="repeatable; default tiresias, optimus, controller")
-    parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES),
+                        help="controller modes (default all three)")
+    parser.add_argument("--max-scale", type=float, default=None,
+                        help="elastic range as a multiple of the request (0: the trace's); default 2 fixed, 0 else")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of rows (runs, then targets)")
     args = parser.parse_args()
     ref_path = TRACES / "reference" / "jct.csv"
     if not ref_path.exists():
@@ -90,22 +158,44 @@ def main() -> int:
     for w in args.workloads:
         name = f"workload-{w}"
         for policy in args.policy or ["tiresias", "optimus", "controller"]:
-            rows.append(run(name, policy, refs[name]))
-            if not args.json:
-                print(_line(rows[-1]), flush=True)
+            for mode in (args.modes if policy == "controller" else ["fixed"]):
+                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale))
+                if not args.json:
+                    print(_line(rows[-1]), flush=True)
+    goals = targets(rows, [f"workload-{w}" for w in args.workloads])
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + goals, indent=1))
+    else:
+        print()
+        print(_targets_table(goals, [f"workload-{w}" for w in args.workloads]))
     return 0
 
 
 def _line(r: dict[str, object]) -> str:
     cal = (f"  calibration avg {r['calibration_avg_ratio']:.3f}x, median job {r['calibration_median_job_ratio']:.3f}x,"
            f" {r['calibration_jobs_within_10pct_share']:.0%} of jobs within 10 %" if "calibration_avg_ratio" in r else "")
-    return (f"{r['workload']:<11} {r['policy']:<10} avg JCT {r['avg_jct_s']:>7.0f} s | ref Tiresias "
+    return (f"{r['workload']:<11} {r['policy']:<10} {r['mode']:<8} avg JCT {r['avg_jct_s']:>7.0f} s | ref Tiresias "
             f"{r['ref_tiresias_avg_jct_s']:.0f} ({r['vs_ref_tiresias_ratio']:.3f}x) Optimus "
             f"{r['ref_optimus_avg_jct_s']:.0f} ({r['vs_ref_optimus_ratio']:.3f}x) Pollux {r['ref_pollux_avg_jct_s']:.0f} "
-            f"({r['vs_ref_pollux_ratio']:.3f}x) | worst app {r['worst_app_vs_ref_tiresias']} "
+            f"({r['vs_ref_pollux_ratio']:.3f}x) | makespan {r['makespan_s']:.0f} s ({r['vs_ref_pollux_makespan_ratio']:.3f}x"
+            f" Pollux's) | worst app {r['worst_app_vs_ref_tiresias']} "
             f"{r['worst_app_vs_ref_tiresias_ratio']:.2f}x | restarts {r['restarts']} | {r['simulate_s']:.0f} s{cal}")
+
+
+def _targets_table(goals: list[dict[str, object]], workloads: list[str]) -> str:
+    cols = [w.replace("workload-", "w") for w in workloads]
+    lines = ["| target | bound | " + " | ".join(cols) + " | met |", "|---|---|" + "---|" * len(cols) + "---|"]
+    for g in goals:
+        values = g.get("per_workload_ratio") or g.get("per_workload_s")
+        bound = g.get("bound_ratio", g.get("bound_s"))
+        if "per_workload_s" in g:
+            cells = [" ".join(f"{v:.0f}" for k, v in values.items() if k.startswith(w + "/")) for w in workloads]
+        elif "mean" in values:
+            cells = [f"{values['mean']:.3f} (mean)"] + [""] * (len(cols) - 1)
+        else:
+            cells = [f"{values[w]:.3f}" if w in values else "" for w in workloads]
+        lines.append(f"| {g['target']} | {bound} | " + " | ".join(cells) + f" | {'yes' if g['met'] else 'NO'} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ RESTARTS = ("forward-layer", "traditional", "both")
 @click.option("--sacct-elastic", default="comment", show_default=True,
               type=click.Choice(["comment", "all", "none"]),
               help="sacct import: which jobs are elastic (elastic spec in Comment, every GPU job, none).")
+@click.option("--adaptive", default="none", show_default=True, type=click.Choice(["none", "all", "half"]),
+              help="Pollux workloads: which jobs adapt their batch by goodput (all: as in Pollux's runs; "
+                   "half: every other job).")
 @click.option("--max-scale", default=2.0, show_default=True,
               help="Elastic jobs declare at most this many times their requested GPUs (0: the trace's max).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of result rows.")
@@ -57,8 +60,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
 def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float, immediate: bool,
              failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
              checkpoint_interval: float,
-             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, max_scale: float, as_json: bool,
-             markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
+             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, adaptive: str, max_scale: float,
+             as_json: bool, markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the shipped controller and the baselines.
 
     WORKLOADS are Pollux workload CSVs, generic CSVs or sacct --parsable2
@@ -83,7 +86,8 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
         gpn = max(n.gpus for n in nodes)
         per_app = _app_overheads(app_overheads)
         loaded = [(w, _with_overheads(load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,
-                                               sacct_elastic=sacct_elastic), per_app)) for w in workloads]
+                                               sacct_elastic=sacct_elastic, adaptive=adaptive), per_app))
+                  for w in workloads]
     except TraceError as exc:
         raise click.UsageError(str(exc)) from None
     names = POLICIES if policy_name == "all" else (policy_name,)

@@ -36,13 +36,14 @@ def sniff(path: Path) -> str:
 
 
 def load_any(path: Path, *, fmt: str = "auto", applications: Path | None = None, gpus_per_node: int = 4,
-             sacct_elastic: str = "comment") -> list[SimJob]:
+             sacct_elastic: str = "comment", adaptive: str = "none") -> list[SimJob]:
+    """The jobs of one workload file; `adaptive` (Pollux workloads only): none, all or half (sim/pollux.py)."""
     path = Path(path)
     if fmt not in FORMATS:
         raise TraceError(f"unknown workload format {fmt!r} (choose {', '.join(FORMATS)})")
     kind = sniff(path) if fmt == "auto" else fmt
     if kind == "pollux":
-        return load_workload(path, applications)
+        return load_workload(path, applications, adaptive=adaptive)
     if kind == "generic":
         return load_generic(path, gpus_per_node=gpus_per_node)
     return list(load_sacct(path, gpus_per_node=gpus_per_node, elastic=sacct_elastic).jobs)
