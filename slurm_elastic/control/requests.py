@@ -509,6 +509,9 @@ class MeasuredRequests:
                              f"{', '.join(map(str, geometry.valid_world_sizes[:12]))})")
         measured = m.model is not None and s.measured_speed
         allowed = speed_frontier(counts, model, nodes_for, placeable, s.min_marginal_gain) if measured else None
+        if allowed is not None and max(allowed) < max(counts):
+            notes.append(f"allowed up to {max(allowed)} GPUs: no larger count is faster in its measured speed "
+                         f"model (by {s.min_marginal_gain:.0%} of an average GPU's speed per GPU added)")
         if allowed is None and fits:
             allowed = fits
         started = job.start_time if job.start_time is not None else now

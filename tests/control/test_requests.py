@@ -141,6 +141,8 @@ def test_timing_noise_is_no_reason_to_grow_but_a_small_real_gain_is(two):
     reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
     assert max(reqs[str(a)].allowed_gpus) == 2
     assert max(reqs[str(b)].allowed_gpus) == 8
+    assert "allowed up to 2 GPUs: no larger count is faster" in src.basis()[str(a)]
+    assert "allowed up to" not in src.basis()[str(b)]
     # the same 1 % counts once the rule is off (min_marginal_gain 0: any measured gain is a gain)
     src = MeasuredRequests(RequestSettings(min_marginal_gain=0.0))
     reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
