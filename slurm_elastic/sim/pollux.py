@@ -324,27 +324,31 @@ class AdaptiveSpeed:
         until = float(self.profile.progress_targets[epoch]) - done
         return Segment(seg.rate, max(until, 0.0), seg.batch, seg.steps_per_s, seg.noise)
 
-    @functools.lru_cache(maxsize=65536)
     def _choose(self, placement: tuple[int, ...], epoch: int) -> Segment:
-        p = self.profile
-        replicas = sum(placement)
-        lo = max(p.init_batch, math.ceil(p.min_local_bsz * replicas))
-        hi = max(p.max_batch, lo)
-        grid = {lo, hi} | {int(round(b)) for b in np.geomspace(lo, hi, self.candidates)}
-        noise = p.noise(lo, epoch)
-
-        def samples_per_s(batch: int) -> float:
-            return batch / p.iteration_time(placement, batch, one_gpu_accumulates=False)
-
-        # The statistics are those measured at the batch being run; the choice uses the ones at the
-        # smallest candidate (what a job running there would have measured), then runs at its pick.
-        batch, _ = goodput.best_batch(sorted(grid), samples_per_s, p.init_batch, noise)
-        step = p.iteration_time(placement, batch, one_gpu_accumulates=False)
-        noise = p.noise(batch, epoch)
-        return Segment(goodput.gain(batch, p.init_batch, noise) / step, math.inf, batch, 1.0 / step, noise)
+        return _goodput_choice(self.profile, placement, epoch, self.candidates)
 
     def __hash__(self) -> int:
         return id(self)
+
+
+@functools.lru_cache(maxsize=65536)
+def _goodput_choice(p: ApplicationProfile, placement: tuple[int, ...], epoch: int, candidates: int) -> Segment:
+    """The goodput-best batch of an application on a placement during an epoch (shared by all its jobs)."""
+    replicas = sum(placement)
+    lo = max(p.init_batch, math.ceil(p.min_local_bsz * replicas))
+    hi = max(p.max_batch, lo)
+    grid = {lo, hi} | {int(round(b)) for b in np.geomspace(lo, hi, candidates)}
+    noise = p.noise(lo, epoch)
+
+    def samples_per_s(batch: int) -> float:
+        return batch / p.iteration_time(placement, batch, one_gpu_accumulates=False)
+
+    # The statistics are those measured at the batch being run; the choice uses the ones at the
+    # smallest candidate (what a job running there would have measured), then runs at its pick.
+    batch, _ = goodput.best_batch(sorted(grid), samples_per_s, p.init_batch, noise)
+    step = p.iteration_time(placement, batch, one_gpu_accumulates=False)
+    noise = p.noise(batch, epoch)
+    return Segment(goodput.gain(batch, p.init_batch, noise) / step, math.inf, batch, 1.0 / step, noise)
 
 
 def _canonical(placement: tuple[int, ...]) -> tuple[int, ...]:
