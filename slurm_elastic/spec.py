@@ -44,6 +44,7 @@ class ElasticSpec:
     mem_per_gpu_mb: int = DEFAULT_MEM_PER_GPU_MB
     weight: float = 1.0
     ckpt_dir: str | None = None
+    batch: BatchRange | None = None     # adaptive batch (job-side: not part of the canonical comment)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -99,8 +100,45 @@ class ElasticSpec:
         return replace(self, **changes)
 
 
+# -- the batch range of an adaptive-batch job ---------------------------------------------
+MAX_BATCH = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRange:
+    """`adaptive:MIN-MAX`: the global batch the job's shim may choose at each start (opt-in; fixed is the default).
+
+    A job-side option: it reaches the job as SLURM_ELASTIC_BATCH, not in the
+    Slurm comment, and the job records it in `<job dir>/batch.json` for the
+    controller.
+    """
+
+    min_batch: int
+    max_batch: int
+
+    def __post_init__(self) -> None:
+        for name in ("min_batch", "max_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BATCH:
+                raise SpecError(f"--batch: {name.split('_')[0]} batch must be a whole number in 1..{MAX_BATCH}, "
+                                f"got {value!r}")
+        if self.min_batch > self.max_batch:
+            raise SpecError(f"--batch: min batch {self.min_batch} exceeds max batch {self.max_batch}")
+
+    def to_text(self) -> str:
+        return f"adaptive:{self.min_batch}-{self.max_batch}"
+
+
+def parse_batch_range(text: str) -> BatchRange:
+    """'adaptive:64-1024' -> BatchRange(64, 1024); anything else is one SpecError line."""
+    m = re.fullmatch(r"adaptive:([0-9]{1,13})-([0-9]{1,13})", text.strip())
+    if m is None:
+        raise SpecError(f"--batch must be adaptive:MIN-MAX (global batch sizes, e.g. adaptive:64-1024), got {text!r}")
+    return BatchRange(int(m[1]), int(m[2]))
+
+
 # -- building a spec from user input (CLI flags and #ELASTIC lines) -----------------
-FLAG_KEYS = ("gpus", "gpu_step", "cpus_per_gpu", "mem_per_gpu", "weight", "ckpt_dir")
+FLAG_KEYS = ("gpus", "gpu_step", "cpus_per_gpu", "mem_per_gpu", "weight", "ckpt_dir", "batch")
 
 
 def parse_gpu_range(text: str) -> tuple[int, int]:
@@ -165,6 +203,9 @@ def spec_from_options(options: Mapping[str, object]) -> ElasticSpec:
         kwargs["weight"] = parse_weight(options["weight"])  # type: ignore[arg-type]
     if options.get("ckpt_dir") is not None:
         kwargs["ckpt_dir"] = str(options["ckpt_dir"])
+    if options.get("batch") is not None:
+        batch = options["batch"]
+        kwargs["batch"] = batch if isinstance(batch, BatchRange) else parse_batch_range(str(batch))
     return ElasticSpec(**kwargs)  # type: ignore[arg-type]
 
 
@@ -176,6 +217,7 @@ _DIRECTIVE_OPTIONS = {
     "--mem-per-gpu": "mem_per_gpu",
     "--weight": "weight",
     "--ckpt-dir": "ckpt_dir",
+    "--batch": "batch",
 }
 
 
@@ -247,6 +289,8 @@ def _validate(spec: ElasticSpec) -> None:
         raise SpecError(f"weight {w!r} has more than 6 decimals")
     if spec.ckpt_dir is not None:
         _validate_ckpt_dir(spec.ckpt_dir)
+    if spec.batch is not None and not isinstance(spec.batch, BatchRange):
+        raise SpecError(f"batch must be a BatchRange (adaptive:MIN-MAX), got {spec.batch!r}")
 
 
 def _validate_ckpt_dir(path: str) -> None:

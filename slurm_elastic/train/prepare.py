@@ -47,6 +47,12 @@ class ElasticLoop:
     (`every_steps`, `every_seconds`, `ckpt_dir`, `keep`, ...).
 
     Usable as a context manager too (`with ElasticLoop(...) as loop:`).
+
+    Adaptive batch (opt-in): `batch="adaptive:MIN-MAX"` (or the wrapper's
+    SLURM_ELASTIC_BATCH) makes `global_batch` the base batch the learning
+    rate is tuned for; each start then runs at the batch the session chooses
+    for its world size (`loop.global_batch`), with the learning rate scaled
+    by `loop.lr_gain` (docs/training.md, "Adaptive batch and gradient noise").
     """
 
     def __init__(self, *, global_batch: int, micro_batch: int | None = None, seed: int = 0,
@@ -55,7 +61,7 @@ class ElasticLoop:
         if scheduler_interval not in SCHEDULER_INTERVALS:
             raise ElasticError(f"scheduler_interval must be one of {', '.join(SCHEDULER_INTERVALS)}, "
                                f"got {scheduler_interval!r}")
-        self.global_batch = global_batch
+        self.base_batch = global_batch
         self.micro_batch = micro_batch
         self.seed = seed
         self.scheduler_interval = scheduler_interval
@@ -108,6 +114,17 @@ class ElasticLoop:
         return self._epoch_of_step(self.session.step) if self._prepared else 0
 
     @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step in this start (the base batch until prepare() has chosen)."""
+        geometry = self.session.geometry
+        return geometry.global_batch if self._prepared and geometry is not None else self.base_batch
+
+    @property
+    def lr_gain(self) -> float:
+        """The factor the optimizer's learning rate is multiplied by at each step (1 at a fixed batch)."""
+        return self.session.lr_gain
+
+    @property
     def accumulation(self) -> int:
         assert self.session.geometry is not None, "call prepare() first"
         return self.session.geometry.accumulation
@@ -152,8 +169,11 @@ class ElasticLoop:
         if scheduler is not None and self.scheduler_interval == "epoch":
             for_session = _EpochSchedule(scheduler, self)
         # attach() before DDP: restore and layer hooks see the plain model (ElasticSession's rule).
-        self.session.attach(model, optimizer, global_batch=self.global_batch, micro_batch=micro,
+        self.session.attach(model, optimizer, global_batch=self.base_batch, micro_batch=micro,
                             dataset_size=len(dataset), scheduler=for_session, seed=seed, shuffle=shuffle)
+        if self.session.noise is not None:
+            # Its hooks run before the accumulation divisor's (_wrap_model): they see each micro-batch's mean.
+            self.session.noise.micro_grad_scale = 1.0
         self._dataset_size = len(dataset)
         self._prepared = True
         wrapped = self._wrap_model(model)
@@ -226,10 +246,13 @@ class ElasticLoop:
     # -- the hooks the wrappers call -------------------------------------------------------------
     def _epoch_of_step(self, step: int) -> int:
         """An optimizer step belongs to the epoch its first sample is in (ElasticSampler's stream)."""
-        return step * self.global_batch // self._dataset_size
+        return self.session.first_sample(step) // self._dataset_size
 
     def _first_step(self, epoch: int) -> int:
-        return -(-epoch * self._dataset_size // self.global_batch)
+        """The first step of this start's batch whose first sample is in `epoch` or later (steps before this
+        start's step may come out smaller than they were: they are done, and only bound empty ranges)."""
+        mark_step, mark_samples = self.session._stream_mark
+        return mark_step - ((mark_samples - epoch * self._dataset_size) // self.global_batch)
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and module.training:
@@ -482,7 +505,7 @@ class ElasticBatchSampler:
         session = loop.session
         assert session.sampler is not None and session.geometry is not None
         for step, micro in self._plan:
-            yield session.sampler.micro_batch(step, session.geometry, loop.rank, micro)
+            yield session.sampler.micro_batch_at(session.first_sample(step), session.geometry, loop.rank, micro)
 
 
 class ElasticDataLoader:

@@ -23,9 +23,11 @@ DEFAULT_SIGNAL = "USR2"
 SIGNAL_ENV = "SLURM_ELASTIC_SIGNAL"      # e.g. "USR2", "SIGUSR1", "12"
 CKPT_DIR_ENV = "SLURM_ELASTIC_CKPT_DIR"  # the checkpoint root (ElasticSpec.ckpt_dir)
 JOB_KEY_ENV = "SLURM_ELASTIC_JOB_KEY"    # overrides the job key (default: the Slurm job id)
+BATCH_ENV = "SLURM_ELASTIC_BATCH"        # "adaptive:MIN-MAX" (ElasticSpec.batch): the shim chooses the batch
 
 METRICS_FILE = "metrics.jsonl"
 GEOMETRY_FILE = "geometry.json"
+BATCH_FILE = "batch.json"   # an adaptive-batch job's range: {"min": int, "max": int, "base": int}
 LATEST_FILE = "LATEST"
 MANIFEST_FILE = "manifest.json"
 STEP_DIR_PREFIX = "step-"
@@ -65,6 +67,11 @@ def metrics_path(ckpt_root: str, key: str) -> str:
 
 def geometry_path(ckpt_root: str, key: str) -> str:
     return os.path.join(job_dir(ckpt_root, key), GEOMETRY_FILE)
+
+
+def batch_path(ckpt_root: str, key: str) -> str:
+    """`<job dir>/batch.json`, written by an adaptive-batch job's rank 0 on every start (the job's word)."""
+    return os.path.join(job_dir(ckpt_root, key), BATCH_FILE)
 
 
 def step_dir_name(step: int) -> str:

@@ -17,7 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from slurm_elastic.errors import CheckpointError, ElasticError
+from slurm_elastic.allocate.goodput import GradientNoise
+from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
+from slurm_elastic.spec import BatchRange, parse_batch_range
 from slurm_elastic.train import peers, protocol, rendezvous
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
@@ -30,12 +32,14 @@ from slurm_elastic.train.checkpointer import (
     optimizer_groups_json,
 )
 from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.noise import DEFAULT_SMOOTHING, GradientNoiseEstimator, NoiseEstimate, has_dtensor
 from slurm_elastic.train.rng import RawRng, capture_rng, capture_rng_raw, restore_rng, rng_json
 from slurm_elastic.train.sampler import (
     BatchGeometry,
     BatchGeometryError,
     ElasticSampler,
-    nearest_valid_world_size,
+    adaptive_world_sizes,
+    choose_batch,
     valid_world_sizes,
 )
 from slurm_elastic.train.incarnation import Incarnation
@@ -69,7 +73,8 @@ class ElasticSession:
                  backend: str | None = None, timeout_s: float = 300.0, metrics_every_s: float = 5.0,
                  env: JobEnvironment | None = None, jit: bool = True,
                  heartbeat_s: float = peers.DEFAULT_INTERVAL_S, liveness_timeout_s: float = peers.DEFAULT_TIMEOUT_S,
-                 jit_deadline_s: float = 120.0) -> None:
+                 jit_deadline_s: float = 120.0, batch: BatchRange | str | None = None,
+                 measure_noise: bool = True, noise_smoothing: float = DEFAULT_SMOOTHING) -> None:
         root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
         if not root:
             raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
@@ -126,6 +131,20 @@ class ElasticSession:
         self._state_lock = threading.Lock()
         self._boundary_rng: dict[int, RawRng] = {}     # the last two step boundaries' generators
         self._peer_loss_lock = threading.Lock()
+        # Adaptive batch (opt-in): the range from the argument, else from the wrapper's variable.
+        text = batch if batch is not None else os.environ.get(protocol.BATCH_ENV) or None
+        try:
+            self.batch_range = parse_batch_range(text) if isinstance(text, str) else text
+        except SpecError as exc:
+            raise ElasticError(f"{exc} (from {'batch=' if batch is not None else protocol.BATCH_ENV})") from None
+        self.base_batch: int | None = None          # the batch the learning rate is tuned for (attach's global_batch)
+        self.lr_gain = 1.0                          # AdaScale's gain of this start's batch (1 at a fixed batch)
+        # Where the current start is in the sample stream: the batch may differ from the checkpoint's.
+        self._stream_mark = (0, 0)                  # (step, samples consumed before it)
+        self.measure_noise = measure_noise
+        self.noise_smoothing = noise_smoothing
+        self.noise: GradientNoiseEstimator | None = None
+        self.restored_noise: NoiseEstimate | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> ElasticSession:
@@ -214,8 +233,17 @@ class ElasticSession:
 
     @property
     def samples_consumed(self) -> int:
+        return self.first_sample(self.step)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.batch_range is not None
+
+    def first_sample(self, step: int) -> int:
+        """The global sample index step `step` starts at (steps since this start ran at this start's batch)."""
         assert self.geometry is not None
-        return self.step * self.geometry.global_batch
+        mark_step, mark_samples = self._stream_mark
+        return mark_samples + (step - mark_step) * self.geometry.global_batch
 
     # -- setup -----------------------------------------------------------------------------------
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, global_batch: int, micro_batch: int,
@@ -224,17 +252,32 @@ class ElasticSession:
         """Check the batch geometry, restore the newest complete checkpoint, hook the layers.
 
         Returns the step training continues from (0 for a fresh start).
+
+        With an adaptive batch range, `global_batch` is the base batch (the one
+        the learning rate is tuned for); the batch of this start is chosen
+        after the restore, from the checkpoint's gradient-noise estimate.
         """
-        self._write_geometry(global_batch, micro_batch)
+        self.base_batch = global_batch
+        if self.batch_range is not None:
+            self._write_batch_range(global_batch)
+        else:
+            self._write_geometry(global_batch, micro_batch)
         try:
             self.geometry = BatchGeometry.solve(global_batch, micro_batch, self.world_size)
         except BatchGeometryError as exc:
-            log.error("%s; exiting with %d", exc, protocol.GEOMETRY_EXIT_CODE)
-            raise SystemExit(protocol.GEOMETRY_EXIT_CODE) from exc
+            if self.batch_range is None:
+                log.error("%s; exiting with %d", exc, protocol.GEOMETRY_EXIT_CODE)
+                raise SystemExit(protocol.GEOMETRY_EXIT_CODE) from exc
+            # Adaptive: the base batch need not split here; the chosen one must (below).
+            self.geometry = BatchGeometry(global_batch, micro_batch, self.world_size, 1)
         self.sampler = ElasticSampler(dataset_size, seed=seed, shuffle=shuffle)
         self._sampler_meta = {"seed": seed, "dataset_size": dataset_size, "shuffle": shuffle}
         self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
         self._restore(model, optimizer, scheduler)
+        if self.batch_range is not None:
+            self._choose_batch(micro_batch)
+        if self.measure_noise and self.env.is_main:
+            self._start_noise(model)
         self._ckpt = LayerCheckpointer(model, optimizer, self.store, rank=self.rank, world_size=self.world_size,
                                        layers=layers, group_bytes=group_bytes)
         with self._state_lock:
@@ -243,15 +286,57 @@ class ElasticSession:
         self._metrics_mark = (time.monotonic(), self.step)
         return self.step
 
-    def _write_geometry(self, global_batch: int, micro_batch: int) -> None:
+    def _write_geometry(self, global_batch: int, micro_batch: int,
+                        valid: tuple[int, ...] | None = None) -> None:
         if not self.env.is_main or global_batch % max(micro_batch, 1):
             return
+        valid = valid if valid is not None else valid_world_sizes(global_batch, micro_batch)
         body = {"global_batch": global_batch, "micro_batch": micro_batch, "world_size": self.world_size,
-                "valid_world_sizes": list(valid_world_sizes(global_batch, micro_batch)),
+                "valid_world_sizes": list(valid),
                 # the controller takes this as the job's GPU step when the current size does not divide
-                "nearest_valid_world_size": nearest_valid_world_size(global_batch, micro_batch, self.world_size)}
+                "nearest_valid_world_size": min(valid, key=lambda w: (abs(w - self.world_size), w))}
         make_private_dirs(self.job_dir)
         atomic_write(protocol.geometry_path(self.ckpt_root, self.job_key), json.dumps(body).encode())
+
+    def _write_batch_range(self, base_batch: int) -> None:
+        assert self.batch_range is not None
+        lo, hi = self.batch_range.min_batch, self.batch_range.max_batch
+        if not lo <= base_batch <= hi:
+            raise ElasticError(f"the base batch {base_batch} (global_batch=) is outside the adaptive range {lo}-{hi}")
+        if self.env.is_main:
+            make_private_dirs(self.job_dir)
+            atomic_write(protocol.batch_path(self.ckpt_root, self.job_key),
+                         json.dumps({"min": lo, "max": hi, "base": base_batch}).encode())
+
+    def _choose_batch(self, micro_batch: int) -> None:
+        """Adaptive: this start's global batch and LR gain, from the restored noise (the same on every rank)."""
+        assert self.batch_range is not None and self.base_batch is not None
+        lo, hi = self.batch_range.min_batch, self.batch_range.max_batch
+        restored = self.restored_noise
+        noise = GradientNoise(restored.grad_sqr, restored.grad_var) if restored is not None else None
+        try:
+            choice = choose_batch(lo, hi, self.base_batch, micro_batch, self.world_size, noise)
+            self._write_geometry(choice.global_batch, micro_batch, adaptive_world_sizes(lo, hi, micro_batch))
+            self.geometry = BatchGeometry.solve(choice.global_batch, micro_batch, self.world_size)
+        except BatchGeometryError as exc:
+            if self.env.is_main and exc.valid_world_sizes:
+                self._write_geometry(exc.nearest * micro_batch, micro_batch, exc.valid_world_sizes)
+            log.error("%s; exiting with %d", exc, protocol.GEOMETRY_EXIT_CODE)
+            raise SystemExit(protocol.GEOMETRY_EXIT_CODE) from exc
+        self.lr_gain = choice.lr_gain
+        log.info("adaptive batch: global batch %d (%s; range %d-%d, base %d), learning rate x %.4g", choice.global_batch,
+                 choice.why, lo, hi, self.base_batch, self.lr_gain)
+
+    def _start_noise(self, model: nn.Module) -> None:
+        if has_dtensor(model.parameters()):
+            log.info("gradient noise is not measured under FSDP (a hook sees a shard, not a micro-batch's gradient)")
+            return
+        assert self.geometry is not None
+        self.noise = GradientNoiseEstimator(model, smoothing=self.noise_smoothing)
+        # The session's contract: micro-batch losses are scaled so that .grad accumulates the global mean.
+        self.noise.micro_grad_scale = 1.0 / self.geometry.accumulation
+        if self.restored_noise is not None:
+            self.noise.resume(self.restored_noise)
 
     def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
         fingerprint = model_fingerprint(model)
@@ -287,7 +372,12 @@ class ElasticSession:
     def _read_step(self, step: int) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
         manifest = self.store.read_manifest(step)
         assert self.geometry is not None
-        if manifest["global_batch"] != self.geometry.global_batch:
+        if "noise" in manifest:
+            try:
+                NoiseEstimate.from_json(manifest["noise"])
+            except ValueError as exc:
+                raise CheckpointError(f"checkpoint step {step}: {exc}") from None
+        if self.batch_range is None and manifest["global_batch"] != self.geometry.global_batch:
             raise CheckpointError(f"checkpoint step {step} used global batch {manifest['global_batch']}, this run "
                                   f"{self.geometry.global_batch}; exact resume needs the same global batch")
         if manifest.get("sharded"):
@@ -307,7 +397,9 @@ class ElasticSession:
         if self.rank < len(rng) and rng[self.rank] is not None:   # None: a rank lost before a JIT commit
             restore_rng(rng[self.rank])
         self.user_state = dict(manifest.get("user_state") or {})
+        self.restored_noise = NoiseEstimate.from_json(manifest["noise"]) if "noise" in manifest else None
         self.step = step
+        self._stream_mark = (step, int(manifest["samples_consumed"]))
         self.restored_step = step
         self.last_committed_step = step
         log.info("restored step %d (world size %d -> %d)", step, manifest["world_size"], self.world_size)
@@ -316,7 +408,8 @@ class ElasticSession:
     def micro_batches(self) -> list[list[int]]:
         """Data-set indices of this rank's micro-batches for the current step."""
         assert self.geometry is not None and self.sampler is not None, "call attach() first"
-        return [self.sampler.micro_batch(self.step, self.geometry, self.rank, m)
+        first = self.first_sample(self.step)
+        return [self.sampler.micro_batch_at(first, self.geometry, self.rank, m)
                 for m in range(self.geometry.accumulation)]
 
     def done(self, total_steps: int) -> bool:
@@ -329,8 +422,12 @@ class ElasticSession:
             # This step's forward pass was the checkpoint pass of a signalled stop;
             # its update is dropped, so the committed step is the last one done.
             self._finish_signalled_stop()
+        if self.noise is not None:
+            assert self.geometry is not None
+            self.noise.step_done(micro_batch=self.geometry.micro_batch, global_batch=self.geometry.global_batch,
+                                 micro_batches=self.geometry.accumulation)
         with self._state_lock:
-            self._optimizer.step()            # the step pre-hook waits for outstanding layer copies
+            self._step_optimizer()            # the step pre-hook waits for outstanding layer copies
             if self._scheduler is not None:
                 self._scheduler.step()
             self._optimizer.zero_grad(set_to_none=True)
@@ -352,6 +449,23 @@ class ElasticSession:
                 self._arm()
             else:
                 log.debug("step %d: previous checkpoint still being written; skipping this one", self.step)
+
+    def _step_optimizer(self) -> None:
+        """optimizer.step() at lr x lr_gain (adaptive batch); the groups keep the unscaled rate, which is what
+        the scheduler sets and the checkpoint records."""
+        assert self._optimizer is not None
+        if self.lr_gain == 1.0:
+            self._optimizer.step()
+            return
+        groups = self._optimizer.param_groups
+        saved = [group["lr"] for group in groups]
+        for group, lr in zip(groups, saved):
+            group["lr"] = lr * self.lr_gain
+        try:
+            self._optimizer.step()
+        finally:
+            for group, lr in zip(groups, saved):
+                group["lr"] = lr
 
     def checkpoint_now(self) -> None:
         """Take and commit a checkpoint of the current step synchronously (e.g. at the end of training)."""
@@ -441,7 +555,9 @@ class ElasticSession:
 
     def _manifest(self, meta: dict[str, Any], reports: list[dict[str, Any]]) -> dict[str, Any]:
         assert self.geometry is not None and self._ckpt is not None and self._model is not None
-        return {
+        noise = self.noise.estimate() if self.noise is not None else None
+        extra = {"noise": noise.to_json()} if noise is not None else {}
+        return {**extra,
             "step": meta["step"],
             "samples_consumed": meta["samples_consumed"],
             "world_size": self.world_size,
@@ -611,8 +727,13 @@ class ElasticSession:
         if now - t0 < self.metrics_every_s or self.step == s0:
             return
         steps_per_s = (self.step - s0) / max(now - t0, 1e-9)
-        row = {"step": self.step, "time": time.time(), "gpus": self.world_size, "nodes": self.env.num_nodes,
-               "steps_per_s": steps_per_s, "samples_per_s": steps_per_s * self.geometry.global_batch}
+        row: dict[str, Any] = {"step": self.step, "time": time.time(), "gpus": self.world_size,
+                               "nodes": self.env.num_nodes, "steps_per_s": steps_per_s,
+                               "samples_per_s": steps_per_s * self.geometry.global_batch,
+                               "batch": self.geometry.global_batch}
+        noise = self.noise.estimate() if self.noise is not None else None
+        if noise is not None:
+            row["grad_sqr"], row["grad_var"] = noise.grad_sqr, noise.grad_var
         try:
             self.store.append_metrics(row)
         except OSError as exc:

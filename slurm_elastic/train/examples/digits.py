@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="testing: seconds to sleep per step")
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
+    p.add_argument("--batch", default=None,
+                   help=f"adaptive:MIN-MAX: the session picks the global batch per start, --global-batch is the "
+                        f"base the learning rate is tuned for (default ${protocol.BATCH_ENV}, else fixed)")
     return p.parse_args(argv)
 
 
@@ -60,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     x, y = load_digits_tensors()
     with ElasticSession(ckpt_dir=args.ckpt_dir, every_steps=args.every_steps, every_seconds=args.every_seconds,
-                        timeout_s=args.timeout_s, metrics_every_s=0.0) as session:
+                        timeout_s=args.timeout_s, metrics_every_s=0.0, batch=args.batch) as session:
         model = build_model()
         net: nn.Module = model
         if args.fsdp and session.world_size > 1:
@@ -78,8 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if session.world_size > 1 and not args.fsdp:
             net = nn.parallel.DistributedDataParallel(model)
         # DDP averages gradients over ranks; scaling each rank's share by the world size
-        # makes the update the exact global-batch mean at any world size.
-        scale = session.world_size / args.global_batch
+        # makes the update the exact global-batch mean at any world size. The global batch
+        # is the session's: an adaptive job's differs from --global-batch.
+        global_batch = session.geometry.global_batch
+        scale = session.world_size / global_batch
         loss_fn = nn.CrossEntropyLoss(reduction="sum")
         while not session.done(args.steps):
             total = torch.zeros(1, dtype=torch.float64)
@@ -97,11 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 total += loss.detach()
             if session.world_size > 1:
                 dist.all_reduce(total)
-            step_loss = float(total) / args.global_batch
+            step_loss = float(total) / global_batch
             session.optimizer_step()
             if session.rank == 0 and args.loss_log:
                 with open(args.loss_log, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"step": session.step, "loss": step_loss, "world_size": session.world_size}) + "\n")
+                    f.write(json.dumps({"step": session.step, "loss": step_loss, "world_size": session.world_size,
+                                        "batch": global_batch, "lr_gain": session.lr_gain}) + "\n")
             if args.step_sleep:
                 import time
                 time.sleep(args.step_sleep)

@@ -1,0 +1,130 @@
+"""Gradient noise, measured in the training loop: smoothed |E g|^2 and tr(Sigma) from two batch sizes.
+
+Every optimizer step averages the gradients of `global_batch` samples (B);
+each of this rank's micro-batches is a mean over `micro_batch` samples (b).
+For a mean over n independent samples, E|g_n|^2 = |G|^2 + tr(Sigma)/n, so the
+squared norms at the two sizes give unbiased estimates of both
+
+    |G|^2      = (B |g_B|^2 - b |g_b|^2) / (B - b)
+    tr(Sigma)  = (|g_b|^2 - |g_B|^2) / (1/b - 1/B)
+
+(McCandlish et al. 2018, appendix A; Pollux/AdaptDL use the same). One step's
+values are very noisy, so both are smoothed with an exponential moving
+average, bias-corrected as Adam does.
+
+Cost: one dot product per parameter per micro-batch (a tensor hook, which
+sees the micro-batch's gradient before it is added to `.grad` and before DDP
+reduces it) and one total norm per step. Nothing is communicated: only this
+rank's micro-batches enter |g_b|^2 (still unbiased; the moving average does
+the rest), and nothing is copied to the host until `estimate()` is asked for.
+Everything stays on the parameters' device, so the step does not wait on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+DEFAULT_SMOOTHING = 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseEstimate:
+    """Smoothed per-sample gradient statistics: grad_sqr = |E g|^2, grad_var = tr(Sigma) of one sample."""
+
+    grad_sqr: float
+    grad_var: float
+    updates: int          # optimizer steps that went into the average
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grad_sqr": self.grad_sqr, "grad_var": self.grad_var, "updates": self.updates}
+
+    @classmethod
+    def from_json(cls, body: Any) -> NoiseEstimate:
+        """Strict: a checkpoint's `noise` entry, or ValueError saying what is wrong."""
+        if not isinstance(body, dict):
+            raise ValueError("noise must be an object with grad_sqr, grad_var, updates")
+        values = []
+        for key in ("grad_sqr", "grad_var"):
+            v = body.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"noise.{key} must be a finite number, got {v!r}")
+            values.append(float(v))
+        n = body.get("updates")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"noise.updates must be a whole number >= 1, got {n!r}")
+        return cls(values[0], values[1], n)
+
+
+class GradientNoiseEstimator:
+    """Hooks a model's parameters; `step_done()` once per optimizer step, before `optimizer.step()`.
+
+    `micro_grad_scale` is the factor the micro-batch gradients carry when the
+    hooks see them relative to a micro-batch *mean* (1/accumulation when the
+    loss is scaled so that the accumulated `.grad` is the global-batch mean,
+    the session's contract); `.grad` at `step_done()` must be the mean over
+    the global batch.
+    """
+
+    def __init__(self, model: nn.Module, *, smoothing: float = DEFAULT_SMOOTHING) -> None:
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        self.smoothing = smoothing
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        device = self.params[0].device
+        self._micro_sqr = torch.zeros((), dtype=torch.float64, device=device)   # sum over this step's micro-batches
+        self._ema = torch.zeros(2, dtype=torch.float64, device=device)          # biased (grad_sqr, grad_var)
+        self.updates = 0
+        self.micro_grad_scale = 1.0
+        self._handles = [p.register_hook(self._on_grad) for p in self.params]
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _on_grad(self, grad: torch.Tensor) -> None:
+        flat = grad.reshape(-1)
+        self._micro_sqr.add_(torch.dot(flat, flat))     # returns None: the gradient passes on unchanged
+
+    def step_done(self, *, micro_batch: int, global_batch: int, micro_batches: int) -> None:
+        """Fold this step in: `micro_batches` of `micro_batch` samples were hooked here, `.grad` is the mean of
+        `global_batch`. A step with nothing to compare (global batch = micro batch) only resets."""
+        b, big = float(micro_batch), float(global_batch)
+        micro_sqr = self._micro_sqr / (max(micro_batches, 1) * self.micro_grad_scale ** 2)
+        if big > b and micro_batches > 0:
+            grads = [p.grad for p in self.params if p.grad is not None]
+            if grads:
+                big_sqr = torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2
+                raw = torch.stack(((big * big_sqr - b * micro_sqr) / (big - b),
+                                   (micro_sqr - big_sqr) / (1.0 / b - 1.0 / big)))
+                self._ema.mul_(self.smoothing).add_(raw, alpha=1.0 - self.smoothing)
+                self.updates += 1
+        self._micro_sqr.zero_()
+
+    def estimate(self) -> NoiseEstimate | None:
+        """The bias-corrected averages (one device-to-host copy), clipped at 0; None before any step."""
+        if self.updates == 0:
+            return None
+        grad_sqr, grad_var = (self._ema / (1.0 - self.smoothing ** self.updates)).tolist()
+        return NoiseEstimate(max(grad_sqr, 0.0), max(grad_var, 0.0), self.updates)
+
+    def resume(self, estimate: NoiseEstimate) -> None:
+        """Continue the average from a checkpoint's estimate (as if its `updates` steps had run here)."""
+        weight = 1.0 - self.smoothing ** estimate.updates
+        self._ema.copy_(torch.tensor([estimate.grad_sqr * weight, estimate.grad_var * weight], dtype=torch.float64))
+        self.updates = estimate.updates
+
+
+def has_dtensor(params: Iterable[torch.Tensor]) -> bool:
+    """FSDP2 shards parameters as DTensors: a hook sees a shard, so the norms would not be a micro-batch's."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in params)
