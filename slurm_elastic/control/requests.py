@@ -405,8 +405,8 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     noise = GradientNoise(*tail.noise) if tail.noise is not None else None
     costs = tuple(c for c in tail.lost_s if settings.restart_min_s <= c <= settings.max_restart_cost_s)
     total = tail.last.get("total_steps")
-    return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local, noise=noise, restart_costs_s=costs,
-                           step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
+    return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
+                           noise=noise, restart_costs_s=costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
                            rows=tail.count)
 
 
@@ -509,7 +509,7 @@ class MeasuredRequests:
                              f"{', '.join(map(str, geometry.valid_world_sizes[:12]))})")
         measured = m.model is not None and s.measured_speed
         allowed = speed_frontier(counts, model, nodes_for, placeable, s.min_marginal_gain) if measured else None
-        if allowed is not None and max(allowed) < max(counts):
+        if allowed and max(allowed) < max((g for g in counts if placeable(g)), default=0):
             notes.append(f"allowed up to {max(allowed)} GPUs: no larger count is faster in its measured speed "
                          f"model (by {s.min_marginal_gain:.0%} of an average GPU's speed per GPU added)")
         if allowed is None and fits:
