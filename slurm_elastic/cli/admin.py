@@ -123,7 +123,8 @@ def admin_status(as_json: bool) -> None:
                      "held": job.held, "gpus": job.gpus, "min_gpus": spec.min_gpus, "max_gpus": spec.max_gpus,
                      "target_gpus": info.get("target_gpus"), "pinned": info.get("pinned"),
                      "why": info.get("why"),
-                     "nodes": list(job.nodes), "restarts": job.restarts})
+                     "nodes": list(job.nodes), "restarts": job.restarts,
+                     "last_restart": _last_restart(job, reconciler.journal)})
     daemon = None if beat is None else {"pid": beat.pid, "host": beat.host, "at": beat.at, "fresh": beat.fresh()}
     payload = {"nodes": nodes, "jobs": rows, "malformed": report.to_json()["malformed"], "daemon": daemon,
                "plans": report.to_json()["plans"], "settings": reconciler.config.settings(), "deciding": deciding}
@@ -144,6 +145,9 @@ def admin_status(as_json: bool) -> None:
             tgt = "-" if r["target_gpus"] is None else r["target_gpus"]
             click.echo(f"{r['job_id']:>8} {str(r['user'])[:10]:<10} {r['state']:<10} {r['gpus']:>4} {tgt:>6} "
                        f"{str(r['min_gpus']) + '-' + str(r['max_gpus']):>9}  {note}")
+    for r in rows:
+        if r["last_restart"] is not None:
+            click.echo(f"job {r['job_id']}: last restart: {r['last_restart']['line']}")
     for m in payload["malformed"]:  # type: ignore[union-attr]
         click.echo(f"job {m['job_id']}: malformed elastic spec, never touched: {m['error']}")
     if daemon is None:
@@ -152,6 +156,22 @@ def admin_status(as_json: bool) -> None:
         click.echo(f"daemon: pid {daemon['pid']} on {daemon['host']}, "
                    f"{'alive' if daemon['fresh'] else 'stale heartbeat'}")
     click.echo(deciding)
+
+
+def _last_restart(job: Any, journal: Any) -> dict[str, object] | None:
+    """The phases of the controller's last restart of `job` (control/phases.py), for `admin status`."""
+    import pwd
+
+    from slurm_elastic.control.phases import last_restart
+
+    uid = job.user_id
+    if uid is None:
+        try:
+            uid = pwd.getpwnam(job.user).pw_uid
+        except KeyError:
+            uid = None
+    phases = last_restart(job, journal, owner_uid=uid)
+    return None if phases is None else {**phases.to_json(), "line": phases.line()}
 
 
 @admin.command("rebalance")

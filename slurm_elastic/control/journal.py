@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS steps (
     at      REAL    NOT NULL,
     note    TEXT    NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS marks (
+    plan_id INTEGER NOT NULL REFERENCES plans(plan_id),
+    name    TEXT    NOT NULL,
+    at      REAL    NOT NULL
+);
 CREATE TABLE IF NOT EXISTS drains (
     node    TEXT    NOT NULL,
     user    TEXT    NOT NULL,
@@ -159,6 +164,17 @@ class Journal:
                              (status, note, at, plan_id))
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, status, at, note))
+
+    def mark(self, plan_id: int, name: str, at: float) -> None:
+        """A moment of the restart a plan carried out that the protocol's steps do not show (when the job
+        detected a lost peer, stopped, committed: control/phases.py), kept here because the job's own
+        files of that incarnation are replaced or removed by the next one."""
+        with self._tx():
+            self._db.execute("INSERT INTO marks (plan_id, name, at) VALUES (?,?,?)", (plan_id, name, float(at)))
+
+    def marks(self, plan_id: int) -> dict[str, float]:
+        rows = self._db.execute("SELECT name, at FROM marks WHERE plan_id=? ORDER BY rowid", (plan_id,)).fetchall()
+        return {str(n): float(a) for n, a in rows}
 
     def record_drain(self, node: str, *, user: str, job_id: int, reason: str, now: float | None = None) -> None:
         """A node drained on a job's report of losing it (admin daemon --drain-on-peer-loss)."""

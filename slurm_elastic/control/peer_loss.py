@@ -54,6 +54,13 @@ class PeerLoss:
     detected_at: float                 # the job's clock: shown, never used to decide
     seen_at: float                     # the controller's clock
     path: str
+    stopped_at: float | None = None    # the last survivor's status file (it stopped stepping); shown only
+    committed_at: float | None = None  # the report replaced with commit "done"; shown only
+
+    def marks(self) -> dict[str, float]:
+        """The restart's marks this report gives (control/phases.py)."""
+        out = {"detected": self.detected_at, "stopped": self.stopped_at, "committed": self.committed_at}
+        return {k: v for k, v in out.items() if v is not None}
 
     @property
     def settled(self) -> bool:
@@ -148,12 +155,17 @@ class PeerLossReader:
                 key = (job.job_id, job.restarts, step)
                 live.add(key)
                 seen = self._seen.setdefault(key, self._clock())
+                run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, job.restarts, step))
+                stopped = [owned_mtime(os.path.join(run_dir, shim.status_file_name(r)), uid)
+                           for r in range(min(report.world_size, 4096))]
                 out[job.job_id] = PeerLoss(
                     job_id=job.job_id, user=job.user, restarts=job.restarts, step_id=step,
                     lost_nodes=tuple(sorted(set(report.lost_nodes))),
                     surviving_nodes=tuple(n for n in job.nodes if n not in report.lost_nodes),
                     commit=report.commit, committed_step=report.committed_step,
-                    detected_at=report.detected_at, seen_at=seen, path=path)
+                    detected_at=report.detected_at, seen_at=seen, path=path,
+                    stopped_at=max((m for m in stopped if m is not None), default=None),
+                    committed_at=owned_mtime(path, uid) if report.commit == "done" else None)
                 break   # the first step with a report: the incarnation is over either way
         self._seen = {k: v for k, v in self._seen.items() if k in live}
         return out
@@ -168,6 +180,17 @@ def ready(losses: Mapping[int, PeerLoss], now: float, pending_timeout_s: float) 
     """The losses to act on now: the commit is over, or has been pending longer than `pending_timeout_s`
     (a committer that died with its commit pending must not keep the job waiting for good)."""
     return {j: loss for j, loss in losses.items() if loss.settled or now - loss.seen_at >= pending_timeout_s}
+
+
+def owned_mtime(path: str, owner_uid: int) -> float | None:
+    """The mtime of the job user's own regular file at `path` (a link is not followed), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner_uid:
+        return None
+    return st.st_mtime
 
 
 def _uid_of(user: str) -> int | None:

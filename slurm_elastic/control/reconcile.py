@@ -291,6 +291,11 @@ class Reconciler:
         outcomes: list[Outcome] = []
         if plans and not dry_run:
             outcomes = self.protocol.execute(plans, decision.scoped)
+        for outcome in outcomes:
+            loss = decision.peer_losses.get(outcome.job_id)
+            if loss is not None and any(p.job_id == outcome.job_id and p.peer_lost for p in plans):
+                for name, at in loss.marks().items():
+                    self.journal.mark(outcome.plan_id, name, at)
         drained = self._drain_lost(plans, outcomes) if not dry_run else ()
         elastic = decision.scoped.elastic_jobs
         total = sum(n.gpus for n in state.nodes if n.available)

@@ -136,6 +136,17 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
         resumed = [r["step"] for r in _rows(loss_log)[rows_at_restart:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
+        # admin status breaks the restart into its phases, from the marks the job and the daemon wrote.
+        status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+        last = next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
+        assert last is not None and last["kind"] == "peer loss", last
+        marks = last["marks"]
+        order = [m for m in ("detected", "stopped", "committed", "requeued", "relaunched", "running") if m in marks]
+        assert order == ["detected", "stopped", "committed", "requeued", "relaunched", "running"], marks
+        assert [marks[m] for m in order[:-1]] == sorted(marks[m] for m in order[:-1])
+        assert marks["running"] >= marks["relaunched"] - 1     # Slurm's start time has 1 s resolution
+        assert abs(marks["detected"] - report.detected_at) < 1e-6
+        print("admin status:", last["line"])
         print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
               f"{running_at - lost_at:.1f} s, training again {trained_at - lost_at:.1f} s "
               f"(SlurmdTimeout 300 s); committed step {report.committed_step}")

@@ -108,9 +108,13 @@ def test_a_reported_lost_node_restarts_that_job_at_once_without_it(cluster, tmp_
     slurm, a, b, ckpt = cluster
     rec, _ = _reconciler(slurm, tmp_path)
     assert rec.cycle().plans == ()              # both at their targets, a just started (hysteresis 300 s)
-    _write(ckpt, a, _report(a))
+    body = _report(a)
+    _write(ckpt, a, body)
     report = rec.cycle()
     assert [p.job_id for p in report.plans] == [a]
+    # The report's marks are journaled with the plan (the next incarnation replaces the job's files).
+    marks = rec.journal.marks(report.outcomes[0].plan_id)
+    assert marks["detected"] == body["detected_at"] and "committed" in marks
     plan = report.plans[0]
     assert plan.exclude == ("n2",) and plan.forced and "lost node n2" in plan.reason
     assert report.outcomes[0].status == "done" and report.outcomes[0].acked is True
@@ -223,3 +227,46 @@ def test_a_backend_that_cannot_exclude_nodes_never_acts_on_reports(tmp_path):
     rec.cycle()
     _write(ckpt, a, _report(a))
     assert rec.cycle().plans == ()
+
+
+def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(tmp_path):
+    from slurm_elastic.cluster.model import Job
+    from slurm_elastic.control.phases import last_restart
+    from slurm_elastic.control.plan import Plan, PlanEntry
+
+    ckpt = tmp_path / "ckpt"
+    t = 1_800_000_000.0
+    job = Job(job_id=7, user="alice", name="j", state=JobState.RUNNING, nodes=("n1", "n3"), num_nodes=2,
+              gpus_per_node=1, restarts=1, start_time=t + 12, spec=ElasticSpec(2, 2, ckpt_dir=str(ckpt)))
+    journal = Journal(tmp_path / "j.sqlite")
+    plan = Plan(job_id=7, from_gpus=2, to_gpus=2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1,
+                entry=PlanEntry.RUNNING, reason="lost", forced=True, user="alice", exclude=("n2",))
+    pid = journal.open_plan(plan, restarts=0, now=t + 4)
+    for step, at in (("signal", t + 4.1), ("ack", t + 4.2), ("hold", t + 5), ("resize", t + 6), ("release", t + 8)):
+        journal.record(pid, step, now=at)
+    journal.finish(pid, "done", now=t + 8)
+
+    def mark(path: Path, at: float, text: str = "{}") -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.utime(path, (at, at))
+
+    jd = ckpt / "7"
+    body = _report(7, lost=("n2",), surviving=("n1",), world=2, detected_at=t + 0.5)
+    body["lost"] = [{"rank": 1, "node": "n2"}]
+    mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 3, json.dumps(body))
+    mark(jd / shim.run_dir_name(7, 0, 0) / shim.status_file_name(0), t + 1.5)
+    mark(jd / shim.GEOMETRY_FILE, t + 20)
+    row = {"step": 42, "time": t + 25, "gpus": 2, "nodes": 2, "steps_per_s": 1.0, "samples_per_s": 48.0}
+    old = {**row, "step": 40, "time": t - 5}
+    mark(jd / shim.METRICS_FILE, t + 25, json.dumps(old) + "\n" + json.dumps(row) + "\n")
+    phases = last_restart(job, journal, owner_uid=os.getuid())
+    assert phases is not None and phases.kind == "peer loss"
+    assert phases.phases() == [("detected -> ranks stopped", 1.0), ("ranks stopped -> checkpoint committed", 1.5),
+                               ("committed -> requeued", 2.0), ("requeued -> relaunched", 3.0),
+                               ("relaunched -> running", 4.0), ("running -> ranks attached", 8.0),
+                               ("ranks attached -> first step", 5.0)]
+    assert phases.total_s() == 24.5
+    # Another user's file in the job's directory is no mark of the job's.
+    foreign = last_restart(job, journal, owner_uid=os.getuid() + 1)
+    assert foreign is not None and foreign.detected is None and foreign.first_step is None

@@ -1,0 +1,191 @@
+"""Where a restart's seconds went: its phases, from timestamps the controller and the job already write.
+
+A restart the controller carried out (a journaled plan) is broken into
+
+  failure -> detected -> ranks stopped -> checkpoint committed -> requeued -> relaunched -> running
+          -> ranks attached -> first step
+
+from these marks (each one may be missing; a phase with a missing end is not shown):
+
+Marks of the job's own incarnation are journaled when the controller acts (the next incarnation
+removes the run directory and may replace the report), and read from the journal first.
+
+| mark | peer loss (the job's report) | a controller resize (signal + ACK) |
+|---|---|---|
+| failure | only a benchmark that caused it knows | - |
+| detected | the report's `detected_at` | the plan opened (journal) |
+| ranks stopped | the survivors' `status-<rank>.json` in the run dir (the last one) | the signal sent (journal) |
+| checkpoint committed | the report, once `commit` is `done` (its mtime) | the ACK file (its mtime) |
+| requeued / relaunched | the journal's `hold` / `release` steps | the same |
+| running | Slurm's start time of the next incarnation (1 s resolution) | the same |
+| ranks attached | `geometry.json` (written by rank 0 at every start) | the same |
+| first step | the first `metrics.jsonl` row of the next incarnation | the same |
+
+The job's files are its user's: only their mtimes are used (lstat, no link followed) except the
+report and the metrics, which are read as control/peer_loss.py and control/requests.py read them
+(owner, size, fields). A mark from a job's file is shown, never used to decide anything. The first
+metrics row comes up to the shim's metrics interval (5 s) after the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from slurm_elastic.cluster.model import Job
+from slurm_elastic.control.journal import Journal, PlanRecord
+from slurm_elastic.control.peer_loss import owned_mtime, read_report
+from slurm_elastic.control.plan import PlanEntry
+from slurm_elastic.control.requests import validate_row
+from slurm_elastic.train import protocol as shim
+
+METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
+
+MARKS = ("failed", "detected", "stopped", "committed", "requeued", "relaunched", "running", "attached",
+         "first_step")
+PHASE_NAMES = {
+    "detected": "failure -> detected", "stopped": "detected -> ranks stopped",
+    "committed": "ranks stopped -> checkpoint committed", "requeued": "committed -> requeued",
+    "relaunched": "requeued -> relaunched", "running": "relaunched -> running",
+    "attached": "running -> ranks attached", "first_step": "ranks attached -> first step",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPhases:
+    """The marks of one restart (unix times; None where not known)."""
+
+    job_id: int
+    plan_id: int | None
+    kind: str                      # "peer loss" | "resize"
+    failed: float | None = None
+    detected: float | None = None
+    stopped: float | None = None
+    committed: float | None = None
+    requeued: float | None = None
+    relaunched: float | None = None
+    running: float | None = None
+    attached: float | None = None
+    first_step: float | None = None
+
+    def phases(self) -> list[tuple[str, float]]:
+        """(phase, seconds) from each known mark to the next known one, in order."""
+        out: list[tuple[str, float]] = []
+        last: tuple[str, float] | None = None
+        for mark in MARKS:
+            at = getattr(self, mark)
+            if at is None:
+                continue
+            if last is not None:
+                name = PHASE_NAMES[mark] if last[0] == _before(mark) else f"{last[0]} -> {mark}"
+                out.append((name, round(at - last[1], 2)))
+            last = (mark, at)
+        return out
+
+    def total_s(self) -> float | None:
+        start = self.failed if self.failed is not None else self.detected
+        end = self.first_step if self.first_step is not None else self.running
+        return None if start is None or end is None else round(end - start, 2)
+
+    def to_json(self) -> dict[str, object]:
+        return {"job_id": self.job_id, "plan_id": self.plan_id, "kind": self.kind,
+                "marks": {m: getattr(self, m) for m in MARKS if getattr(self, m) is not None},
+                "phases": [{"phase": p, "s": s} for p, s in self.phases()], "total_s": self.total_s()}
+
+    def line(self) -> str:
+        parts = ", ".join(f"{p} {s:.1f}s" for p, s in self.phases())
+        total = self.total_s()
+        return f"{self.kind} (plan {self.plan_id}): {parts}" + ("" if total is None else f"; total {total:.1f}s")
+
+
+def _before(mark: str) -> str:
+    return MARKS[MARKS.index(mark) - 1]
+
+
+def last_restart(job: Job, journal: Journal, *, owner_uid: int | None) -> RestartPhases | None:
+    """The phases of the controller's last finished running-job plan for `job`, or None."""
+    records = [r for r in journal.plans(job.job_id, limit=20)
+               if r.status == "done" and r.plan.entry is PlanEntry.RUNNING]
+    if not records:
+        return None
+    rec = records[0]
+    return restart_phases(job, rec, journal.steps(rec.plan_id), owner_uid=owner_uid, marks=journal.marks(rec.plan_id))
+
+
+def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, str]], *,
+                   owner_uid: int | None, failed: float | None = None,
+                   marks: Mapping[str, float] | None = None) -> RestartPhases:
+    """The marks of the restart `rec` carried out: journaled `marks` and steps, then the job's own files."""
+    marks = marks or {}
+    at = {name: when for name, when, _ in steps}
+    spec = job.spec
+    directory = None
+    if spec is not None and spec.ckpt_dir:
+        try:
+            directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+        except ValueError:
+            directory = None
+    detected = stopped = committed = None
+    kind = "peer loss" if rec.plan.peer_lost else "resize"
+    if directory is not None and owner_uid is not None and rec.plan.peer_lost:
+        for step_id in range(8):
+            name = shim.peer_lost_file_name(job.job_id, rec.restarts, step_id)
+            report, _ = read_report(os.path.join(directory, name), owner_uid=owner_uid)
+            if report is None:
+                continue
+            detected = report.detected_at
+            if report.commit == "done":
+                committed = owned_mtime(os.path.join(directory, name), owner_uid)
+            run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, rec.restarts, step_id))
+            stops = [owned_mtime(os.path.join(run_dir, shim.status_file_name(r)), owner_uid)
+                     for r in range(min(report.world_size, 4096))]
+            stopped = max((m for m in stops if m is not None), default=None)
+            break
+    elif directory is not None and owner_uid is not None:
+        detected = at.get("open")
+        stopped = at.get("signal")
+        committed = owned_mtime(os.path.join(directory, shim.ack_file_name(job.job_id, rec.restarts)), owner_uid)
+    running = job.start_time if job.restarts > rec.restarts and job.start_time is not None else None
+    attached = first = None
+    if running is not None and directory is not None and owner_uid is not None:
+        attached = owned_mtime(os.path.join(directory, shim.GEOMETRY_FILE), owner_uid)
+        attached = attached if attached is not None and attached >= running - 1 else None
+        first = first_row_after(os.path.join(directory, shim.METRICS_FILE), running - 1, owner_uid=owner_uid)
+    detected = marks.get("detected", detected)
+    stopped = marks.get("stopped", stopped)
+    committed = marks.get("committed", committed)
+    return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind=kind, failed=marks.get("failed", failed),
+                         detected=detected, stopped=stopped, committed=committed, requeued=at.get("hold"),
+                         relaunched=at.get("release"), running=running, attached=attached, first_step=first)
+
+
+def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:
+    """The `time` of the first valid metrics row after `after` in the file's last METRICS_TAIL_BYTES."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner_uid:
+            return None
+        start = max(st.st_size - METRICS_TAIL_BYTES, 0)
+        os.lseek(fd, start, os.SEEK_SET)
+        data = os.read(fd, METRICS_TAIL_BYTES)
+    finally:
+        os.close(fd)
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]             # the first line read is the end of one not read
+    for raw in lines:
+        try:
+            row = validate_row(json.loads(raw))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if row is not None and float(row["time"]) > after:
+            return float(row["time"])
+    return None
