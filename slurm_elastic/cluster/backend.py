@@ -76,3 +76,7 @@ class NodeExcludingBackend(Backend, Protocol):
     def drain(self, node: str, reason: str) -> None:
         """Drain a node with a reason (no new jobs; running ones go on)."""
         ...
+
+    def kill_wait_s(self) -> float:
+        """Slurm's KillWait: how long a step's srun waits for a node that does not answer."""
+        ...

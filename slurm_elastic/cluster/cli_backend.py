@@ -68,6 +68,7 @@ class CliBackend:
         self._version = version
         self._json = True          # flips to False once if this Slurm's tools lack --json
         self.calls = 0             # Slurm commands run, for tests and the benchmark
+        self._kill_wait_s: float | None = None
 
     # --- running commands ------------------------------------------------------------------------
     def _run(self, args: Sequence[str], *, retry: bool = True, stdin: str | None = None,
@@ -240,6 +241,15 @@ class CliBackend:
     def drain(self, node: str, reason: str) -> None:
         text = " ".join(str(reason).split())[:200] or "slurm-elastic"
         self._run(["scontrol", "update", f"NodeName={_node_list((node,))}", "State=DRAIN", f"Reason={text}"])
+
+    def kill_wait_s(self) -> float:
+        """Slurm's KillWait (read once): how long a step's srun waits for a node that does not answer."""
+        if self._kill_wait_s is None:
+            m = re.search(r"^KillWait\s*=\s*(\d+)\s*sec", self._run(["scontrol", "show", "config"]), re.MULTILINE)
+            if m is None:
+                raise SlurmError("scontrol show config: no KillWait line")
+            self._kill_wait_s = float(m[1])
+        return self._kill_wait_s
 
     def _excluded(self, job_id: int) -> tuple[str, ...]:
         out = self._run(["scontrol", "-o", "show", "job", str(int(job_id))])

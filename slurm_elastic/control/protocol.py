@@ -75,6 +75,7 @@ class RequeueProtocol:
         self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
         self._crash = crash or _sigkill_self
         self._requeued_at: dict[int, float] = {}
+        self._old_srun_until: dict[int, float] = {}   # plan id -> when a lingering old srun has given up
         self._may_act = may_act
 
     # -- the forward path ------------------------------------------------------------------
@@ -270,7 +271,8 @@ class RequeueProtocol:
         """
         if fresh:
             try:
-                self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING, plan=rec.plan)
+                self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING, plan=rec.plan,
+                                  plan_id=rec.plan_id)
                 return None
             except SlurmError as exc:
                 log.info("job %d: hold refused (%s); looking again", rec.job_id, exc)
@@ -282,7 +284,7 @@ class RequeueProtocol:
             return None  # done before a crash, or by the requeuehold itself
         if rec.plan.entry is PlanEntry.PENDING and job.state is JobState.RUNNING:
             return "the queued job started before it could be held; the next cycle plans it as running"
-        self._hold_action(rec.job_id, running=job.state is not JobState.PENDING, plan=rec.plan)
+        self._hold_action(rec.job_id, running=job.state is not JobState.PENDING, plan=rec.plan, plan_id=rec.plan_id)
         return None
 
     def _resize(self, plan: Plan, plan_id: int) -> None:
@@ -322,6 +324,11 @@ class RequeueProtocol:
         and a half is enough.
         """
         since = self._requeued_at.pop(plan_id, None)
+        until = self._old_srun_until.pop(plan_id, None)
+        if until is not None and until > self._clock():
+            log.info("plan %d: releasing in %.0f s, once the old srun (its step spanned the lost node) has given "
+                     "up, so its last cancel cannot hit the next incarnation's step", plan_id, until - self._clock())
+            self._sleep(until - self._clock())
         if since is None:
             return
         left = since + self.settings.credential_gap_s - self._clock()
@@ -353,9 +360,9 @@ class RequeueProtocol:
                 return
             self._sleep(self.settings.settle_poll_s)
 
-    def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None) -> None:
-        if running and plan is not None and plan.exclude:
-            self._give_up_lost_nodes(job_id, plan.exclude)
+    def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None, plan_id: int = 0) -> None:
+        if running and plan is not None and plan.exclude and self._give_up_lost_nodes(job_id, plan.exclude):
+            self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
         if running:
             self.backend.requeue_hold(job_id)
             log.info("job %d: requeued and held", job_id)
@@ -363,25 +370,41 @@ class RequeueProtocol:
             self.backend.hold(job_id)
             log.info("job %d: held", job_id)
 
-    def _give_up_lost_nodes(self, job_id: int, lost: tuple[str, ...]) -> None:
-        """Shrink the running job to the nodes it keeps before requeuing it.
+    def _give_up_lost_nodes(self, job_id: int, lost: tuple[str, ...]) -> bool:
+        """Shrink the running job to the nodes it keeps before requeuing it; whether it was shrunk.
 
         A requeued job stays COMPLETING until every node it holds has answered; a node whose slurmd
         is gone answers once Slurm marks it DOWN (SlurmdTimeout). Given up first, it is not waited for.
         """
         job = self._observe(job_id)
         if job is None or job.state is not JobState.RUNNING or not set(lost) & set(job.nodes):
-            return
+            return False
         keep = tuple(n for n in job.nodes if n not in lost)
         if not keep:
-            return
+            return False
         try:
             self.backend.keep_nodes(job_id, keep)  # type: ignore[attr-defined]
             log.info("job %d: gave up %s, kept %s", job_id, ",".join(lost), ",".join(keep))
+            return True
         except SlurmError as exc:
             # E.g. the lost node is the batch host. The requeue then completes when Slurm marks it down.
             log.warning("job %d: could not give up %s before the requeue (%s); the requeue completes when "
                         "Slurm marks the node down", job_id, ",".join(lost), exc)
+            return False
+
+    def _old_srun_wait_s(self) -> float:
+        """How long the old incarnation's srun may outlive the requeue: KillWait + 2 s, and a second.
+
+        Its step spanned the dead node, which never confirms the step's end: srun waits KillWait + 2 s
+        ("Timed out waiting for job step to complete") and then cancels its step by id - J.0, which by
+        then names the next incarnation's first step if that has started (seen live on 22.05 with
+        proctrack/linuxproc: the restarted job's ranks were killed 32 s after the requeue).
+        """
+        try:
+            return float(self.backend.kill_wait_s()) + 3.0  # type: ignore[attr-defined]
+        except SlurmError as exc:
+            log.warning("cannot read KillWait (%s); assuming Slurm's default of 30 s", exc)
+            return 33.0
 
     def _release(self, job_id: int, *, fresh: bool = False) -> None:
         if fresh:

@@ -42,6 +42,9 @@ class ExcludingSlurm(InMemorySlurm):
         self._job("exclude_nodes", job_id)
         self.excluded.setdefault(job_id, set()).update(nodes)
 
+    def kill_wait_s(self) -> float:
+        return 30.0
+
     def drain(self, node: str, reason: str) -> None:
         self.drained[node] = reason
         self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN})
@@ -106,7 +109,7 @@ def _write(ckpt: Path, job_id: int, body: dict | bytes, *, restart: int = 0, ste
 
 def test_a_reported_lost_node_restarts_that_job_at_once_without_it(cluster, tmp_path):
     slurm, a, b, ckpt = cluster
-    rec, _ = _reconciler(slurm, tmp_path)
+    rec, clock = _reconciler(slurm, tmp_path)
     assert rec.cycle().plans == ()              # both at their targets, a just started (hysteresis 300 s)
     body = _report(a)
     _write(ckpt, a, body)
@@ -129,8 +132,10 @@ def test_a_reported_lost_node_restarts_that_job_at_once_without_it(cluster, tmp_
     assert slurm.jobs[b].restarts == 0 and slurm.jobs[b].nodes == ("n3",) and slurm.drained == {}
     # The report is about restart 0: the job, now at restart 1, is not restarted again.
     assert rec.cycle().plans == ()
-    steps = [s for s, _, _ in rec.journal.steps(report.outcomes[0].plan_id)]
-    assert steps == ["open", "signal", "ack", "hold", "resize", "release", "done"]
+    steps = rec.journal.steps(report.outcomes[0].plan_id)
+    assert [s for s, _, _ in steps] == ["open", "signal", "ack", "hold", "resize", "release", "done"]
+    # Released only once the old srun (its step spanned the dead node) gave up: KillWait + 2 s, and a second.
+    assert clock.skipped >= 32.0   # (real time passes too while the cycle runs)
     assert rec.journal.plans(a, limit=1)[0].plan.exclude == ("n2",)
 
 
