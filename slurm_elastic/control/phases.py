@@ -16,7 +16,7 @@ removes the run directory and may replace the report), and read from the journal
 | detected | the report's `detected_at` | the plan opened (journal) |
 | ranks stopped | the survivors' `status-<rank>.json` in the run dir (the last one) | the signal sent (journal) |
 | checkpoint committed | the report, once `commit` is `done` (its mtime) | the ACK file (its mtime) |
-| requeued / relaunched | the journal's `hold` / `release` steps | the same |
+| requeued / relaunched | the journal's `hold` step / the plan done (right after the release) | the same |
 | running | Slurm's start time of the next incarnation (1 s resolution) | the same |
 | ranks attached | `geometry.json` (written by rank 0 at every start) | the same |
 | first step | the first `metrics.jsonl` row of the next incarnation | the same |
@@ -159,7 +159,8 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
     committed = marks.get("committed", committed)
     return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind=kind, failed=marks.get("failed", failed),
                          detected=detected, stopped=stopped, committed=committed, requeued=at.get("hold"),
-                         relaunched=at.get("release"), running=running, attached=attached, first_step=first)
+                         # "release" is journaled before the credential gap is waited out; "done" right after it
+                         relaunched=at.get("done", at.get("release")), running=running, attached=attached, first_step=first)
 
 
 def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:

@@ -116,6 +116,11 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         cluster.wait_for(lambda: training(rows_at_restart), 240, 0.5,
                          what=lambda: f"training again; {cluster.job_outputs()}")
         trained_at = time.time()
+        # The old srun (its step spanned the dead node) gives up KillWait (30 s) + 2 s after the requeue and
+        # then cancels its step by id; the new incarnation must still be training well after that.
+        time.sleep(max(running_at + 40 - time.time(), 0))
+        rows_then = len(_rows(loss_log))
+        cluster.wait_for(lambda: training(rows_then), 120, 0.5, what=lambda: f"still training; {cluster.job_outputs()}")
 
         # Slurm has not acted: the lost node is not DOWN (at most flagged not responding, after the
         # controller's shrink sent it a kill it could not answer) and its jobs were not requeued.
@@ -125,6 +130,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         # Training again on two nodes, neither of them the lost one, which this job now excludes.
         again = next(j for j in state.jobs if j.job_id == job_id)
         assert again.state is JobState.RUNNING and len(again.nodes) == 2 and victim not in again.nodes
+        assert again.restarts == 1
         assert victim in _show_job(cluster, job_id).split("ExcNodeList=")[1].split()[0]
         # Nothing else moved: the other job on the lost node runs on in Slurm's view, the node is not drained.
         other = next(j for j in state.jobs if j.job_id == blockers[victim])
