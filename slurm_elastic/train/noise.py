@@ -14,7 +14,7 @@ average, bias-corrected as Adam does.
 
 Cost: one dot product per parameter per micro-batch (a tensor hook, which
 sees the micro-batch's gradient before it is added to `.grad` and before DDP
-reduces it) and one total norm per step. Nothing is communicated: only this
+reduces it), and per step one total norm and a few scalar operations. Nothing is communicated: only this
 rank's micro-batches enter |g_b|^2 (still unbiased; the moving average does
 the rest), and nothing is copied to the host until `estimate()` is asked for.
 Everything stays on the parameters' device, so the step does not wait on it.
@@ -39,7 +39,7 @@ class NoiseEstimate:
 
     grad_sqr: float
     grad_var: float
-    updates: int          # optimizer steps that went into the average
+    updates: int          # optimizer steps that went into the average (tried: ones left out count too)
 
     def to_json(self) -> dict[str, Any]:
         return {"grad_sqr": self.grad_sqr, "grad_var": self.grad_var, "updates": self.updates}
@@ -79,8 +79,10 @@ class GradientNoiseEstimator:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         device = self.params[0].device
-        self._micro_sqr = torch.zeros((), dtype=torch.float64, device=device)   # sum over this step's micro-batches
-        self._ema = torch.zeros(2, dtype=torch.float64, device=device)          # biased (grad_sqr, grad_var)
+        self._partials: list[torch.Tensor] = []     # one squared norm per parameter per micro-batch, on device
+        # Biased averages (grad_sqr, grad_var) and, third, the weight they carry (1 - smoothing^steps taken),
+        # which corrects the bias; all on the device.
+        self._ema = torch.zeros(3, dtype=torch.float64, device=device)
         self.updates = 0
         self.micro_grad_scale = 1.0
         self._handles = [p.register_hook(self._on_grad) for p in self.params]
@@ -91,35 +93,59 @@ class GradientNoiseEstimator:
         self._handles = []
 
     def _on_grad(self, grad: torch.Tensor) -> None:
+        # One kernel per parameter; returns None, so the gradient passes on unchanged.
+        if grad.is_sparse:
+            grad = grad.coalesce().values()
         flat = grad.reshape(-1)
-        self._micro_sqr.add_(torch.dot(flat, flat))     # returns None: the gradient passes on unchanged
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.float()     # a half-precision dot overflows at 65504
+        self._partials.append(torch.dot(flat, flat))
+
+    def _micro_sqr(self) -> torch.Tensor:
+        """Sum of the squared norms hooked since the last step, as a float64 scalar on the device."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in self._partials:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        total = torch.zeros((), dtype=torch.float64, device=self._ema.device)
+        for parts in by_dtype.values():
+            total = total + torch.stack(parts).sum().to(torch.float64)
+        return total
 
     def step_done(self, *, micro_batch: int, global_batch: int, micro_batches: int) -> None:
         """Fold this step in: `micro_batches` of `micro_batch` samples were hooked here, `.grad` is the mean of
         `global_batch`. A step with nothing to compare (global batch = micro batch) only resets."""
         b, big = float(micro_batch), float(global_batch)
-        micro_sqr = self._micro_sqr / (max(micro_batches, 1) * self.micro_grad_scale ** 2)
-        if big > b and micro_batches > 0:
+        if big > b and micro_batches > 0 and self._partials:
+            micro_sqr = self._micro_sqr() / (micro_batches * self.micro_grad_scale ** 2)
             grads = [p.grad for p in self.params if p.grad is not None]
             if grads:
                 big_sqr = torch.nn.utils.get_total_norm(grads, 2.0).to(torch.float64) ** 2
+                one = torch.ones((), dtype=torch.float64, device=self._ema.device)
                 raw = torch.stack(((big * big_sqr - b * micro_sqr) / (big - b),
-                                   (micro_sqr - big_sqr) / (1.0 / b - 1.0 / big)))
-                self._ema.mul_(self.smoothing).add_(raw, alpha=1.0 - self.smoothing)
+                                   (micro_sqr - big_sqr) / (1.0 / b - 1.0 / big), one))
+                # A step with an inf/nan gradient (AMP overflow, divergence) is left out, on the device.
+                blended = self._ema * self.smoothing + raw * (1.0 - self.smoothing)
+                self._ema.copy_(torch.where(torch.isfinite(raw).all(), blended, self._ema))
                 self.updates += 1
-        self._micro_sqr.zero_()
+        self._partials.clear()
 
     def estimate(self) -> NoiseEstimate | None:
         """The bias-corrected averages (one device-to-host copy), clipped at 0; None before any step."""
         if self.updates == 0:
             return None
-        grad_sqr, grad_var = (self._ema / (1.0 - self.smoothing ** self.updates)).tolist()
+        grad_sqr, grad_var, weight = self._ema.tolist()
+        if weight <= 0:
+            return None         # every step so far was left out
+        grad_sqr, grad_var = grad_sqr / weight, grad_var / weight
+        if not (math.isfinite(grad_sqr) and math.isfinite(grad_var)):
+            return None
         return NoiseEstimate(max(grad_sqr, 0.0), max(grad_var, 0.0), self.updates)
 
     def resume(self, estimate: NoiseEstimate) -> None:
         """Continue the average from a checkpoint's estimate (as if its `updates` steps had run here)."""
         weight = 1.0 - self.smoothing ** estimate.updates
-        self._ema.copy_(torch.tensor([estimate.grad_sqr * weight, estimate.grad_var * weight], dtype=torch.float64))
+        self._ema.copy_(torch.tensor([estimate.grad_sqr * weight, estimate.grad_var * weight, weight],
+                                     dtype=torch.float64))
         self.updates = estimate.updates
 
 

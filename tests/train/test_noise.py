@@ -116,3 +116,19 @@ def test_through_the_loop_at_two_ranks_the_local_gradients_are_seen_before_ddp_a
     assert last["grad_sqr"] == pytest.approx(true_sqr, rel=0.25), (last, true_sqr, true_var)
     assert last["grad_var"] == pytest.approx(true_var, rel=0.15), (last, true_sqr, true_var)
     assert math.isfinite(last["steps_per_s"])
+
+
+def test_a_step_with_a_non_finite_gradient_is_left_out() -> None:
+    model = nn.Linear(2, 1, bias=False).double()
+    est = GradientNoiseEstimator(model, smoothing=0.5)
+    est.micro_grad_scale = 0.5
+    for x in (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[float("inf"), 0.0], [0.0, 1.0]])):
+        model.zero_grad()
+        for row in x:
+            (model(row.double().unsqueeze(0)).sum() / 2).backward()
+        est.step_done(micro_batch=1, global_batch=2, micro_batches=2)
+    got = est.estimate()
+    # Only the first step counts: sample gradients (1, 0) and (0, 1), so |g_b|^2 = 1 and |g_B|^2 = |(.5, .5)|^2 = .5:
+    # grad_sqr = (2 x .5 - 1 x 1) / (2 - 1) = 0 and grad_var = (1 - .5) / (1 - 1/2) = 1, bias-corrected exactly.
+    assert got is not None and math.isfinite(got.grad_var)
+    assert got.grad_sqr == pytest.approx(0.0, abs=1e-12) and got.grad_var == pytest.approx(1.0)
