@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, summarize
+from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, parse_failures, summarize
 from slurm_elastic.sim.pollux import load_workload
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
@@ -54,13 +54,14 @@ def _makespan(submit: dict[str, float], jct: dict[str, float]) -> float:
 
 
 def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: str = "fixed",
-        max_scale: float | None = None) -> dict[str, object]:
+        max_scale: float | None = None, failures: str | None = None) -> dict[str, object]:
     jobs = load_workload(TRACES / "workloads" / f"{workload}.csv", adaptive=MODES[mode])
     if max_scale is None:
         max_scale = 2.0 if mode == "fixed" else 0.0
     t0 = time.perf_counter()
     sim_policy = make_policy(policy, max_scale=max_scale)
-    result = Simulation(jobs, sim_policy, SimConfig(parse_cluster("16x4"), immediate=False)).run()
+    config = SimConfig(parse_cluster("16x4"), failures=parse_failures(failures), immediate=False)
+    result = Simulation(jobs, sim_policy, config).run()
     wall = time.perf_counter() - t0
     close = getattr(sim_policy, "close", None)
     if close:
@@ -77,7 +78,7 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
     worst_app = max(apps, key=lambda a: apps[a])
     row: dict[str, object] = {
         "workload": workload, "policy": policy, "mode": mode if policy == "controller" else "fixed",
-        "max_scale": max_scale or None, "jobs": len(jobs), "finished": s["finished"],
+        "max_scale": max_scale or None, "failures": failures, "jobs": len(jobs), "finished": s["finished"],
         "avg_jct_s": round(float(s["avg_jct_s"]), 1), "makespan_s": round(float(s["makespan_s"]), 1),
         "ref_tiresias_avg_jct_s": round(avg["tiresias"], 1), "ref_optimus_avg_jct_s": round(avg["optimus"], 1),
         "ref_pollux_avg_jct_s": round(avg["pollux"], 1),
@@ -87,8 +88,9 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         "vs_ref_pollux_ratio": round(float(s["avg_jct_s"]) / avg["pollux"], 4),
         "worst_app_vs_ref_tiresias": worst_app, "worst_app_vs_ref_tiresias_ratio": round(apps[worst_app], 4),
         "app_vs_ref_tiresias_ratio": {a: round(v, 3) for a, v in sorted(apps.items())},
+        "app_detail": _app_detail(result),
         "restarts": s["restarts"], "restart_loss_share": round(float(s["restart_loss_share"]), 4),
-        "simulate_s": round(wall, 1),
+        "node_failures": s["node_failures"], "simulate_s": round(wall, 1),
     }
     row["vs_ref_pollux_makespan_ratio"] = round(float(s["makespan_s"]) / float(row["ref_pollux_makespan_s"]), 4)
     if policy in ("tiresias", "optimus"):
@@ -100,6 +102,33 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         row["calibration_jobs_within_10pct_share"] = round(sum(abs(r - 1) <= 0.10 for r in ratios) / len(ratios), 3)
         row["calibration_p90_job_deviation_ratio"] = round(sorted(abs(r - 1) for r in ratios)[int(0.9 * len(ratios))], 4)
     return row
+
+
+def _app_detail(result) -> dict[str, dict[str, float]]:
+    """Per application: mean JCT, wait before the first start, share of its life at 0 GPUs after it started,
+    GPUs held while it held any, restarts and GPU-hours per job (where starvation would show)."""
+    held: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for t, key, g in result.timeline:
+        held[key].append((t, g))
+    out: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for j in result.jobs:
+        if j.finish_s is None or j.start_s is None:
+            continue
+        on = zero = weighted = 0.0
+        changes = held.get(j.key, []) + [(j.finish_s, 0)]
+        for (t0, g), (t1, _) in zip(changes, changes[1:]):
+            if t0 >= j.start_s:
+                if g > 0:
+                    on += t1 - t0
+                    weighted += g * (t1 - t0)
+                else:
+                    zero += t1 - t0
+        out[j.application].append({"jct_s": j.jct_s, "wait_s": j.start_s - j.submit_s,
+                                   "preempted_share": zero / max(j.finish_s - j.start_s, 1e-9),
+                                   "gpus_while_running": weighted / on if on else 0.0,
+                                   "restarts": j.restarts, "gpu_h": j.gpu_s / 3600})
+    return {app: {k: round(statistics.mean(v[k] for v in vs), 3) for k in vs[0]} | {"jobs": len(vs)}
+            for app, vs in sorted(out.items())}
 
 
 # (issue, mode, what, row key, bound): measured <= bound is met
@@ -147,6 +176,8 @@ def main() -> int:
                         help="controller modes (default all three)")
     parser.add_argument("--max-scale", type=float, default=None,
                         help="elastic range as a multiple of the request (0: the trace's); default 2 fixed, 0 else")
+    parser.add_argument("--failures", default=None, help="node failures for every run, as simulate's --failures "
+                        "(e.g. every:7200:600); the reference has none, so only 'still ahead' is comparable")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows (runs, then targets)")
     args = parser.parse_args()
     ref_path = TRACES / "reference" / "jct.csv"
@@ -159,9 +190,8 @@ def main() -> int:
         name = f"workload-{w}"
         for policy in args.policy or ["tiresias", "optimus", "controller"]:
             for mode in (args.modes if policy == "controller" else ["fixed"]):
-                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale))
-                if not args.json:
-                    print(_line(rows[-1]), flush=True)
+                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures))
+                print(_line(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     goals = targets(rows, [f"workload-{w}" for w in args.workloads])
     if args.json:
         print(json.dumps(rows + goals, indent=1))
@@ -179,7 +209,8 @@ def _line(r: dict[str, object]) -> str:
             f"{r['ref_optimus_avg_jct_s']:.0f} ({r['vs_ref_optimus_ratio']:.3f}x) Pollux {r['ref_pollux_avg_jct_s']:.0f} "
             f"({r['vs_ref_pollux_ratio']:.3f}x) | makespan {r['makespan_s']:.0f} s ({r['vs_ref_pollux_makespan_ratio']:.3f}x"
             f" Pollux's) | worst app {r['worst_app_vs_ref_tiresias']} "
-            f"{r['worst_app_vs_ref_tiresias_ratio']:.2f}x | restarts {r['restarts']} | {r['simulate_s']:.0f} s{cal}")
+            f"{r['worst_app_vs_ref_tiresias_ratio']:.2f}x | restarts {r['restarts']}, loss {r['restart_loss_share']:.1%}"
+            f"{', failures ' + str(r['node_failures']) if r['failures'] else ''} | {r['simulate_s']:.0f} s{cal}")
 
 
 def _targets_table(goals: list[dict[str, object]], workloads: list[str]) -> str:

@@ -320,15 +320,9 @@ class AdaptiveSpeed:
     def segment(self, placement: tuple[int, ...], done: float) -> Segment:
         placement = _canonical(placement)
         epoch = min(self.epoch(done), self.profile.epochs - 1)
-        seg = self._choose(placement, epoch)
+        seg = _goodput_choice(self.profile, placement, epoch, self.candidates)
         until = float(self.profile.progress_targets[epoch]) - done
         return Segment(seg.rate, max(until, 0.0), seg.batch, seg.steps_per_s, seg.noise)
-
-    def _choose(self, placement: tuple[int, ...], epoch: int) -> Segment:
-        return _goodput_choice(self.profile, placement, epoch, self.candidates)
-
-    def __hash__(self) -> int:
-        return id(self)
 
 
 @functools.lru_cache(maxsize=65536)
