@@ -1,24 +1,36 @@
-"""Node loss -> the affected job running again: with the slurm-elastic daemon, and with plain `--requeue`.
+"""Node loss -> training again, phase by phase: the controller acting on the job's word, and plain `--requeue`.
 
-Runs its own 4-node x 4-GPU Slurm (private state dir, free ports), so nothing
-else is touched; needs root and Slurm. The node is lost the hard way (slurmd
-and its jobs SIGKILLed); Slurm marks it DOWN after its SlurmdTimeout. Times
-are measured from the moment `scontrol` shows the node DOWN.
+Runs its own 5-node x 4-GPU Slurm (private state dir, free ports) with
+`SlurmdTimeout` as given (300 s by default, as at many sites); needs root and
+Slurm. Both cases lose the same node at the same moment, the hard way (its
+slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
 
-    python3 benchmarks/controller_recovery.py           # table
-    python3 benchmarks/controller_recovery.py --json    # JSON list, one row per case
+- controller: a real DDP job (job_templates/ddp.sbatch, the digits example, one
+  rank on each of two nodes), the daemon with its default hysteresis; the
+  survivor commits and writes its peer-lost report, the daemon gives the node
+  up for that job, requeues it and excludes the node (docs/controller.md,
+  "Node loss reported by the job");
+- plain-requeue: a plain `sbatch --requeue` job (tests/control/fake_trainer.py,
+  3 GPUs) on the same node, a free node elsewhere (the best case for plain
+  Slurm); it waits for Slurm to mark the node DOWN, then for BeginTime.
 
-Cases:
-- controller: three elastic jobs (4-8/4, 4-8/4, 2-4/2 GPUs) fill 16 GPUs, daemon
-  cycle 2 s; the jobs that ran on n2 are resized to what is left and run again.
-- plain-requeue: a plain `sbatch --requeue -N1 --gres=gpu:4` job on n2, free
-  nodes elsewhere (the best case for plain Slurm); it waits for BeginTime.
+Every other node is filled (3 GPUs each) by plain jobs, so the DDP job spans two
+nodes; the spare node is freed just before the loss. Each row is a mark of the
+restart, each column a case: seconds after the kill (control/phases.py says
+where each mark comes from; for plain Slurm: the node DOWN, the job seen
+requeued, its start time, its first step after).
+
+    python3 benchmarks/controller_recovery.py                    # table
+    python3 benchmarks/controller_recovery.py --json             # JSON list of rows
+    python3 benchmarks/controller_recovery.py --slurmd-timeout 30 --skip-plain
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -30,13 +42,20 @@ from pathlib import Path
 
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import JobState, NodeState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.phases import MARKS, last_restart
 from slurm_elastic.control.plugin import lua_source
 from slurm_elastic.devcluster import LocalCluster
 from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "tests" / "control"
+TEMPLATE = ROOT / "job_templates" / "ddp.sbatch"
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
+NODES = ("n1", "n2", "n3", "n4", "n5")
+LABELS = {"failed": "node lost (kill)", "detected": "detected", "stopped": "ranks stopped",
+          "committed": "checkpoint committed", "requeued": "requeued", "relaunched": "relaunched (released)",
+          "running": "running (Slurm start)", "attached": "ranks attached", "first_step": "first step"}
 
 
 def free_port_base(nodes: int) -> int:
@@ -54,7 +73,7 @@ def free_port_base(nodes: int) -> int:
     raise SystemExit("no free ports")
 
 
-def wait(predicate, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+def wait(predicate, timeout: float, what: str, interval: float = 0.2):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -64,31 +83,33 @@ def wait(predicate, timeout: float, what: str, interval: float = 0.1):  # type: 
     raise SystemExit(f"timed out after {timeout:.0f} s: {what}")
 
 
-def time_recovery(local: LocalCluster, backend: CliBackend, job_ids: list[int], node: str,
-                  timeout: float) -> dict[str, float]:
-    on_node = [j.job_id for j in backend.snapshot().jobs if j.job_id in job_ids and node in j.nodes]
-    restarts = {j.job_id: j.restarts for j in backend.snapshot().jobs if j.job_id in on_node}
-    t_kill = time.monotonic()
-    local.node_down(node)
-    wait(lambda: backend.snapshot().node(node).state is NodeState.DOWN, 120, f"{node} DOWN")
-    t_down = time.monotonic()
+def sbatch(env: dict[str, str], *args: str) -> int:
+    out = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().split(";")[0])
 
-    def back() -> bool:
-        jobs = {j.job_id: j for j in backend.snapshot().jobs}
-        return all(jobs[j].state is JobState.RUNNING and jobs[j].restarts > restarts[j] for j in on_node)
 
-    wait(back, timeout, "the lost node's jobs running again", interval=0.2)
-    t_run = time.monotonic()
-    state = backend.snapshot()
-    return {"kill_to_down_s": round(t_down - t_kill, 2), "down_to_running_s": round(t_run - t_down, 2),
-            "jobs_on_node": len(on_node),
-            "gpus_after": sum(j.gpus for j in state.jobs if j.job_id in job_ids and j.state is JobState.RUNNING)}
+def filler(env: dict[str, str], node: str) -> int:
+    return sbatch(env, f"--nodelist={node}", "--gres=gpu:3", "--cpus-per-gpu=1", "--mem=1000", "--no-requeue",
+                  "--job-name=filler", "--output=/dev/null", "--wrap", "sleep 3000")
+
+
+def rows_of(path: Path) -> list[dict]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
-    parser.add_argument("--skip-plain", action="store_true", help="skip the ~2.5 min plain --requeue case")
+    parser.add_argument("--slurmd-timeout", type=int, default=300, help="SlurmdTimeout of the cluster (s)")
+    parser.add_argument("--skip-plain", action="store_true", help="do not wait for plain Slurm (SlurmdTimeout + 120 s)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch dir (logs, job outputs) and say where")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (the local cluster runs slurmd)")
@@ -98,43 +119,96 @@ def main() -> None:
         shutil.copy(TRAINER / name, root / name)
     (root / "job_submit.lua").write_text(lua_source())
     local = LocalCluster(root / "cluster")
-    local.up(nodes=4, spares=0, port_base=free_port_base(4), job_submit_lua=root / "job_submit.lua")
-    env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"),
+    local.up(nodes=len(NODES), spares=0, port_base=free_port_base(len(NODES)), job_submit_lua=root / "job_submit.lua",
+             timeout=90, slurmd_timeout=args.slurmd_timeout)
+    env = {**os.environ, **local.env(), "FAKE_TRAINER": str(root / "fake_trainer.py"), "FAKE_PYTHON": sys.executable,
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
-    rows = []
     daemon = None
+    marks: dict[str, dict[str, float]] = {"controller": {}, "plain-requeue": {}}
     try:
         daemon = subprocess.Popen([sys.executable, "-c", CLI, "-v", "admin", "daemon", "--interval", "2",
-                                   "--hysteresis", "0", "--ack-timeout", "15"], env=env,
-                                  stdout=open(root / "daemon.log", "w"), stderr=subprocess.STDOUT)
-        ids = []
-        for gpus, step in (("4-8", "4"), ("4-8", "4"), ("2-4", "2")):
-            out = subprocess.run([sys.executable, "-c", CLI, "sbatch", "--parsable", f"--gpus={gpus}",
-                                  f"--gpu-step={step}", f"--ckpt-dir={root / 'ckpt'}", f"--output={root}/%j.out",
-                                  str(root / "fake_trainer.sbatch")], env=env, capture_output=True, text=True,
-                                 check=True)
-            ids.append(int(out.stdout.strip()))
-        wait(lambda: sum(j.gpus for j in backend.snapshot().jobs
-                         if j.job_id in ids and j.state is JobState.RUNNING) == 16, 120, "16 GPUs in use", 0.5)
-        time.sleep(5)  # let the daemon settle its first plans
-        row = {"case": "controller", **time_recovery(local, backend, ids, "n2", 120)}
-        rows.append(row)
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(60)
-        daemon = None
-        subprocess.run(["scancel", *map(str, ids)], env=env, check=False)
-        local.node_up("n2")
+                                   "--ack-timeout", "20"], env=env, stdout=open(root / "daemon.log", "w"),
+                                  stderr=subprocess.STDOUT)
+        fillers = {n: filler(env, n) for n in NODES}
+        wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
+             "the fillers running")
+        loss_log = root / "loss.jsonl"
+        out = subprocess.run([sys.executable, "-c", CLI, "sbatch", "--parsable", "--gpus=2-2",
+                              f"--ckpt-dir={root / 'ckpt'}", f"--output={root}/%j.out", "--open-mode=append",
+                              str(TEMPLATE), sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps",
+                              "100000", "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600"],
+                             env=env, capture_output=True, text=True, check=True)
+        ddp = int(out.stdout.strip())
+        job = wait(lambda: (j := backend.snapshot().job(ddp)).state is JobState.RUNNING and len(j.nodes) == 2 and j,
+                   240, "the DDP job running on two nodes", 0.5)
+        wait(lambda: len(rows_of(loss_log)) >= 5, 300, "the DDP job training", 0.5)
+        show = subprocess.run(["scontrol", "-o", "show", "job", str(ddp)], env=env, capture_output=True,
+                              text=True).stdout
+        batch_host = show.split("BatchHost=")[1].split()[0]
+        victim = next(n for n in job.nodes if n != batch_host)
+        spare = next(n for n in NODES if n not in job.nodes)
+        plain = None
         if not args.skip_plain:
-            wait(lambda: not [j for j in backend.snapshot().jobs if not j.state.finished], 60, "jobs gone")
-            sb = ["sbatch", "--parsable", "--requeue", "-N1", "--gres=gpu:4", "--mem=1G", f"--output={root}/%j.out"]
-            filler = int(subprocess.run([*sb, "-w", "n1", str(root / "fake_trainer.sbatch")], env=env,
-                                        capture_output=True, text=True, check=True).stdout.strip())
-            job = int(subprocess.run([*sb, "-x", "n1", str(root / "fake_trainer.sbatch")], env=env,
-                                     capture_output=True, text=True, check=True).stdout.strip())
-            node = wait(lambda: (j := backend.snapshot().job(job)).state is JobState.RUNNING and j.nodes[0], 60,
-                        "plain job running")
-            rows.append({"case": "plain-requeue", **time_recovery(local, backend, [job, filler], node, 400)})
+            # The victim's filler becomes the plain --requeue job (the only node with room for it; not
+            # pinned there, so that it may restart elsewhere); the spare node is freed for both cases.
+            subprocess.run(["scancel", str(fillers[victim])], env=env, check=True)
+            wait(lambda: backend.snapshot().node(victim).gpus_alloc == 1, 60, "the victim's filler gone")
+            plain_ckpt = root / "plain-ckpt"
+            plain = sbatch(env, "--gres=gpu:3", "--cpus-per-gpu=1", "--mem=1000", "--requeue",
+                           "--job-name=plain", f"--output={root}/%j.out",
+                           f"--export=ALL,SLURM_ELASTIC_CKPT_DIR={plain_ckpt}", str(root / "fake_trainer.sbatch"))
+            wait(lambda: (j := backend.snapshot().job(plain)).state is JobState.RUNNING and j.nodes == (victim,), 60,
+                 "the plain job running on the node to be lost")
+            wait(lambda: rows_of(plain_ckpt / str(plain) / "metrics.jsonl"), 60, "the plain job stepping")
+        subprocess.run(["scancel", str(fillers[spare])], env=env, check=True)
+        wait(lambda: backend.snapshot().node(spare).gpus_alloc == 0, 60, "the spare node free")
+
+        failed = time.time()
+        local.node_down(victim)
+        for case in marks:
+            marks[case]["failed"] = failed
+        plain_restarts = None if plain is None else backend.snapshot().job(plain).restarts
+
+        def controller_done() -> bool:
+            return backend.snapshot().job(ddp).restarts >= 1 and len(rows_of(loss_log)) > rows_before + 2
+
+        rows_before = len(rows_of(loss_log))
+        deadline = time.monotonic() + 300 + args.slurmd_timeout + 240
+        pending = {"controller"} | ({"plain-requeue"} if plain is not None else set())
+        while pending and time.monotonic() < deadline:
+            state = backend.snapshot()
+            now = time.time()
+            if "controller" in pending and controller_done():
+                pending.discard("controller")
+            if plain is not None and "plain-requeue" in pending:
+                m = marks["plain-requeue"]
+                pj = state.job(plain)
+                if "detected" not in m and state.node(victim).state is NodeState.DOWN:
+                    m["detected"] = now
+                if "requeued" not in m and pj.restarts > (plain_restarts or 0):
+                    m["requeued"] = now
+                if "running" not in m and pj.state is JobState.RUNNING and pj.restarts > (plain_restarts or 0):
+                    m["running"] = float(pj.start_time or now)
+                if "running" in m:
+                    after = [r["t"] for r in rows_of(plain_ckpt / str(plain) / "metrics.jsonl")
+                             if r.get("t", 0) > m["running"]]
+                    if after:
+                        m["first_step"] = after[0]
+                        pending.discard("plain-requeue")
+            time.sleep(0.5)
+        if pending:
+            raise SystemExit(f"timed out waiting for {', '.join(sorted(pending))}")
+        journal = Journal(root / "daemon" / "journal.sqlite")
+        phases = last_restart(backend.snapshot().job(ddp), journal, owner_uid=pwd.getpwnam("root").pw_uid)
+        if phases is None or phases.kind != "peer loss":
+            raise SystemExit(f"the daemon did not act on the job's report: {phases}")
+        for mark in MARKS[1:]:
+            if getattr(phases, mark) is not None:
+                marks["controller"][mark] = getattr(phases, mark)
+        new_job = backend.snapshot().job(ddp)
+        if victim in new_job.nodes:
+            raise SystemExit(f"the DDP job was put back on the lost node {victim}")
     except SystemExit:
         log = root / "daemon.log"
         if log.exists():
@@ -142,11 +216,26 @@ def main() -> None:
         raise
     finally:
         if daemon is not None:
-            daemon.kill()
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(60)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
         local.down()
-        shutil.rmtree(root, ignore_errors=True)
-    print_rows(rows, args.json, columns=("case", "kill_to_down_s", "down_to_running_s", "jobs_on_node",
-                                         "gpus_after"))
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    cases = [c for c in marks if len(marks[c]) > 1]
+    rows = []
+    for mark in MARKS:
+        if not any(mark in marks[c] for c in cases):
+            continue
+        rows.append({"mark": LABELS[mark], **{f"{c}_s": (round(marks[c][mark] - marks[c]["failed"], 1)
+                                                          if mark in marks[c] else None) for c in cases}})
+    print_rows(rows, args.json, columns=("mark", *(f"{c}_s" for c in cases)),
+               title=f"seconds after the node was lost (SlurmdTimeout={args.slurmd_timeout} s, "
+                     f"Slurm {backend.version})")
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
     return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind=kind, failed=marks.get("failed", failed),
                          detected=detected, stopped=stopped, committed=committed, requeued=at.get("hold"),
                          # "release" is journaled before the credential gap is waited out; "done" right after it
-                         relaunched=at.get("done", at.get("release")), running=running, attached=attached, first_step=first)
+                         relaunched=at.get("done", at.get("release")), running=running, attached=attached,
+                         first_step=first)
 
 
 def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:
