@@ -158,9 +158,11 @@ def test_site_install_runs_for_an_unprivileged_user_through_module_load(site_pre
 def test_site_install_refuses_an_interpreter_other_users_cannot_run(site_prefix: Path) -> None:
     private = _private_default_python()
     if private is None:
+        # PATH's python3 is public (CI on Debian 12 finds /usr/bin/python3 first): make a private one. A copy,
+        # not a symlink: install.sh rightly judges an interpreter by its real path, which a link leaves public.
         private_dir = site_prefix.parent / "private"
         private_dir.mkdir(mode=0o700)
-        os.symlink(os.path.realpath(sys.executable), private_dir / "python3")
+        shutil.copy2(os.path.realpath(sys.executable), private_dir / "python3")
         private = str(private_dir / "python3")
     proc = subprocess.run(["bash", str(INSTALL), "--prefix", str(site_prefix)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHON": private}, cwd="/")
