@@ -64,3 +64,17 @@ def test_per_application_restart_overhead(pollux, tmp_path):
     assert jct[1] - jct[0] == pytest.approx(300)
     bad = CliRunner().invoke(main, args + ["--app-overhead", "bert=30"])
     assert bad.exit_code == 2 and "not in the workload" in bad.output
+
+
+def test_adaptive_jobs_finish_sooner_alone_on_a_node(pollux, tmp_path):
+    """--adaptive all: the same cifar10 job on 4 GPUs finishes sooner when its batch follows goodput."""
+    wl = tmp_path / "w.csv"
+    wl.write_text("name,time,application,num_replicas,batch_size\ncifar10-0,0,cifar10,4,128\n")
+    args = ["simulate", str(wl), "--applications", str(pollux / "applications"), "--policy", "tiresias",
+            "--cluster", "1x4", "--json", "--no-progress"]
+    runs = [CliRunner().invoke(main, args + ["--adaptive", mode]) for mode in ("none", "all")]
+    assert all(r.exit_code == 0 for r in runs), runs[0].output + runs[1].output
+    fixed, adaptive = (json.loads(r.output[r.output.index("["):])[0]["avg_jct_s"] for r in runs)
+    assert adaptive < 0.9 * fixed
+    bad = CliRunner().invoke(main, args + ["--adaptive", "some"])
+    assert bad.exit_code == 2
