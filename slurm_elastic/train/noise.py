@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 DEFAULT_SMOOTHING = 0.99
+DEFAULT_EVERY_STEPS = 10   # benchmarks/noise_cost.py: every step cost 10-18 % of a small CPU step
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +72,18 @@ class GradientNoiseEstimator:
     the global batch.
     """
 
-    def __init__(self, model: nn.Module, *, smoothing: float = DEFAULT_SMOOTHING) -> None:
+    def __init__(self, model: nn.Module, *, smoothing: float = DEFAULT_SMOOTHING,
+                 every_steps: int = DEFAULT_EVERY_STEPS) -> None:
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        if every_steps < 1:
+            raise ValueError(f"every_steps must be >= 1, got {every_steps}")
         self.smoothing = smoothing
+        # Measuring one step in `every_steps` divides the cost by it; the average then spans
+        # every_steps / (1 - smoothing) steps.
+        self.every_steps = every_steps
+        self.armed = True               # this step is measured
+        self._steps_seen = 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -94,6 +103,8 @@ class GradientNoiseEstimator:
 
     def _on_grad(self, grad: torch.Tensor) -> None:
         # One kernel per parameter; returns None, so the gradient passes on unchanged.
+        if not self.armed:
+            return
         if grad.is_sparse:
             grad = grad.coalesce().values()
         flat = grad.reshape(-1)
@@ -115,7 +126,7 @@ class GradientNoiseEstimator:
         """Fold this step in: `micro_batches` of `micro_batch` samples were hooked here, `.grad` is the mean of
         `global_batch`. A step with nothing to compare (global batch = micro batch) only resets."""
         b, big = float(micro_batch), float(global_batch)
-        if big > b and micro_batches > 0 and self._partials:
+        if self.armed and big > b and micro_batches > 0 and self._partials:
             micro_sqr = self._micro_sqr() / (micro_batches * self.micro_grad_scale ** 2)
             grads = [p.grad for p in self.params if p.grad is not None]
             if grads:
@@ -128,6 +139,8 @@ class GradientNoiseEstimator:
                 self._ema.copy_(torch.where(torch.isfinite(raw).all(), blended, self._ema))
                 self.updates += 1
         self._partials.clear()
+        self._steps_seen += 1
+        self.armed = self._steps_seen % self.every_steps == 0
 
     def estimate(self) -> NoiseEstimate | None:
         """The bias-corrected averages (one device-to-host copy), clipped at 0; None before any step."""

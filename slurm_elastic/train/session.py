@@ -32,7 +32,7 @@ from slurm_elastic.train.checkpointer import (
     optimizer_groups_json,
 )
 from slurm_elastic.train.environment import JobEnvironment
-from slurm_elastic.train.noise import DEFAULT_SMOOTHING, GradientNoiseEstimator, NoiseEstimate, has_dtensor
+from slurm_elastic.train.noise import DEFAULT_EVERY_STEPS, DEFAULT_SMOOTHING, GradientNoiseEstimator, NoiseEstimate, has_dtensor
 from slurm_elastic.train.rng import RawRng, capture_rng, capture_rng_raw, restore_rng, rng_json
 from slurm_elastic.train.sampler import (
     BatchGeometry,
@@ -74,7 +74,8 @@ class ElasticSession:
                  env: JobEnvironment | None = None, jit: bool = True,
                  heartbeat_s: float = peers.DEFAULT_INTERVAL_S, liveness_timeout_s: float = peers.DEFAULT_TIMEOUT_S,
                  jit_deadline_s: float = 120.0, batch: BatchRange | str | None = None,
-                 measure_noise: bool = True, noise_smoothing: float = DEFAULT_SMOOTHING) -> None:
+                 measure_noise: bool = True, noise_smoothing: float = DEFAULT_SMOOTHING,
+                 noise_every_steps: int = DEFAULT_EVERY_STEPS) -> None:
         root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
         if not root:
             raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
@@ -143,6 +144,7 @@ class ElasticSession:
         self._stream_mark = (0, 0)                  # (step, samples consumed before it)
         self.measure_noise = measure_noise
         self.noise_smoothing = noise_smoothing
+        self.noise_every_steps = noise_every_steps
         self.noise: GradientNoiseEstimator | None = None
         self.restored_noise: NoiseEstimate | None = None
 
@@ -332,7 +334,7 @@ class ElasticSession:
             log.info("gradient noise is not measured under FSDP (a hook sees a shard, not a micro-batch's gradient)")
             return
         assert self.geometry is not None
-        self.noise = GradientNoiseEstimator(model, smoothing=self.noise_smoothing)
+        self.noise = GradientNoiseEstimator(model, smoothing=self.noise_smoothing, every_steps=self.noise_every_steps)
         # The session's contract: micro-batch losses are scaled so that .grad accumulates the global mean.
         self.noise.micro_grad_scale = 1.0 / self.geometry.accumulation
         if self.restored_noise is not None:

@@ -20,7 +20,8 @@ def main() -> None:
     with torch.no_grad():
         model.weight.copy_(torch.tensor(body["w0"], dtype=torch.float64).unsqueeze(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)   # parameters fixed: the truth stays put
-    loop = ElasticLoop(global_batch=16, metrics_every_s=0.0, noise_smoothing=0.995, fast_exit=False)
+    loop = ElasticLoop(global_batch=16, metrics_every_s=0.0, noise_smoothing=0.995,
+                       noise_every_steps=1, fast_exit=False)
     net, optimizer, loader = loop.prepare(model, optimizer, DataLoader(TensorDataset(x, y), batch_size=8,
                                                                         shuffle=True))
     for epoch in range(6):

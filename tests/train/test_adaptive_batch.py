@@ -34,6 +34,7 @@ def _objects() -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
 def _loop(tmp_path: Path, **kw) -> ElasticLoop:
     return ElasticLoop(global_batch=8, batch="adaptive:4-16", ckpt_dir=str(tmp_path / "ck"),
                        env=JobEnvironment.from_env({"SLURM_JOB_ID": "93"}), fast_exit=False, metrics_every_s=0.0,
+                       noise_every_steps=1,
                        **kw)
 
 

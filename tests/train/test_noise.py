@@ -42,7 +42,7 @@ def test_estimates_match_the_closed_form_within_ten_percent(micro: int, accumula
     with torch.no_grad():
         model.weight.copy_((w_star + 0.5 * torch.randn(D, generator=gen, dtype=torch.float64)).unsqueeze(0))
     true_sqr, true_var = _truth(model.weight.detach()[0] - w_star)
-    est = GradientNoiseEstimator(model, smoothing=0.999)
+    est = GradientNoiseEstimator(model, smoothing=0.999, every_steps=1)
     est.micro_grad_scale = 1.0 / accumulation          # the loss below is divided, as the session's contract wants
     for _ in range(3000):                               # parameters fixed: every step samples the same distribution
         model.zero_grad()
@@ -120,7 +120,7 @@ def test_through_the_loop_at_two_ranks_the_local_gradients_are_seen_before_ddp_a
 
 def test_a_step_with_a_non_finite_gradient_is_left_out() -> None:
     model = nn.Linear(2, 1, bias=False).double()
-    est = GradientNoiseEstimator(model, smoothing=0.5)
+    est = GradientNoiseEstimator(model, smoothing=0.5, every_steps=1)
     est.micro_grad_scale = 0.5
     for x in (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[float("inf"), 0.0], [0.0, 1.0]])):
         model.zero_grad()
@@ -132,3 +132,15 @@ def test_a_step_with_a_non_finite_gradient_is_left_out() -> None:
     # grad_sqr = (2 x .5 - 1 x 1) / (2 - 1) = 0 and grad_var = (1 - .5) / (1 - 1/2) = 1, bias-corrected exactly.
     assert got is not None and math.isfinite(got.grad_var)
     assert got.grad_sqr == pytest.approx(0.0, abs=1e-12) and got.grad_var == pytest.approx(1.0)
+
+
+def test_every_steps_measures_one_step_in_n_and_nothing_in_between() -> None:
+    model = nn.Linear(2, 1)
+    est = GradientNoiseEstimator(model, every_steps=3)
+    for step in range(9):
+        model.zero_grad()
+        for _ in range(2):
+            model(torch.randn(3, 2)).sum().backward()
+        assert bool(est._partials) == (step % 3 == 0)     # unarmed steps' hooks record nothing
+        est.step_done(micro_batch=3, global_batch=6, micro_batches=2)
+    assert est.updates == 3
