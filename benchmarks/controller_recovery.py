@@ -174,12 +174,16 @@ def main() -> None:
             return backend.snapshot().job(ddp).restarts >= 1 and len(rows_of(loss_log)) > rows_before + 2
 
         rows_before = len(rows_of(loss_log))
+        phases = None
         deadline = time.monotonic() + 300 + args.slurmd_timeout + 240
         pending = {"controller"} | ({"plain-requeue"} if plain is not None else set())
         while pending and time.monotonic() < deadline:
             state = backend.snapshot()
             now = time.time()
             if "controller" in pending and controller_done():
+                # Read now: the metrics rows since the restart soon outgrow what phases.py reads of them.
+                phases = last_restart(state.job(ddp), Journal(root / "daemon" / "journal.sqlite"),
+                                      owner_uid=pwd.getpwnam("root").pw_uid)
                 pending.discard("controller")
             if plain is not None and "plain-requeue" in pending:
                 m = marks["plain-requeue"]
@@ -199,8 +203,6 @@ def main() -> None:
             time.sleep(0.5)
         if pending:
             raise SystemExit(f"timed out waiting for {', '.join(sorted(pending))}")
-        journal = Journal(root / "daemon" / "journal.sqlite")
-        phases = last_restart(backend.snapshot().job(ddp), journal, owner_uid=pwd.getpwnam("root").pw_uid)
         if phases is None or phases.kind != "peer loss":
             raise SystemExit(f"the daemon did not act on the job's report: {phases}")
         for mark in MARKS[1:]:

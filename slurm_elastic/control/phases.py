@@ -183,11 +183,18 @@ def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:
     lines = data.split(b"\n")
     if start > 0:
         lines = lines[1:]             # the first line read is the end of one not read
+    seen_before = start == 0          # a row from before `after` shows the window reaches back far enough
     for raw in lines:
         try:
             row = validate_row(json.loads(raw))
         except (ValueError, UnicodeDecodeError, RecursionError):
             continue
-        if row is not None and float(row["time"]) > after:
+        if row is None:
+            continue
+        if float(row["time"]) <= after:
+            seen_before = True
+        elif seen_before:
             return float(row["time"])
+        else:
+            return None               # the rows since the restart outgrew the tail: the first is not known
     return None

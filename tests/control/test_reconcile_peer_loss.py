@@ -275,3 +275,17 @@ def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(t
     # Another user's file in the job's directory is no mark of the job's.
     foreign = last_restart(job, journal, owner_uid=os.getuid() + 1)
     assert foreign is not None and foreign.detected is None and foreign.first_step is None
+
+
+def test_a_first_step_is_not_guessed_when_the_rows_since_the_restart_outgrew_the_tail_read(tmp_path):
+    from slurm_elastic.control.phases import METRICS_TAIL_BYTES, first_row_after
+
+    path = tmp_path / "metrics.jsonl"
+    row = {"step": 1, "time": 100.0, "gpus": 2, "nodes": 2, "steps_per_s": 1.0, "samples_per_s": 48.0}
+    lines = [json.dumps({**row, "step": i, "time": 100.0 + i}) for i in range(10)]
+    path.write_text("\n".join(lines) + "\n")
+    assert first_row_after(str(path), 104.5, owner_uid=os.getuid()) == 105.0
+    many = [json.dumps({**row, "step": i, "time": 100.0 + i}) for i in range(METRICS_TAIL_BYTES // 50)]
+    path.write_text("\n".join(many) + "\n")
+    assert first_row_after(str(path), 104.5, owner_uid=os.getuid()) is None    # row 105 is not in the tail
+    assert first_row_after(str(path), 100.0 + len(many) - 3.5, owner_uid=os.getuid()) == 100.0 + len(many) - 3
