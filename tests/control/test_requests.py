@@ -169,3 +169,37 @@ def test_explain_names_the_measured_speeds_behind_each_decision(two):
     assert "decided from: speed measured (2 rows; GPUs:steps/s 2:1, 4:1)" in lines[at_a + 1]
     assert "speed 2 -> 4 GPUs: 26% -> 53% of its best" in lines[at_b], lines[at_b]   # of 8 on 2 nodes
     assert "GPUs:steps/s 2:1, 4:2)" in lines[at_b + 1]
+
+
+def test_a_running_job_is_not_taken_below_min_of_asked_fair_share_and_held(tmp_path):
+    """The share floor: a running job that asked for 4 GPUs (its first row) and holds 4 keeps >= its fair share."""
+    slurm = InMemorySlurm(nodes=2)                       # 8 GPUs
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    b = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 4, 4.0, total=100_000), _row(2010, 500, 4, 4.0)])
+    _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 2, 2.0, total=1_000), _row(1010, 500, 2, 2.0)])
+
+    def req(src, key):
+        return next(r for r in src.requests(slurm.snapshot(), 1000.0, Policy()) if r.key == str(key))
+
+    ra = req(MeasuredRequests(), a)                      # two jobs want GPUs: fair share 4 each
+    assert ra.must_run and min(ra.allowed_gpus) == 4
+    rb = req(MeasuredRequests(), b)                      # asked for 2, holds 2: kept at >= 2, never asked more
+    assert rb.must_run and min(rb.allowed_gpus) == 2
+    slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME, run=False)
+    src = MeasuredRequests()
+    ra = req(src, a)                                     # a third job waits: fair share 8 // 3 = 2
+    assert min(ra.allowed_gpus) == 2 and "fair share 2" in src.basis()[str(a)]
+    off = req(MeasuredRequests(RequestSettings(share_floor=False)), a)
+    assert not off.must_run and min(off.allowed_gpus) == 1
+
+
+def test_the_share_floor_needs_the_first_row(tmp_path):
+    """A file read from its middle does not say what size the job asked for: no floor from it."""
+    path = str(tmp_path / "metrics.jsonl")
+    _rows(path, [_row(i, i, 4 if i < 50 else 2, 1.0) for i in range(100)])
+    tail, problem = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=2000)
+    assert problem == "" and tail.first_gpus is None
+    tail, _ = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20)
+    assert tail.first_gpus == 4
