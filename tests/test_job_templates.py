@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,54 @@ def test_the_recorded_or_module_interpreter_is_used_over_path(slurm_cluster, tmp
     state, out = _run(slurm_cluster, tmp_path, "ddp", _env(slurm_cluster, tmp_path, **chosen), "python3", "-c", PROBE)
     assert state == "COMPLETED", out
     assert f"RAN-WITH {sys.prefix}" in out, out
+
+
+# A rank that takes its time to start (imports, data loading) before it opens the session: it says so,
+# then waits for the test's go file, then trains the digits example.
+SLOW_START = """
+import pathlib, runpy, sys, time
+go = pathlib.Path(sys.argv[1])
+print("RANK-STARTING", flush=True)
+while not go.exists():
+    time.sleep(0.05)
+sys.argv = ["digits", *sys.argv[2:]]
+runpy.run_module("slurm_elastic.train.examples.digits", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("template", ["ddp", "torchrun"])
+def test_a_signal_sent_while_the_ranks_start_is_honoured_not_lost(slurm_cluster, tmp_path, template) -> None:
+    """The controller's signal may arrive before the session has its handler: it must still checkpoint."""
+    ck, go, out = tmp_path / "ck", tmp_path / "go", tmp_path / f"{template}.out"
+    path = tmp_path / f"{template}.sbatch"
+    path.write_text((TEMPLATES / f"{template}.sbatch").read_text())
+    env = _env(slurm_cluster, tmp_path, SLURM_ELASTIC_PYTHON=sys.executable, SLURM_ELASTIC_CKPT_DIR=str(ck),
+               SLURM_ELASTIC_REQUEUE_WAIT_S="1")
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    # torchrun takes a script as its training command, the others a command line.
+    command = [str(script)] if template == "torchrun" else ["python3", str(script)]
+    proc = subprocess.run(["sbatch", "--parsable", "-N1", "--gres=gpu:1", "--mem=1G", "-o", str(out), str(path),
+                           *command, str(go), "--ckpt-dir", str(ck), "--steps", "400",
+                           "--every-steps", "1000", "--step-sleep", "0.05"],
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
+    job = int(proc.stdout.strip().split(";")[0])
+    try:
+        try:
+            slurm_cluster.wait_for(lambda: out.exists() and "RANK-STARTING" in out.read_text(), 120,
+                                   what="the rank to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; job output: {out.read_text()[-3000:] if out.exists() else '-'}") from None
+        slurm_cluster.run("scancel", "--signal=USR2", "--full", str(job))
+        go.touch()
+        slurm_cluster.wait_for(lambda: slurm_cluster.job(job).get("JobState") in ("COMPLETED", "FAILED"), 240,
+                               what=f"job {job} ended")
+        text = out.read_text()
+        ack_path = ck / str(job) / f"ACK-{job}-0"
+        # Lost, the signal would let the job train its 400 steps and complete without an ACK.
+        assert ack_path.exists(), text[-3000:]
+        ack = json.loads(ack_path.read_text())
+        assert ack["committed"] is True and ack["step"] < 400, ack
+        assert "exiting with 85" in text, text[-3000:]
+    finally:
+        slurm_cluster.run("scancel", str(job), check=False)

@@ -108,6 +108,7 @@ class ElasticSession:
         self._exit_after_snapshot = False
         self._owns_group = False
         self._old_handler: Any = None
+        self._old_mask: set[signal_module.Signals] = set()
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: Any = None
@@ -152,6 +153,9 @@ class ElasticSession:
     def __enter__(self) -> ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
         self._old_handler = signal_module.signal(sig, self._on_signal)
+        # The job templates start the ranks with the signal blocked, so one sent while Python and torch
+        # import stays pending instead of being lost; with the handler in place it is delivered now.
+        self._old_mask = signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, {sig})
         if self.env.is_main:
             # Creates and verifies the job directory and takes the writer role before restoring, so a
             # stale incarnation elsewhere (a partitioned node) stops at its next commit, not racing us.
@@ -208,6 +212,7 @@ class ElasticSession:
             self._liveness.stop(peers.DONE if clean else peers.FAILED)
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
+        signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
         if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
             _quiesce_gloo()
             log.debug("process group quiesced after %.3f s", time.monotonic() - t0)
