@@ -91,6 +91,9 @@ def sbatch(args: tuple[str, ...]) -> None:
       --mem-per-gpu SIZE   memory per GPU, e.g. 8G (default 1024M)
       --weight W           share when GPUs are scarce (default 1)
       --ckpt-dir PATH      checkpoint root of the job (exported as SLURM_ELASTIC_CKPT_DIR)
+      --batch adaptive:MIN-MAX
+                           let the shim choose the global batch by goodput (opt-in;
+                           exported as SLURM_ELASTIC_BATCH; default: the fixed batch)
     Own flags:
       --watch              stay in the foreground and rebalance your elastic jobs (user mode)
       --dry-run            print the sbatch command instead of submitting

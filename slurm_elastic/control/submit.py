@@ -22,8 +22,10 @@ from slurm_elastic.train import protocol as shim
 log = logging.getLogger(__name__)
 
 # Elastic options (they replace sbatch's own --gpus/--cpus-per-gpu/--mem-per-gpu meaning) and our own flags.
+# `batch` is the job's batch range (adaptive:MIN-MAX); it takes over sbatch's rarely used --batch
+# (node features of the batch step), which an `#SBATCH --batch` line still gives.
 ELASTIC_OPTIONS = {"gpus": "gpus", "gpu-step": "gpu_step", "cpus-per-gpu": "cpus_per_gpu",
-                   "mem-per-gpu": "mem_per_gpu", "weight": "weight", "ckpt-dir": "ckpt_dir"}
+                   "mem-per-gpu": "mem_per_gpu", "weight": "weight", "ckpt-dir": "ckpt_dir", "batch": "batch"}
 OWN_FLAGS = ("watch", "dry-run", "parsable")
 
 # The wrapper's command line is sbatch's grammar plus ours: prefixes resolve over both, so
@@ -128,6 +130,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     options.update(elastic)  # the command line wins over #ELASTIC lines
     spec = spec_from_options(options)
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
+    if spec.batch is not None:
+        env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
     # The job templates run this interpreter, which has slurm_elastic (and torch) - not whatever
     # `python3` the job's PATH finds - unless the user named one.
     env[PYTHON_ENV] = environ.get(PYTHON_ENV) or sys.executable
