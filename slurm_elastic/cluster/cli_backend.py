@@ -34,8 +34,9 @@ SCONTROL_JSON_SINCE = SlurmVersion(23, 2)
 # `gres:gpu:N` works on every version (slurm-versions.md); so 22.05 gets the ':' spelling.
 TRES_SLASH_SINCE = SlurmVersion(23, 2)
 # `--requeue=expedite` (25.11 on): a job requeued after a node failure is eligible at once and at
-# the top of the queue, instead of waiting ~120 s (BeginTime) - where slurm.conf has
-# SlurmctldParameters=enable_expedited_requeue; elsewhere Slurm takes the flag as a plain --requeue.
+# the top of the queue, instead of waiting ~120 s (BeginTime). Only where slurm.conf has
+# SlurmctldParameters=enable_expedited_requeue: without it 26.05's slurmctld refuses the whole
+# submission ("Requested operation not supported on this system", seen in CI's sid chroot).
 # sbatch 24.11 refuses the argument ("option '--requeue' doesn't allow an argument"); 26.05 takes it.
 REQUEUE_EXPEDITE_SINCE = SlurmVersion(25, 11)
 
@@ -69,6 +70,7 @@ class CliBackend:
         self._json = True          # flips to False once if this Slurm's tools lack --json
         self.calls = 0             # Slurm commands run, for tests and the benchmark
         self._kill_wait_s: float | None = None
+        self._expedite: bool | None = None
 
     # --- running commands ------------------------------------------------------------------------
     def _run(self, args: Sequence[str], *, retry: bool = True, stdin: str | None = None,
@@ -196,7 +198,7 @@ class CliBackend:
 
     # --- actions -------------------------------------------------------------------------------------
     def submit(self, description: SubmitDescription) -> int:
-        out = self._run(sbatch_args(description, self.version), retry=False)
+        out = self._run(sbatch_args(description, self.version, self._expedite_enabled()), retry=False)
         first = out.strip().splitlines()[0] if out.strip() else ""
         m = re.fullmatch(r"(\d+)(?:;\S+)?", first.strip())
         if m is None:
@@ -241,6 +243,14 @@ class CliBackend:
     def drain(self, node: str, reason: str) -> None:
         text = " ".join(str(reason).split())[:200] or "slurm-elastic"
         self._run(["scontrol", "update", f"NodeName={_node_list((node,))}", "State=DRAIN", f"Reason={text}"])
+
+    def _expedite_enabled(self) -> bool:
+        """Read once, and only where the version has it (older Slurms need no config read)."""
+        if self.version is None or self.version < REQUEUE_EXPEDITE_SINCE:
+            return False
+        if self._expedite is None:
+            self._expedite = expedited_requeue_enabled(self._run(["scontrol", "show", "config"]))
+        return self._expedite
 
     def kill_wait_s(self) -> float:
         """Slurm's KillWait (read once): how long a step's srun waits for a node that does not answer."""
@@ -331,15 +341,25 @@ def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node
     return args
 
 
-def requeue_flag(version: SlurmVersion | None) -> str:
-    """`--requeue=expedite` where this Slurm has it (REQUEUE_EXPEDITE_SINCE), else `--requeue`."""
-    return "--requeue=expedite" if version is not None and version >= REQUEUE_EXPEDITE_SINCE else "--requeue"
+def requeue_flag(version: SlurmVersion | None, expedite_enabled: bool = False) -> str:
+    """`--requeue=expedite` where this Slurm has it (REQUEUE_EXPEDITE_SINCE) and slurmctld enables it,
+    else `--requeue`."""
+    has = version is not None and version >= REQUEUE_EXPEDITE_SINCE
+    return "--requeue=expedite" if has and expedite_enabled else "--requeue"
 
 
-def sbatch_args(d: SubmitDescription, version: SlurmVersion | None = None) -> list[str]:
+def expedited_requeue_enabled(config: str) -> bool:
+    """Whether `scontrol show config` text has SlurmctldParameters with enable_expedited_requeue."""
+    m = re.search(r"^SlurmctldParameters\s*=\s*(\S*)", config, re.MULTILINE)
+    return m is not None and "enable_expedited_requeue" in m[1].split(",")
+
+
+def sbatch_args(d: SubmitDescription, version: SlurmVersion | None = None,
+                expedite_enabled: bool = False) -> list[str]:
     """sbatch flags for a SubmitDescription (per-node GPUs via --gres, understood by every version).
 
     `version`: the Slurm the job goes to; None (not known) gives the flags every version takes.
+    `expedite_enabled`: slurmctld has SlurmctldParameters=enable_expedited_requeue.
     """
     for name, val in (("nodes", d.nodes), ("gpus_per_node", d.gpus_per_node), ("cpus_per_gpu", d.cpus_per_gpu),
                       ("mem_per_gpu_mb", d.mem_per_gpu_mb)):
@@ -353,7 +373,7 @@ def sbatch_args(d: SubmitDescription, version: SlurmVersion | None = None) -> li
         args.append(f"--comment={d.comment}")
     if d.job_name:
         args.append(f"--job-name={d.job_name}")
-    args.append(requeue_flag(version) if d.requeue else "--no-requeue")
+    args.append(requeue_flag(version, expedite_enabled) if d.requeue else "--no-requeue")
     if d.hold:
         args.append("--hold")
     if d.workdir:

@@ -178,17 +178,27 @@ def test_finished_and_unknown_job_errors_as_slurm_words_them(version: str, tmp_p
     ("25.11.0", "--requeue=expedite"), ("25.11.2", "--requeue=expedite"), ("26.05.5", "--requeue=expedite")])
 def test_requeue_is_expedited_where_slurm_has_it(version: str, flag: str) -> None:
     d = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1)
-    args = sbatch_args(d, SlurmVersion.parse(version))
+    args = sbatch_args(d, SlurmVersion.parse(version), expedite_enabled=True)
     assert flag in args and sum(a.startswith("--requeue") for a in args) == 1
+    # Not enabled in slurm.conf: 26.05's slurmctld refuses the submission, so plain --requeue.
+    assert "--requeue" in sbatch_args(d, SlurmVersion.parse(version), expedite_enabled=False)
     assert "--requeue" in sbatch_args(d)                         # version unknown: what every sbatch takes
     no = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, requeue=False)
     assert "--no-requeue" in sbatch_args(no, SlurmVersion.parse(version))
 
 
-def test_submit_asks_for_the_expedited_requeue_on_the_version_it_talks_to(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("params,flag", [
+    ("enable_expedited_requeue", "--requeue=expedite"), ("idle_on_node_suspend,enable_expedited_requeue",
+                                                         "--requeue=expedite"),
+    ("(null)", "--requeue"), ("enable_expedited_requeue_not", "--requeue")])
+def test_submit_asks_for_the_expedited_requeue_only_where_slurmctld_enables_it(monkeypatch, params: str,
+                                                                               flag: str) -> None:
     calls = []
     backend = CliBackend(version=SlurmVersion(26, 5, 5))
-    monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args)) or "42\n")
+    config = f"KillWait                = 30 sec\nSlurmctldParameters     = {params}\n"
+    monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args))
+                        or (config if args[:3] == ["scontrol", "show", "config"] else "42\n"))
     assert backend.submit(SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1,
                                             mem_per_gpu_mb=1)) == 42
-    assert "--requeue=expedite" in calls[0]
+    submitted = [c for c in calls if c[0] == "sbatch"][0]
+    assert flag in submitted and sum(a.startswith("--requeue") for a in submitted) == 1
