@@ -20,7 +20,6 @@ that job); draining a node on a job's word is the admin's choice (`admin daemon
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import pwd
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.user_files import read_user_file
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
@@ -76,24 +76,9 @@ class PeerLoss:
 def read_report(path: str, *, owner_uid: int, max_bytes: int = MAX_REPORT_BYTES
                 ) -> tuple[shim.PeerLostReport | None, str]:
     """The report at `path` if it can be believed as the job user's file, and a problem ("" when none or absent)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None, ""
-    except OSError as exc:
-        return None, "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file"
-        if st.st_uid != owner_uid:
-            return None, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
-        if st.st_size > max_bytes:
-            return None, f"is {st.st_size} bytes, more than the {max_bytes} a report takes"
-        data = os.read(fd, max_bytes + 1)
-    finally:
-        os.close(fd)
+    data, problem = read_user_file(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a report")
+    if data is None:
+        return None, problem
     try:
         return shim.PeerLostReport.parse(data, where="report"), ""
     except (ValueError, RecursionError) as exc:

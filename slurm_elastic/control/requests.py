@@ -94,6 +94,7 @@ from slurm_elastic.allocate.shapes import spanning_widths
 from slurm_elastic.allocate.throughput import (GoodputThroughput, LinearThroughput, MeasuredThroughput, concave_hull,
                                                speed_frontier)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.user_files import read_user_file
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
@@ -338,24 +339,9 @@ def _read_job_json(path: str, *, owner_uid: int | None, max_bytes: int, what: st
     The file lies in the job user's directory: opened without following links or blocking,
     a regular file owned by `owner_uid`, at most `max_bytes`.
     """
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None, ""
-    except OSError as exc:
-        return None, "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "is not a regular file"
-        if owner_uid is not None and st.st_uid != owner_uid:
-            return None, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
-        if st.st_size > max_bytes:
-            return None, f"is {st.st_size} bytes, more than the {max_bytes} {what} takes"
-        data = os.read(fd, max_bytes + 1)
-    finally:
-        os.close(fd)
+    data, problem = read_user_file(path, owner_uid=owner_uid, max_bytes=max_bytes, what=what)
+    if data is None:
+        return None, problem
     try:
         return json.loads(data), ""
     except (ValueError, UnicodeDecodeError, RecursionError):
