@@ -56,6 +56,15 @@ class PeerLoss:
     path: str
     stopped_at: float | None = None    # the last survivor's status file (it stopped stepping); shown only
     committed_at: float | None = None  # the report replaced with commit "done"; shown only
+    launcher_marker: str = ""          # where the batch script says it stopped the step's srun
+    owner_uid: int | None = None
+
+    def launcher_stopped(self) -> bool:
+        """The batch script SIGKILLed this step's srun (train/protocol.py, launcher-stopped-J-R): no
+        cancel of that srun can reach the next incarnation, so the release need not wait KillWait.
+        Read when asked: the script writes it moments after the report settles."""
+        return bool(self.launcher_marker) and self.owner_uid is not None \
+            and owned_mtime(self.launcher_marker, self.owner_uid) is not None
 
     def marks(self) -> dict[str, float]:
         """The restart's marks this report gives (control/phases.py)."""
@@ -150,7 +159,9 @@ class PeerLossReader:
                     commit=report.commit, committed_step=report.committed_step,
                     detected_at=report.detected_at, seen_at=seen, path=path,
                     stopped_at=max((m for m in stopped if m is not None), default=None),
-                    committed_at=owned_mtime(path, uid) if report.commit == "done" else None)
+                    committed_at=owned_mtime(path, uid) if report.commit == "done" else None,
+                    launcher_marker=os.path.join(directory, shim.launcher_stopped_file_name(job.job_id, job.restarts)),
+                    owner_uid=uid)
                 break   # the first step with a report: the incarnation is over either way
         self._seen = {k: v for k, v in self._seen.items() if k in live}
         return out

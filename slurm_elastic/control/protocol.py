@@ -43,6 +43,7 @@ class ProtocolSettings:
     settle_poll_s: float = 0.25
     credential_gap_s: float = 1.5    # no release sooner after the requeue (see RequeueProtocol._credential_gap)
     observe_every_s: float = 2.0     # during the ACK wait, look at the jobs this often (a cancel ends the wait)
+    launcher_wait_s: float = 3.0     # how long a peer-lost plan waits for the batch script's launcher-stopped word
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +78,16 @@ class RequeueProtocol:
         self._requeued_at: dict[int, float] = {}
         self._old_srun_until: dict[int, float] = {}   # plan id -> when a lingering old srun has given up
         self._may_act = may_act
+        self._launcher_stopped: Callable[[int], bool] = lambda job_id: False
 
     # -- the forward path ------------------------------------------------------------------
-    def execute(self, plans: Sequence[Plan], state: ClusterState) -> list[Outcome]:
-        """Run `plans` (all running jobs are signalled together, so their checkpoints overlap)."""
+    def execute(self, plans: Sequence[Plan], state: ClusterState, *,
+                launcher_stopped: Callable[[int], bool] | None = None) -> list[Outcome]:
+        """Run `plans` (all running jobs are signalled together, so their checkpoints overlap).
+
+        `launcher_stopped(job id)` says whether a job that reported a lost peer has stopped the old
+        srun itself (control/peer_loss.py); such a job is released without the KillWait wait."""
+        self._launcher_stopped = launcher_stopped or (lambda job_id: False)
         records: list[PlanRecord] = []
         for plan in plans:
             job = state.job(plan.job_id)
@@ -362,7 +369,10 @@ class RequeueProtocol:
 
     def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None, plan_id: int = 0) -> None:
         if running and plan is not None and plan.exclude and self._give_up_lost_nodes(job_id, plan.exclude):
-            self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
+            if self._old_srun_stopped(job_id):
+                log.info("job %d: its batch script stopped the old srun; releasing without the KillWait wait", job_id)
+            else:
+                self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
         if running:
             self.backend.requeue_hold(job_id)
             log.info("job %d: requeued and held", job_id)
@@ -391,6 +401,17 @@ class RequeueProtocol:
             log.warning("job %d: could not give up %s before the requeue (%s); the requeue completes when "
                         "Slurm marks the node down", job_id, ",".join(lost), exc)
             return False
+
+    def _old_srun_stopped(self, job_id: int) -> bool:
+        """Whether the job's batch script said it SIGKILLed the old srun, asked for up to `launcher_wait_s`
+        (the script polls for the settled report every half second, so its word follows within a second)."""
+        deadline = self._clock() + self.settings.launcher_wait_s
+        while True:
+            if self._launcher_stopped(job_id):
+                return True
+            if self._clock() >= deadline:
+                return False
+            self._sleep(self.settings.settle_poll_s)
 
     def _old_srun_wait_s(self) -> float:
         """How long the old incarnation's srun may outlive the requeue: KillWait + 2 s, and a second.

@@ -290,7 +290,10 @@ class Reconciler:
             log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
         outcomes: list[Outcome] = []
         if plans and not dry_run:
-            outcomes = self.protocol.execute(plans, decision.scoped)
+            losses = decision.peer_losses
+            outcomes = self.protocol.execute(
+                plans, decision.scoped,
+                launcher_stopped=lambda job_id: job_id in losses and losses[job_id].launcher_stopped())
         for outcome in outcomes:
             loss = decision.peer_losses.get(outcome.job_id)
             if loss is not None and any(p.job_id == outcome.job_id and p.peer_lost for p in plans):

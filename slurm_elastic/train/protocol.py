@@ -122,6 +122,18 @@ def peer_lost_file_name(slurm_job_id: str | int, restart_count: int, step_id: st
     return f"{PEER_LOST_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}.json"
 
 
+# `<job dir>/launcher-stopped-<job id>-<restart count>`, empty, written by the batch script (the
+# templates) once the peer-lost report is settled and it has SIGKILLed the srun of that step. Left
+# alone, that srun waits for the dead node until the requeue kills it, and then cancels its step by
+# id (J.0), which by then names the next incarnation's first step; so without this file the
+# controller holds the release for KillWait. A job's word about its own job only.
+LAUNCHER_STOPPED_PREFIX = "launcher-stopped-"
+
+
+def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int) -> str:
+    return f"{LAUNCHER_STOPPED_PREFIX}{slurm_job_id}-{int(restart_count)}"
+
+
 def parse_peer_lost_file_name(name: str) -> tuple[str, int, int] | None:
     """(job id, restart count, step id) of a peer-lost report's file name, else None."""
     m = _PEER_LOST_RE.fullmatch(name)

@@ -116,8 +116,8 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         cluster.wait_for(lambda: training(rows_at_restart), 240, 0.5,
                          what=lambda: f"training again; {cluster.job_outputs()}")
         trained_at = time.time()
-        # The old srun (its step spanned the dead node) gives up KillWait (30 s) + 2 s after the requeue and
-        # then cancels its step by id; the new incarnation must still be training well after that.
+        # Left alone, the old srun (its step spanned the dead node) would give up KillWait (30 s) + 2 s after
+        # the requeue and then cancel its step by id; the new incarnation must still be training after that.
         time.sleep(max(running_at + 40 - time.time(), 0))
         rows_then = len(_rows(loss_log))
         cluster.wait_for(lambda: training(rows_then), 120, 0.5, what=lambda: f"still training; {cluster.job_outputs()}")
@@ -152,6 +152,10 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         assert [marks[m] for m in order[:-1]] == sorted(marks[m] for m in order[:-1])
         assert marks["running"] >= marks["relaunched"] - 1     # Slurm's start time has 1 s resolution
         assert abs(marks["detected"] - report.detected_at) < 1e-6
+        # The batch script SIGKILLed the old srun once the report settled and said so; the daemon then
+        # released the job without waiting KillWait (and the new incarnation outlived that srun's time).
+        assert (job_dir / shim.launcher_stopped_file_name(job_id, 0)).is_file()
+        assert "its batch script stopped the old srun" in (tmp_path / "daemon.log").read_text()
         print("admin status:", last["line"])
         print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
               f"{running_at - lost_at:.1f} s, training again {trained_at - lost_at:.1f} s "

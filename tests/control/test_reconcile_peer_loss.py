@@ -139,6 +139,28 @@ def test_a_reported_lost_node_restarts_that_job_at_once_without_it(cluster, tmp_
     assert rec.journal.plans(a, limit=1)[0].plan.exclude == ("n2",)
 
 
+@pytest.mark.parametrize("marker", ["written", "symlink", "directory"])
+def test_a_batch_script_that_stopped_the_old_srun_is_released_without_the_killwait_wait(cluster, tmp_path, marker):
+    slurm, a, _, ckpt = cluster
+    rec, clock = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    path = ckpt / str(a) / shim.launcher_stopped_file_name(a, 0)
+    if marker == "written":
+        path.write_bytes(b"")
+    elif marker == "symlink":      # only the job user's own regular file counts
+        os.symlink(ckpt / str(a) / shim.peer_lost_file_name(a, 0, 0), path)
+    else:
+        path.mkdir()
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [a] and report.outcomes[0].status == "done"
+    assert slurm.jobs[a].restarts == 1 and "n2" not in slurm.jobs[a].nodes
+    if marker == "written":
+        assert clock.skipped < 30.0    # the credential gap only, not KillWait + 3 s
+    else:
+        assert clock.skipped >= 33.0   # the marker's wait (3 s), then KillWait + 3 s
+
+
 def test_a_pending_commit_is_waited_for_then_acted_on_anyway(cluster, tmp_path):
     slurm, a, _, ckpt = cluster
     rec, clock = _reconciler(slurm, tmp_path)
