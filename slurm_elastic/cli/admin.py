@@ -71,7 +71,7 @@ def observer(backend: Any, config: Any, *, user: str | None = None) -> tuple[Any
     config = dataclasses.replace(config, user=user, node_confirm_s=0)
     line = (f"no daemon running: deciding with these settings (hysteresis_s {config.min_resize_interval_s:g}, "
             f"restart_budget_per_hour {config.restart_budget_per_hour}, "
-            f"ack_timeout_s {config.protocol.ack_timeout_s:g})")
+            f"ack_timeout_s {config.protocol.ack_timeout_s:g}, speed {'measured' if config.measured_speed else 'linear'})")
     return Reconciler(backend, _read_only_journal(user_dir() if user else None), config), line
 
 

@@ -56,7 +56,8 @@ class ControllerConfig:
         """The settings a running controller announces (in the daemon heartbeat), so that `status`,
         `admin status` and a dry run decide with them rather than with their own defaults."""
         return {"hysteresis_s": self.min_resize_interval_s, "restart_budget_per_hour": self.restart_budget_per_hour,
-                "ack_timeout_s": self.protocol.ack_timeout_s, "signal": self.protocol.signal}
+                "ack_timeout_s": self.protocol.ack_timeout_s, "signal": self.protocol.signal,
+                "speed": "measured" if self.measured_speed else "linear"}
 
     def with_settings(self, settings: Mapping[str, object]) -> ControllerConfig:
         """This config with a running controller's announced settings (each validated; others kept)."""
@@ -69,6 +70,7 @@ class ControllerConfig:
         budget = number("restart_budget_per_hour", 0, 1e6)
         ack = number("ack_timeout_s", 0, 1e7)
         sig = settings.get("signal")
+        speed = settings.get("speed")
         protocol = self.protocol
         if ack is not None:
             protocol = dataclasses.replace(protocol, ack_timeout_s=ack)
@@ -77,7 +79,8 @@ class ControllerConfig:
         return dataclasses.replace(
             self, protocol=protocol,
             min_resize_interval_s=self.min_resize_interval_s if hyst is None else hyst,
-            restart_budget_per_hour=self.restart_budget_per_hour if budget is None else int(budget))
+            restart_budget_per_hour=self.restart_budget_per_hour if budget is None else int(budget),
+            measured_speed=self.measured_speed if speed not in ("measured", "linear") else speed == "measured")
 
 
 @dataclass(frozen=True, slots=True)

@@ -304,7 +304,7 @@ def _untrusted(directory: Path, why: str) -> None:
         log.warning("%s", message)
 
 
-_SETTING_NAMES = ("hysteresis_s", "restart_budget_per_hour", "ack_timeout_s", "signal")
+_SETTING_NAMES = ("hysteresis_s", "restart_budget_per_hour", "ack_timeout_s", "signal", "speed")
 
 
 def _settings(value: object) -> dict[str, float | int | str]:
@@ -318,6 +318,9 @@ def _settings(value: object) -> dict[str, float | int | str]:
             continue
         if name == "signal":
             if isinstance(v, str) and v.isalnum() and len(v) <= 16:
+                out[name] = v
+        elif name == "speed":
+            if v in ("measured", "linear"):
                 out[name] = v
         elif isinstance(v, (int, float)) and v == v and abs(v) < 1e12:
             out[name] = v

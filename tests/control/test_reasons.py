@@ -280,18 +280,19 @@ def test_the_daemon_announces_its_settings_and_a_forged_setting_is_dropped(clust
     slurm, clock, tmp = cluster
     directory = _daemon_dir(tmp)
     config = ControllerConfig(min_resize_interval_s=42.0, restart_budget_per_hour=3,
-                              protocol=ProtocolSettings(ack_timeout_s=17.0), node_confirm_s=0)
+                              protocol=ProtocolSettings(ack_timeout_s=17.0), node_confirm_s=0, measured_speed=False)
     seen = []
     loop = Loop(Reconciler(slurm, Journal(tmp / "j.sqlite"), config, clock=clock, sleep=clock.sleep),
                 interval_s=1.0, heartbeat_dir=directory, on_cycle=lambda report: seen.append(read_heartbeat(directory)))
     loop.run(max_cycles=1)
     beat = seen[0]
     assert beat is not None and beat.settings == {"hysteresis_s": 42.0, "restart_budget_per_hour": 3,
-                                                  "ack_timeout_s": 17.0, "signal": "USR2"}
+                                                  "ack_timeout_s": 17.0, "signal": "USR2", "speed": "linear"}
     assert ControllerConfig().with_settings(beat.settings) == dataclasses.replace(config, node_confirm_s=1.0)
 
     write_heartbeat(directory, 10.0, settings={"hysteresis_s": "0", "restart_budget_per_hour": True,  # type: ignore
-                                               "ack_timeout_s": 1e300, "signal": "x" * 100, "other": 1})
+                                               "ack_timeout_s": 1e300, "signal": "x" * 100, "other": 1,
+                                               "speed": "optimistic"})
     beat = read_heartbeat(directory)
     assert beat is not None and beat.settings == {}
     assert ControllerConfig().with_settings({"hysteresis_s": -5, "restart_budget_per_hour": 2.5e9}) == ControllerConfig()
