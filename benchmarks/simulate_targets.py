@@ -34,11 +34,13 @@ from collections import defaultdict
 from pathlib import Path
 
 from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, parse_failures, summarize
+from slurm_elastic.sim.jobs import packed_placement
 from slurm_elastic.sim.pollux import load_workload
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
 REFERENCE_COLUMNS = {"tiresias": "tiresias_jct_s", "optimus": "optimus_oracle_jct_s", "pollux": "pollux_jct_s"}
 MODES = {"fixed": "none", "adaptive": "all", "mixed": "half"}
+GPUS_PER_NODE = 4
 
 
 def reference(path: Path) -> dict[str, dict[str, dict[str, float]]]:
@@ -60,7 +62,7 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         max_scale = 2.0 if mode == "fixed" else 0.0
     t0 = time.perf_counter()
     sim_policy = make_policy(policy, max_scale=max_scale)
-    config = SimConfig(parse_cluster("16x4"), failures=parse_failures(failures), immediate=False)
+    config = SimConfig(parse_cluster(f"16x{GPUS_PER_NODE}"), failures=parse_failures(failures), immediate=False)
     result = Simulation(jobs, sim_policy, config).run()
     wall = time.perf_counter() - t0
     close = getattr(sim_policy, "close", None)
@@ -88,7 +90,7 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         "vs_ref_pollux_ratio": round(float(s["avg_jct_s"]) / avg["pollux"], 4),
         "worst_app_vs_ref_tiresias": worst_app, "worst_app_vs_ref_tiresias_ratio": round(apps[worst_app], 4),
         "app_vs_ref_tiresias_ratio": {a: round(v, 3) for a, v in sorted(apps.items())},
-        "app_detail": _app_detail(result),
+        "app_detail": _app_detail(result, {j.key: j for j in jobs}),
         "restarts": s["restarts"], "restart_loss_share": round(float(s["restart_loss_share"]), 4),
         "node_failures": s["node_failures"], "simulate_s": round(wall, 1),
     }
@@ -104,9 +106,12 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
     return row
 
 
-def _app_detail(result) -> dict[str, dict[str, float]]:
+def _app_detail(result, jobs: dict[str, object]) -> dict[str, dict[str, float]]:
     """Per application: mean JCT, wait before the first start, share of its life at 0 GPUs after it started,
-    GPUs held while it held any, restarts and GPU-hours per job (where starvation would show)."""
+    GPUs held while it held any, restarts and GPU-hours per job (where starvation would show); the shares of
+    its running time below and above the GPUs it asked for; and the GPU-hours its work takes at the size it
+    asked for, packed on the fewest nodes, with no restart (the speed model's own figure: GPU-hours beyond it
+    are restart stalls or sizes and spreads that run slower per GPU; an adaptive job: at its first epoch's rate)."""
     held: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for t, key, g in result.timeline:
         held[key].append((t, g))
@@ -114,19 +119,26 @@ def _app_detail(result) -> dict[str, dict[str, float]]:
     for j in result.jobs:
         if j.finish_s is None or j.start_s is None:
             continue
-        on = zero = weighted = 0.0
+        on = zero = weighted = below = above = 0.0
         changes = held.get(j.key, []) + [(j.finish_s, 0)]
         for (t0, g), (t1, _) in zip(changes, changes[1:]):
             if t0 >= j.start_s:
                 if g > 0:
                     on += t1 - t0
                     weighted += g * (t1 - t0)
+                    below += (t1 - t0) * (g < j.requested_gpus)
+                    above += (t1 - t0) * (g > j.requested_gpus)
                 else:
                     zero += t1 - t0
+        sim_job = jobs[j.key]
+        asked = packed_placement(j.requested_gpus, GPUS_PER_NODE)
         out[j.application].append({"jct_s": j.jct_s, "wait_s": j.start_s - j.submit_s,
                                    "preempted_share": zero / max(j.finish_s - j.start_s, 1e-9),
                                    "gpus_while_running": weighted / on if on else 0.0,
-                                   "restarts": j.restarts, "gpu_h": j.gpu_s / 3600})
+                                   "running_below_asked_share": below / on if on else 0.0,
+                                   "running_above_asked_share": above / on if on else 0.0,
+                                   "restarts": j.restarts, "gpu_h": j.gpu_s / 3600,
+                                   "gpu_h_at_asked_size": sim_job.runtime_at(asked) * j.requested_gpus / 3600})
     return {app: {k: round(statistics.mean(v[k] for v in vs), 3) for k in vs[0]} | {"jobs": len(vs)}
             for app, vs in sorted(out.items())}
 
