@@ -11,7 +11,9 @@ What the default source (`MeasuredRequests`) reads, per job, from
   run: a GPU past the largest size measured adds at most what the last
   measured one did); the default model (linear, a penalty per extra node)
   until a row exists, and a job just started keeps its size until its first
-  rows exist (`measure_first_s`), so it is measured at the size it asked for;
+  rows exist (`measure_first_s`), so it is measured at the size it asked for
+  (a size the shape rule cannot place, such as 6 GPUs as 2 x 3 on 4-GPU
+  nodes, cannot be kept: the job is kept at the placeable counts nearest it);
 - restart cost: from the job's own restarts seen in its rows (the wall time
   from the last row before a restart to the first after it, less the steps
   that interval did at the new speed: startup plus lost work); 30 s until one
@@ -51,9 +53,14 @@ runs; the restart budget and hysteresis in the Reconciler bound the rest.
 
 The share floor, stated (`share_floor`): a running job is not taken below
 min(the size it asked for, its fair share, the size it holds) GPUs, nor to
-zero, while it runs. The size it asked for is the GPU count of its metrics
-file's first row (a job is measured at the size it started at; a file whose
-beginning was not read gives no floor); its fair share is the GPUs elastic
+zero, while it runs. The size it asked for is the GPUs it was submitted at,
+as this source first saw it pending (before any plan resized it: a job the
+controller started below its request, because the cluster was full, still
+asked for its request); for a job first seen running (started at once, or
+seen first after a restart of the daemon) the GPU count of its metrics file's
+first row (a file whose beginning was not read gives no floor). On workload 1
+most deepspeech2 jobs were started at 1-3 GPUs of the 6-12 they asked for, so
+their floor from the first row was 1-3. Its fair share is the GPUs elastic
 work can use (up nodes less non-elastic jobs) x its user weight / the sum of
 the user weights of the elastic jobs that want GPUs (running, or pending and
 not held), rounded down. The floor never asks a job to grow (it is at most
@@ -85,7 +92,7 @@ import pwd
 import stat
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
 from slurm_elastic.allocate.goodput import GradientNoise
@@ -432,6 +439,7 @@ class MeasuredRequests:
         self._waiting_since: dict[int, float] = {}
         self._running: dict[int, bool] = {}
         self._preempted: dict[int, int] = {}
+        self._asked: dict[int, int] = {}          # job id -> GPUs it was submitted at (first seen pending)
         self._basis: dict[str, str] = {}
         self._waits: dict[int, str] = {}
         self._bad_geometry: dict[int, str] = {}
@@ -446,6 +454,9 @@ class MeasuredRequests:
         shares = fair_shares(state)
         for job in state.elastic_jobs:
             running = job.state is JobState.RUNNING
+            if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
+                # The size it was submitted at, seen before any plan resized it (see "The share floor").
+                self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
             if running:
                 self._waiting_since.pop(job.job_id, None)
             elif not job.held:
@@ -531,20 +542,28 @@ class MeasuredRequests:
         if (s.measured_speed and m.model is None and job.state is JobState.RUNNING and m.problem == "" and not stuck
                 and now - started < s.measure_first_s):
             # Measure first: a job that has just started keeps its size until its first rows exist, so
-            # every job is measured at the size it asked for before it is moved.
-            allowed = (job.gpus,) if job.gpus in counts else allowed
-            wait = (f"kept at {job.gpus} GPUs until measured (started {now - started:.0f}s ago, "
-                    f"{s.measure_first_s - (now - started):.0f}s left)")
-            self._waits[job.job_id] = wait
-            notes.append(wait)
+            # every job is measured at the size it asked for before it is moved. A size the shape rule
+            # cannot place (6 GPUs as 2 x 3 on 4-GPU nodes) cannot be kept: pinned to it, the job had no
+            # placeable count and went back to the queue at its minimum (1 GPU, on an empty cluster), and
+            # was measured there. So it is kept at the placeable counts nearest its size instead.
+            keep = nearest_placeable(job.gpus, counts, placeable)
+            if keep:
+                allowed = keep
+                at = (f"{job.gpus} GPUs" if keep == (job.gpus,) else
+                      f"{' or '.join(map(str, keep))} GPUs ({job.gpus} is no shape Slurm is given here)")
+                wait = (f"kept at {at} until measured (started {now - started:.0f}s ago, "
+                        f"{s.measure_first_s - (now - started):.0f}s left)")
+                self._waits[job.job_id] = wait
+                notes.append(wait)
         floor = 0
-        if (s.share_floor and job.state is JobState.RUNNING and not stuck and m.first_gpus is not None
+        asked = self._asked.get(job.job_id, m.first_gpus)
+        if (s.share_floor and job.state is JobState.RUNNING and not stuck and asked is not None
                 and job.gpus > 0 and job.job_id not in self._waits):
-            floor = min(m.first_gpus, share, job.gpus)
+            floor = min(asked, share, job.gpus)
             keep = tuple(g for g in (allowed if allowed is not None else counts) if g >= floor)
             if floor >= 1 and keep:
                 allowed = keep
-                notes.append(f"kept at >= {floor} GPUs while it runs: min(asked {m.first_gpus}, fair share "
+                notes.append(f"kept at >= {floor} GPUs while it runs: min(asked {asked}, fair share "
                              f"{share}, holds {job.gpus})")
             else:
                 floor = 0
@@ -681,6 +700,17 @@ def fair_shares(state: ClusterState) -> dict[int, int]:
     if usable <= 0 or total_w <= 0:
         return {}
     return {j.job_id: int(usable * j.spec.weight / total_w + 1e-9) for j in wanting if j.spec is not None}
+
+
+def nearest_placeable(gpus: int, counts: Sequence[int], placeable: Callable[[int], bool]) -> tuple[int, ...]:
+    """`gpus` when it is an allowed count the shape rule can place; else the nearest such counts below and
+    above it (either may be missing); () when no allowed count is placeable."""
+    ok = [c for c in counts if placeable(c)]
+    if gpus in ok:
+        return (gpus,)
+    below = [c for c in ok if c < gpus]
+    above = [c for c in ok if c > gpus]
+    return tuple(([max(below)] if below else []) + ([min(above)] if above else []))
 
 
 def quantised(weight: float) -> float:

@@ -203,3 +203,46 @@ def test_the_share_floor_needs_the_first_row(tmp_path):
     assert problem == "" and tail.first_gpus is None
     tail, _ = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20)
     assert tail.first_gpus == 4
+
+
+def test_a_job_just_started_at_a_shape_the_rule_cannot_place_is_kept_at_the_nearest_placeable_sizes(tmp_path):
+    """6 GPUs as 2 x 3 on 4-GPU nodes (the shape the wrapper submits 6 as) is no count the allocator places:
+    pinned to 6 until measured, the job had nothing placeable and went back to the queue at 1 GPU."""
+    slurm = InMemorySlurm(nodes=4)                       # 4 x 4 GPUs
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(1, 12, ckpt_dir=ckpt), nodes=2, gpus_per_node=3, user=ME)
+    b = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
+    src = MeasuredRequests()
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    assert reqs[str(a)].allowed_gpus == (4, 8)
+    assert "kept at 4 or 8 GPUs (6 is no shape" in src.waits()[a]
+    assert reqs[str(b)].allowed_gpus == (2,)             # a placeable size is kept as it is
+    # without whole nodes when spanning, 2 x 3 is a shape: kept at 6
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy(whole_nodes_when_spanning=False))}
+    assert reqs[str(a)].allowed_gpus == (6,)
+
+
+def test_the_size_asked_for_is_the_size_submitted_not_the_size_it_was_started_at(tmp_path):
+    """A job submitted at 8 GPUs that the controller started at 2 (the cluster was full) asked for 8:
+    its floor is min(8, fair share, holds), not the 2 of its first metrics row."""
+    ckpt = str(tmp_path / "ckpt")
+    spec = ElasticSpec(1, 8, ckpt_dir=ckpt)
+    src = MeasuredRequests()
+    full = InMemorySlurm(nodes=2)                        # 8 GPUs, all taken by a job outside the controller
+    full.add_job(None, nodes=2, gpus_per_node=4, user=ME)
+    a = full.add_job(spec, nodes=2, gpus_per_node=4, user=ME)
+    assert full.jobs[a].state.name == "PENDING"
+    src.requests(full.snapshot(), full.now, Policy())    # seen pending at 8 GPUs
+    # later: started at 2 (its first row), grown to 4, and it holds 4; the other job is gone
+    later = InMemorySlurm(nodes=2)
+    later._next = a - 1                                  # the same job id
+    assert later.add_job(spec, nodes=1, gpus_per_node=4, user=ME) == a
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 2, 2.0, total=100_000), _row(1010, 500, 2, 2.0),
+                                            _row(3010, 1000, 4, 4.0)])
+    req = next(r for r in src.requests(later.snapshot(), 2000.0, Policy()) if r.key == str(a))
+    assert min(req.allowed_gpus) == 4 and "min(asked 8, fair share 8, holds 4)" in src.basis()[str(a)]
+    # a source that never saw it pending falls back to its first row: 2
+    fresh = MeasuredRequests()
+    req = next(r for r in fresh.requests(later.snapshot(), 2000.0, Policy()) if r.key == str(a))
+    assert min(req.allowed_gpus) == 2 and "asked 2" in fresh.basis()[str(a)]
+
