@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 MAX_REPORT_BYTES = 64 * 1024   # a report is well under 1 KiB per lost rank; more is not the shim's
 STEPS_PROBED = 8               # srun steps per incarnation looked at (the templates run one)
 SETTLED = ("done", "failed", "none")
+STOPPED, IN_PLACE = "stopped", shim.RELAUNCHES_IN_PLACE   # what PeerLoss.launcher_stopped() says besides ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +60,18 @@ class PeerLoss:
     launcher_marker: str = ""          # where the batch script says it stopped the step's srun
     owner_uid: int | None = None
 
-    def launcher_stopped(self) -> bool:
-        """The batch script SIGKILLed this step's srun (train/protocol.py, launcher-stopped-J-R): no
-        cancel of that srun can reach the next incarnation, so the release need not wait KillWait.
-        Read when asked: the script writes it moments after the report settles."""
-        return bool(self.launcher_marker) and self.owner_uid is not None \
-            and owned_mtime(self.launcher_marker, self.owner_uid) is not None
+    def launcher_stopped(self) -> str:
+        """What the batch script said about this step's srun (train/protocol.py, launcher-stopped-J-R-S):
+        "" nothing (it may still run: the release waits KillWait), STOPPED (SIGKILLed: no cancel of it can
+        reach the next incarnation) or IN_PLACE (stopped, and the script relaunches the ranks if the
+        running job is shrunk instead of requeued). Read when asked: the script writes it moments after
+        the report settles."""
+        if not self.launcher_marker or self.owner_uid is None:
+            return ""
+        data, _ = read_user_file(self.launcher_marker, owner_uid=self.owner_uid, max_bytes=64, what="a marker")
+        if data is None:
+            return ""
+        return IN_PLACE if data.strip() == shim.RELAUNCHES_IN_PLACE.encode() else STOPPED
 
     def marks(self) -> dict[str, float]:
         """The restart's marks this report gives (control/phases.py)."""
@@ -139,6 +146,9 @@ class PeerLossReader:
             for step in range(self._steps):
                 path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
                 report, problem = read_report(path, owner_uid=uid)
+                if report is not None and report.restart_count == job.restarts \
+                        and not set(report.lost_nodes) & set(job.nodes):
+                    continue   # an earlier step's loss, its nodes already given up by a shrink in place
                 if report is not None:
                     problem = check_against_job(report, job)
                 if problem:
@@ -160,7 +170,8 @@ class PeerLossReader:
                     detected_at=report.detected_at, seen_at=seen, path=path,
                     stopped_at=max((m for m in stopped if m is not None), default=None),
                     committed_at=owned_mtime(path, uid) if report.commit == "done" else None,
-                    launcher_marker=os.path.join(directory, shim.launcher_stopped_file_name(job.job_id, job.restarts)),
+                    launcher_marker=os.path.join(directory,
+                                                 shim.launcher_stopped_file_name(job.job_id, job.restarts, step)),
                     owner_uid=uid)
                 break   # the first step with a report: the incarnation is over either way
         self._seen = {k: v for k, v in self._seen.items() if k in live}

@@ -39,6 +39,7 @@ from slurm_elastic.cluster.model import Job
 from slurm_elastic.control.journal import Journal, PlanRecord
 from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
+from slurm_elastic.control.protocol import IN_PLACE_NOTE
 from slurm_elastic.control.requests import validate_row
 from slurm_elastic.train import protocol as shim
 
@@ -60,7 +61,7 @@ class RestartPhases:
 
     job_id: int
     plan_id: int | None
-    kind: str                      # "peer loss" | "resize"
+    kind: str                      # "peer loss" | "peer loss, in place" | "resize"
     failed: float | None = None
     detected: float | None = None
     stopped: float | None = None
@@ -81,6 +82,8 @@ class RestartPhases:
                 continue
             if last is not None:
                 name = PHASE_NAMES[mark] if last[0] == _before(mark) else f"{last[0]} -> {mark}"
+                if self.kind.endswith("in place"):
+                    name = name.replace("requeued", "shrunk")   # the same mark: the hold step, no requeue
                 out.append((name, round(at - last[1], 2)))
             last = (mark, at)
         return out
@@ -129,7 +132,9 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
         except ValueError:
             directory = None
     detected = stopped = committed = None
-    kind = "peer loss" if rec.plan.peer_lost else "resize"
+    lost_step: int | None = None
+    in_place = any(note == IN_PLACE_NOTE for _, _, note in steps)
+    kind = ("peer loss, in place" if in_place else "peer loss") if rec.plan.peer_lost else "resize"
     if directory is not None and owner_uid is not None and rec.plan.peer_lost:
         for step_id in range(8):
             name = shim.peer_lost_file_name(job.job_id, rec.restarts, step_id)
@@ -143,24 +148,34 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
             stops = [owned_mtime(os.path.join(run_dir, shim.status_file_name(r)), owner_uid)
                      for r in range(min(report.world_size, 4096))]
             stopped = max((m for m in stops if m is not None), default=None)
+            lost_step = step_id
             break
     elif directory is not None and owner_uid is not None:
         detected = at.get("open")
         stopped = at.get("signal")
         committed = owned_mtime(os.path.join(directory, shim.ack_file_name(job.job_id, rec.restarts)), owner_uid)
     running = job.start_time if job.restarts > rec.restarts and job.start_time is not None else None
+    relaunched = at.get("done", at.get("release"))
+    if in_place:
+        # The same incarnation goes on: its batch script relaunched the ranks as the next srun step,
+        # whose rank 0 writes the step's rendezvous file once at start (the "requeued" mark is the shrink).
+        relaunched = running = None
+        if directory is not None and owner_uid is not None and lost_step is not None:
+            run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, rec.restarts, lost_step + 1))
+            relaunched = running = owned_mtime(os.path.join(run_dir, shim.RENDEZVOUS_FILE), owner_uid)
     attached = first = None
-    if running is not None and directory is not None and owner_uid is not None:
+    since = at.get("hold") if in_place else running   # in place: what follows the shrink (a 1-rank step has
+    if since is not None and directory is not None and owner_uid is not None:   # no rendezvous file)
         attached = owned_mtime(os.path.join(directory, shim.GEOMETRY_FILE), owner_uid)
-        attached = attached if attached is not None and attached >= running - 1 else None
-        first = first_row_after(os.path.join(directory, shim.METRICS_FILE), running - 1, owner_uid=owner_uid)
+        attached = attached if attached is not None and attached >= since - 1 else None
+        first = first_row_after(os.path.join(directory, shim.METRICS_FILE), since - 1, owner_uid=owner_uid)
     detected = marks.get("detected", detected)
     stopped = marks.get("stopped", stopped)
     committed = marks.get("committed", committed)
     return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind=kind, failed=marks.get("failed", failed),
                          detected=detected, stopped=stopped, committed=committed, requeued=at.get("hold"),
                          # "release" is journaled before the credential gap is waited out; "done" right after it
-                         relaunched=at.get("done", at.get("release")), running=running, attached=attached,
+                         relaunched=relaunched, running=running, attached=attached,
                          first_step=first)
 
 

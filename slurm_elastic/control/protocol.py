@@ -29,6 +29,8 @@ from slurm_elastic.train import protocol as shim
 log = logging.getLogger(__name__)
 
 _STEPS = ("hold", "resize", "release")   # steps 3-5, after signal and ACK
+IN_PLACE = shim.RELAUNCHES_IN_PLACE      # the job's batch script relaunches the ranks in place
+IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)"
 
 CRASH_ENV = "SLURM_ELASTIC_CRASH_AFTER"
 """Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
@@ -78,16 +80,19 @@ class RequeueProtocol:
         self._requeued_at: dict[int, float] = {}
         self._old_srun_until: dict[int, float] = {}   # plan id -> when a lingering old srun has given up
         self._may_act = may_act
-        self._launcher_stopped: Callable[[int], bool] = lambda job_id: False
+        self._launcher_stopped: Callable[[int], str] = lambda job_id: ""
+        self._in_place: set[int] = set()              # plan ids shrunk in place: no requeue, no release
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState, *,
-                launcher_stopped: Callable[[int], bool] | None = None) -> list[Outcome]:
+                launcher_stopped: Callable[[int], str] | None = None) -> list[Outcome]:
         """Run `plans` (all running jobs are signalled together, so their checkpoints overlap).
 
-        `launcher_stopped(job id)` says whether a job that reported a lost peer has stopped the old
-        srun itself (control/peer_loss.py); such a job is released without the KillWait wait."""
-        self._launcher_stopped = launcher_stopped or (lambda job_id: False)
+        `launcher_stopped(job id)` says what a job that reported a lost peer did with its old srun
+        (control/peer_loss.py: "", "stopped", "in-place"): a stopped one is released without the
+        KillWait wait; one that relaunches in place is shrunk in place when its survivors hold all
+        the plan gives it."""
+        self._launcher_stopped = launcher_stopped or (lambda job_id: "")
         records: list[PlanRecord] = []
         for plan in plans:
             job = state.job(plan.job_id)
@@ -219,6 +224,11 @@ class RequeueProtocol:
                 log.info("job %d: plan %d rolled back on recovery (no step taken)", rec.job_id, rec.plan_id)
                 outcomes.append(Outcome(rec.plan_id, rec.job_id, ROLLED_BACK, "no step taken"))
                 continue
+            if any(note == IN_PLACE_NOTE for _, _, note in self.journal.steps(rec.plan_id)):
+                # Shrunk in place before the crash: the job runs on, relaunched by its batch script.
+                self.journal.finish(rec.plan_id, DONE, IN_PLACE_NOTE)
+                outcomes.append(Outcome(rec.plan_id, rec.job_id, DONE, IN_PLACE_NOTE))
+                continue
             log.info("job %d: plan %d resumed on recovery after step %r", rec.job_id, rec.plan_id, rec.step)
             # The job may have been signalled and its shim may be waiting to be requeued, so from
             # 'signal' on the plan is finished, not undone.
@@ -243,6 +253,11 @@ class RequeueProtocol:
     def _step(self, rec: PlanRecord, step: str, *, crash: bool) -> Outcome | None:
         """Journal and take one of steps 3-5 for one plan; an Outcome when the plan ends early."""
         plan = rec.plan
+        if rec.plan_id in self._in_place and step != "hold":
+            self.journal.record(rec.plan_id, step, f"not taken: {IN_PLACE_NOTE}")
+            if step == _STEPS[-1]:
+                self._in_place.discard(rec.plan_id)
+            return None
         try:
             self.journal.record(rec.plan_id, step)
             if step == "hold":
@@ -369,7 +384,18 @@ class RequeueProtocol:
 
     def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None, plan_id: int = 0) -> None:
         if running and plan is not None and plan.exclude and self._give_up_lost_nodes(job_id, plan.exclude):
-            if self._old_srun_stopped(job_id):
+            said = self._old_srun_stopped(job_id)
+            if said == IN_PLACE and self._fits_in_place(job_id, plan):
+                self.journal.record(plan_id, "hold", IN_PLACE_NOTE)
+                self._in_place.add(plan_id)
+                log.info("job %d: shrunk in place to its surviving nodes; its batch script relaunches the ranks",
+                         job_id)
+                try:   # the job's own exclusion, for a later requeue; Slurm may refuse it on a running job
+                    self.backend.exclude_nodes(job_id, plan.exclude)  # type: ignore[attr-defined]
+                except SlurmError as exc:
+                    log.info("job %d: ExcNodeList not set while running (%s)", job_id, exc)
+                return
+            if said:
                 log.info("job %d: its batch script stopped the old srun; releasing without the KillWait wait", job_id)
             else:
                 self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
@@ -402,16 +428,22 @@ class RequeueProtocol:
                         "Slurm marks the node down", job_id, ",".join(lost), exc)
             return False
 
-    def _old_srun_stopped(self, job_id: int) -> bool:
-        """Whether the job's batch script said it SIGKILLed the old srun, asked for up to `launcher_wait_s`
-        (the script polls for the settled report every half second, so its word follows within a second)."""
+    def _old_srun_stopped(self, job_id: int) -> str:
+        """What the job's batch script said it did with the old srun ("" nothing), asked for up to
+        `launcher_wait_s` (the script polls for the settled report every half second, so its word
+        follows within a second)."""
         deadline = self._clock() + self.settings.launcher_wait_s
         while True:
-            if self._launcher_stopped(job_id):
-                return True
-            if self._clock() >= deadline:
-                return False
+            said = self._launcher_stopped(job_id)
+            if said or self._clock() >= deadline:
+                return said
             self._sleep(self.settings.settle_poll_s)
+
+    def _fits_in_place(self, job_id: int, plan: Plan) -> bool:
+        """The job, shrunk to its surviving nodes, holds at least what the plan gives it: then a relaunch
+        in place gets it there without the queue. Growth (the plan wants more) goes through requeue."""
+        job = self._observe(job_id)
+        return job is not None and job.state is JobState.RUNNING and job.gpus >= plan.to_gpus > 0
 
     def _old_srun_wait_s(self) -> float:
         """How long the old incarnation's srun may outlive the requeue: KillWait + 2 s, and a second.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.from_state import capacity_from_state
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, Policy
+from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
@@ -174,6 +174,41 @@ class Decision:
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)   # reports read (acted on or not yet)
 
 
+def holding_only_survivors(state: ClusterState, losses: Mapping[int, PeerLoss]) -> ClusterState:
+    """`state` with each job that reported a lost node holding only its other nodes."""
+    if not losses:
+        return state
+    jobs = []
+    for job in state.jobs:
+        loss = losses.get(job.job_id)
+        keep = tuple(n for n in job.nodes if loss is None or n not in loss.lost_nodes)
+        jobs.append(job if loss is None or not keep or keep == job.nodes
+                    else dataclasses.replace(job, nodes=keep, num_nodes=len(keep)))
+    return dataclasses.replace(state, jobs=tuple(jobs))
+
+
+def without_reported_losses(capacity: tuple[NodeCapacity, ...], state: ClusterState,
+                            losses: Mapping[int, PeerLoss]) -> tuple[NodeCapacity, ...]:
+    """Capacity less what each job reporting a lost node holds there.
+
+    Slurm still counts such a node up (until SlurmdTimeout) and the job's share of it as usable, so
+    the solve would give the job its old size again, on GPUs no rank of it can use: requeued, it
+    would wait for them (ExcNodeList keeps it off the node); it could not be shrunk in place. Only
+    the reporting job's own share is taken away: its word does not change what others may use.
+    """
+    gone: dict[str, tuple[int, int, int]] = {}
+    for job_id, loss in losses.items():
+        job = state.job(job_id)
+        for name in set(loss.lost_nodes) & set(job.nodes):
+            g, c, m = gone.get(name, (0, 0, 0))
+            gone[name] = (g + job.gpus_per_node, c + job.cpus_per_node, m + job.mem_per_node_mb)
+    if not gone:
+        return capacity
+    return tuple(dataclasses.replace(n, gpus=max(n.gpus - gone[n.name][0], 0), cpus=max(n.cpus - gone[n.name][1], 0),
+                                     mem_mb=max(n.mem_mb - gone[n.name][2], 0)) if n.name in gone else n
+                 for n in capacity)
+
+
 def solve(problem: AllocationProblem) -> Allocation:
     """The default allocator: the L1 MILP (allocate.solve)."""
     from slurm_elastic.allocate import solve as _solve
@@ -296,7 +331,7 @@ class Reconciler:
             losses = decision.peer_losses
             outcomes = self.protocol.execute(
                 plans, decision.scoped,
-                launcher_stopped=lambda job_id: job_id in losses and losses[job_id].launcher_stopped())
+                launcher_stopped=lambda job_id: losses[job_id].launcher_stopped() if job_id in losses else "")
         for outcome in outcomes:
             loss = decision.peer_losses.get(outcome.job_id)
             if loss is not None and any(p.job_id == outcome.job_id and p.peer_lost for p in plans):
@@ -330,12 +365,14 @@ class Reconciler:
                 log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
                           job_id, err)
                 self._reported_malformed.add(job_id)
-        requests = self.requests.requests(scoped, now, self.config.policy)
-        stuck = self.requests.bad_geometry()
         # A job whose ranks reported a lost node restarts now without it, past hysteresis and budget:
         # its incarnation is over (the survivors committed and exited).
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
+        # Its request is made as if it held only its surviving nodes: the rules that keep a running
+        # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
+        requests = self.requests.requests(holding_only_survivors(scoped, acting), now, self.config.policy)
+        stuck = self.requests.bad_geometry()
         pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
@@ -346,7 +383,8 @@ class Reconciler:
                         if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
-        problem = pin_jobs(AllocationProblem(requests, capacity_from_state(scoped), policy), pins, hit)
+        capacity = without_reported_losses(capacity_from_state(scoped), scoped, acting)
+        problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         if problem == self._last_solved[0] and self._last_solved[1] is not None:
             allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
         else:

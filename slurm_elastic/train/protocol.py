@@ -122,16 +122,19 @@ def peer_lost_file_name(slurm_job_id: str | int, restart_count: int, step_id: st
     return f"{PEER_LOST_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}.json"
 
 
-# `<job dir>/launcher-stopped-<job id>-<restart count>`, empty, written by the batch script (the
-# templates) once the peer-lost report is settled and it has SIGKILLed the srun of that step. Left
-# alone, that srun waits for the dead node until the requeue kills it, and then cancels its step by
-# id (J.0), which by then names the next incarnation's first step; so without this file the
-# controller holds the release for KillWait. A job's word about its own job only.
+# `<job dir>/launcher-stopped-<job id>-<restart count>-<step id>`, written by the batch script (the
+# templates) once that step's peer-lost report is settled and it has SIGKILLed the step's srun.
+# Left alone, that srun waits for the dead node until the requeue kills it, and then cancels its
+# step by id (J.0), which by then names the next incarnation's first step; so without this file the
+# controller holds the release for KillWait. Its content "in-place" says the script relaunches the
+# ranks on what the job keeps if the controller shrinks the running job instead of requeuing it.
+# A job's word about its own job only.
 LAUNCHER_STOPPED_PREFIX = "launcher-stopped-"
+RELAUNCHES_IN_PLACE = "in-place"
 
 
-def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int) -> str:
-    return f"{LAUNCHER_STOPPED_PREFIX}{slurm_job_id}-{int(restart_count)}"
+def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int, step_id: str | int) -> str:
+    return f"{LAUNCHER_STOPPED_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}"
 
 
 def parse_peer_lost_file_name(name: str) -> tuple[str, int, int] | None:

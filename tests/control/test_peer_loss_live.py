@@ -154,12 +154,96 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         assert abs(marks["detected"] - report.detected_at) < 1e-6
         # The batch script SIGKILLed the old srun once the report settled and said so; the daemon then
         # released the job without waiting KillWait (and the new incarnation outlived that srun's time).
-        assert (job_dir / shim.launcher_stopped_file_name(job_id, 0)).is_file()
+        assert (job_dir / shim.launcher_stopped_file_name(job_id, 0, 0)).is_file()
         assert "its batch script stopped the old srun" in (tmp_path / "daemon.log").read_text()
         print("admin status:", last["line"])
         print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
               f"{running_at - lost_at:.1f} s, training again {trained_at - lost_at:.1f} s "
               f"(SlurmdTimeout 300 s); committed step {report.committed_step}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-4000:])
+        if victim is not None:
+            cluster.local.node_up(victim, timeout=120)
+        cluster.cancel_all()
+    assert rc == 0
+
+
+def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains_on(elastic_cluster, tmp_path):
+    """Every other GPU is taken: the daemon gives up the lost node and leaves the job running (no requeue);
+    the template relaunches the ranks on the survivor, which resume from the just-in-time commit."""
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    blockers = _blockers(cluster)
+    cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
+                                 if j.job_id in blockers.values()), 60, what="the blockers running")
+    # The daemon places the job (submitted 1x2, which fits nowhere) as 2x1.
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20",
+                           log=tmp_path / "daemon.log")
+    victim = None
+    try:
+        ckpt = cluster.root / "ckpt"
+        loss_log = cluster.root / "out" / "inplace-loss.jsonl"
+        out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=inplace",
+                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
+                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
+                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
+        job_id = int(out.stdout.strip())
+        job_dir = ckpt / str(job_id)
+
+        def job_now():
+            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+
+        first = cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and len(j.nodes) == 2 and j,
+                                 180, what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
+        for node in ("n1", "n2", "n3", "n4"):   # the last free GPUs taken: nothing is free anywhere else
+            if node not in first.nodes:
+                subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
+                                "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
+                                "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+        cluster.wait_for(lambda: not [j for j in cluster.snapshot().jobs if j.state is JobState.PENDING], 60,
+                         what="the fillers running")
+        cluster.wait_for(lambda: len(_rows(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        batch_host = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
+        victim = next(n for n in first.nodes if n != batch_host)
+        survivor = batch_host
+
+        lost_at = time.time()
+        cluster.local.node_down(victim)      # slurmd and the rank there SIGKILLed; Slurm is not told
+        report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
+
+        def settled() -> bool:
+            try:
+                return shim.PeerLostReport.parse(report_path.read_bytes()).commit != "pending"
+            except (OSError, ValueError):
+                return False
+        cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
+        rows_at_loss = len(_rows(loss_log))
+        cluster.wait_for(lambda: len(_rows(loss_log)) >= rows_at_loss + 3, 240, 0.5,
+                         what=lambda: f"training again in place; {cluster.job_outputs()}")
+        trained_at = time.time()
+
+        # The same incarnation, on the survivor only: shrunk, not requeued; Slurm has not acted.
+        job = job_now()
+        assert job.state is JobState.RUNNING and job.nodes == (survivor,) and job.restarts == 0, job
+        assert cluster.snapshot().node(victim).state is not NodeState.DOWN
+        report = shim.PeerLostReport.parse(report_path.read_bytes())
+        assert report.commit == "done" and report.lost_nodes == (victim,)
+        resumed = [r["step"] for r in _rows(loss_log)[rows_at_loss:]]
+        assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
+        assert (job_dir / shim.launcher_stopped_file_name(job_id, 0, 0)).read_text().strip() == "in-place"
+        assert "shrunk in place" in (tmp_path / "daemon.log").read_text()
+        assert "relaunching the ranks (step 1)" in cluster.job_outputs()
+        # The blockers (other users' jobs on the lost node among them) were not touched.
+        state = cluster.snapshot()
+        assert all(j.state is JobState.RUNNING and j.restarts == 0 for j in state.jobs if j.job_id in blockers.values())
+        status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+        last = next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
+        assert last is not None and last["kind"] == "peer loss, in place", last
+        print("admin status:", last["line"])
+        print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, training again in place "
+              f"{trained_at - lost_at:.1f} s (SlurmdTimeout 300 s); committed step {report.committed_step}")
     finally:
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(60)

@@ -18,7 +18,7 @@ from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import JobState, NodeFlag
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.peer_loss import PeerLossReader
-from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings
 from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol as shim
@@ -145,7 +145,7 @@ def test_a_batch_script_that_stopped_the_old_srun_is_released_without_the_killwa
     rec, clock = _reconciler(slurm, tmp_path)
     rec.cycle()
     _write(ckpt, a, _report(a))
-    path = ckpt / str(a) / shim.launcher_stopped_file_name(a, 0)
+    path = ckpt / str(a) / shim.launcher_stopped_file_name(a, 0, 0)
     if marker == "written":
         path.write_bytes(b"")
     elif marker == "symlink":      # only the job user's own regular file counts
@@ -159,6 +159,88 @@ def test_a_batch_script_that_stopped_the_old_srun_is_released_without_the_killwa
         assert clock.skipped < 30.0    # the credential gap only, not KillWait + 3 s
     else:
         assert clock.skipped >= 33.0   # the marker's wait (3 s), then KillWait + 3 s
+
+
+def _crowded(tmp_path: Path):
+    """Job a (4-8 GPUs) on n1+n2, every other GPU taken: losing n2, the survivors hold all a can get."""
+    slurm = ExcludingSlurm()
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user="alice")
+    others = [slurm.add_job(ElasticSpec(4, 4, gpu_step=4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="bob")
+              for _ in range(2)]
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    return slurm, a, others, tmp_path / "ckpt"
+
+
+def _in_place(ckpt: Path, job_id: int) -> None:
+    (ckpt / str(job_id) / shim.launcher_stopped_file_name(job_id, 0, 0)).write_text(shim.RELAUNCHES_IN_PLACE + "\n")
+
+
+def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeued(tmp_path):
+    slurm, a, others, ckpt = _crowded(tmp_path)
+    rec, clock = _reconciler(slurm, tmp_path)
+    assert rec.cycle().plans == ()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a)
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [a] and report.outcomes[0].status == "done"
+    job = slurm.jobs[a]
+    # Running on, on the survivor only: same incarnation (no requeue, no queue), the lost node excluded.
+    assert job.state is JobState.RUNNING and job.nodes == ("n1",) and job.restarts == 0
+    verbs = [v for v, j in slurm.calls if j == a]
+    assert "keep_nodes" in verbs and "requeue_hold" not in verbs and "release" not in verbs
+    assert slurm.excluded == {a: {"n2"}} and clock.skipped < 30.0
+    steps = rec.journal.steps(report.outcomes[0].plan_id)
+    assert any(s == "hold" and "in place" in n for s, _, n in steps)
+    assert [n for s, _, n in steps if s in ("resize", "release")] == ["not taken: " + IN_PLACE_NOTE] * 2
+    assert all(slurm.jobs[o].restarts == 0 for o in others)
+    # The next cycles leave it alone: the report names a node the job no longer has.
+    assert rec.cycle().plans == () and slurm.jobs[a].restarts == 0
+
+
+def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
+    # The script only stopped its srun (no "in-place"): the requeue path, as before.
+    slurm, a, others, ckpt = _crowded(tmp_path / "quiet")
+    rec, _ = _reconciler(slurm, tmp_path / "quiet")
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    (ckpt / str(a) / shim.launcher_stopped_file_name(a, 0, 0)).write_bytes(b"")
+    rec.cycle()
+    assert slurm.jobs[a].restarts == 1 and "requeue_hold" in [v for v, j in slurm.calls if j == a]
+    # The plan wants more than the survivors hold (a job of 8-8 with room elsewhere): growth requeues.
+    slurm, a, _, ckpt = cluster
+    rec, _ = _reconciler(slurm, tmp_path / "room")
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a)
+    report = rec.cycle()
+    assert report.plans[0].to_gpus == 8 and slurm.jobs[a].restarts == 1 and "n2" not in slurm.jobs[a].nodes
+
+
+def test_a_controller_that_dies_after_a_shrink_in_place_does_not_requeue_the_job_on_recovery(tmp_path):
+    from slurm_elastic.control.protocol import RequeueProtocol
+
+    class Crash(BaseException):   # as a SIGKILL: nothing of the protocol runs after it
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    slurm, a, _, ckpt = _crowded(tmp_path)
+    rec, clock = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
+                                   crash_after="hold", crash=crash)
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a)
+    with pytest.raises(Crash):
+        rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1",) and rec.journal.open_plans()
+    rec2, _ = _reconciler(slurm, tmp_path)     # a new controller, the same journal
+    report = rec2.cycle()
+    assert [o.status for o in report.recovered] == ["done"] and not rec2.journal.open_plans()
+    assert slurm.jobs[a].state is JobState.RUNNING and slurm.jobs[a].restarts == 0
+    assert "requeue_hold" not in [v for v, j in slurm.calls if j == a]
 
 
 def test_a_pending_commit_is_waited_for_then_acted_on_anyway(cluster, tmp_path):
