@@ -112,6 +112,8 @@ def cluster() -> None:
 @click.option("--slurmd-timeout", type=click.IntRange(1, MAX_SLURMD_TIMEOUT_S), default=DEFAULT_SLURMD_TIMEOUT_S,
               show_default=True,
               help="SlurmdTimeout: seconds before Slurm calls a silent node DOWN (many sites run 300).")
+@click.option("--expedited-requeue", is_flag=True,
+              help="SlurmctldParameters=enable_expedited_requeue (Slurm 25.11 on): jobs may use --requeue=expedite.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON instead of the export line.")
 @elastic_errors
 @_bad_input
@@ -126,6 +128,7 @@ def cluster_up(
     job_submit_lua: Path | None,
     timeout: float,
     slurmd_timeout: int,
+    expedited_requeue: bool,
     as_json: bool,
 ) -> None:
     """Start munged, slurmctld and the slurmd of each node; return when all are IDLE.
@@ -149,6 +152,7 @@ def cluster_up(
         job_submit_lua=job_submit_lua,
         timeout=timeout,
         slurmd_timeout=slurmd_timeout,
+        expedited_requeue=expedited_requeue,
     )
     elapsed = time.monotonic() - started
     if as_json:

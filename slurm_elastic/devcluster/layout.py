@@ -68,6 +68,7 @@ class ClusterLayout:
     job_submit_lua: bool = False
     node_prefix: str = "n"
     slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S
+    expedited_requeue: bool = False   # SlurmctldParameters=enable_expedited_requeue (Slurm 25.11 on)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -287,8 +288,9 @@ def _check_types(layout: ClusterLayout) -> None:
         value = getattr(layout, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ClusterSetupError(f"{name} must be a whole number, got {value!r}")
-    if not isinstance(layout.job_submit_lua, bool):
-        raise ClusterSetupError(f"job_submit_lua must be true or false, got {layout.job_submit_lua!r}")
+    for name in ("job_submit_lua", "expedited_requeue"):
+        if not isinstance(getattr(layout, name), bool):
+            raise ClusterSetupError(f"{name} must be true or false, got {getattr(layout, name)!r}")
     for name in ("partition", "cluster_name", "node_prefix"):
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,39}", getattr(layout, name)):
             raise ClusterSetupError(f"{name} {getattr(layout, name)!r} is not a plain Slurm name")

@@ -209,10 +209,12 @@ class LocalCluster:
         job_submit_lua: Path | str | None = None,
         timeout: float = 60.0,
         slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S,
+        expedited_requeue: bool = False,
     ) -> ClusterStatus:
         """Write the configuration, start munged, slurmctld and one slurmd per non-spare node; wait until IDLE.
 
         slurmd_timeout: seconds before Slurm calls a silent node DOWN (SlurmdTimeout).
+        expedited_requeue: let jobs use `--requeue=expedite` (Slurm 25.11 on; refused before).
         """
         check_state_dir(self.state_dir)
         require_root("up", "slurmd runs jobs as their users")
@@ -230,6 +232,8 @@ class LocalCluster:
         if lua_source is not None and not lua_source.is_file():
             raise ClusterSetupError(f"--job-submit-lua {lua_source}: no such file")
         version = detect_version()
+        if expedited_requeue and version < SlurmVersion(25, 11):
+            raise ClusterSetupError(f"--expedited-requeue needs Slurm 25.11 or later; this is Slurm {version}")
         layout = ClusterLayout(
             state_dir=self.state_dir,
             slurm_version=str(version),
@@ -241,6 +245,7 @@ class LocalCluster:
             port_base=port_base,
             job_submit_lua=lua_source is not None,
             slurmd_timeout=slurmd_timeout,
+            expedited_requeue=expedited_requeue,
         )
         self._check_ports(layout)
         self._write_files(layout, version, lua_source)

@@ -62,6 +62,9 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
     ]
     if d.job_submit_lua:
         lines.append("JobSubmitPlugins=lua")
+    if d.expedited_requeue:
+        # Lets jobs ask for `--requeue=expedite` (25.11 on): without it slurmctld refuses such a submission.
+        lines.append("SlurmctldParameters=enable_expedited_requeue")
     lines.append("")
     for node in d.node_specs:
         line = (
