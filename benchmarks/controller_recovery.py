@@ -1,4 +1,4 @@
-"""Node loss -> training again, phase by phase: the controller acting on the job's word, and plain `--requeue`.
+"""Node loss -> training again, phase by phase: shrink in place, the controller's requeue, and plain `--requeue`.
 
 Runs its own 5-node x 4-GPU Slurm (private state dir, free ports) with
 `SlurmdTimeout` as given (300 s by default, as at many sites); needs root and
@@ -13,6 +13,10 @@ slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
 - plain-requeue: a plain `sbatch --requeue` job (tests/control/fake_trainer.py,
   3 GPUs) on the same node, a free node elsewhere (the best case for plain
   Slurm); it waits for Slurm to mark the node DOWN, then for BeginTime.
+
+- in-place (run first, on the same cluster, its node back afterwards): a DDP job of
+  1-2 GPUs on two nodes with nothing free anywhere else; the daemon gives the lost
+  node up and does not requeue, the template relaunches the ranks on the survivor.
 
 Every other node is filled (3 GPUs each) by plain jobs, so the DDP job spans two
 nodes; the spare node is freed just before the loss. Each row is a mark of the
@@ -54,7 +58,7 @@ TEMPLATE = ROOT / "job_templates" / "ddp.sbatch"
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
 NODES = ("n1", "n2", "n3", "n4", "n5")
 LABELS = {"failed": "node lost (kill)", "detected": "detected", "stopped": "ranks stopped",
-          "committed": "checkpoint committed", "requeued": "requeued", "relaunched": "relaunched (released)",
+          "committed": "checkpoint committed", "requeued": "requeued (in place: shrunk)", "relaunched": "relaunched",
           "running": "running (Slurm start)", "attached": "ranks attached", "first_step": "first step"}
 
 
@@ -88,9 +92,55 @@ def sbatch(env: dict[str, str], *args: str) -> int:
     return int(out.stdout.strip().split(";")[0])
 
 
-def filler(env: dict[str, str], node: str) -> int:
-    return sbatch(env, f"--nodelist={node}", "--gres=gpu:3", "--cpus-per-gpu=1", "--mem=1000", "--no-requeue",
+def filler(env: dict[str, str], node: str, gpus: int = 3) -> int:
+    return sbatch(env, f"--nodelist={node}", f"--gres=gpu:{gpus}", "--cpus-per-gpu=1", "--mem=1000", "--no-requeue",
                   "--job-name=filler", "--output=/dev/null", "--wrap", "sleep 3000")
+
+
+def submit_ddp(env: dict[str, str], root: Path, gpus: str, loss_log: Path) -> int:
+    out = subprocess.run([sys.executable, "-c", CLI, "sbatch", "--parsable", f"--gpus={gpus}",
+                          f"--ckpt-dir={root / 'ckpt'}", f"--output={root}/%j.out", "--open-mode=append",
+                          str(TEMPLATE), sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps",
+                          "100000", "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600"],
+                         env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
+def batch_host(env: dict[str, str], job_id: int) -> str:
+    show = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env=env, capture_output=True, text=True).stdout
+    return show.split("BatchHost=")[1].split()[0]
+
+
+def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster, root: Path) -> dict[str, float]:
+    """A DDP job of 1-2 GPUs on two nodes with nothing free anywhere else loses one: shrunk in place.
+
+    Every node holds a 3-GPU filler; the fourth GPU of all but two nodes is taken too, so the job
+    spans those two, and its survivor holds all it can get once one is lost. Afterwards the cluster
+    is as before (the job and the extra fillers gone, the node back)."""
+    snap = backend.snapshot()
+    free = [n.name for n in snap.nodes if n.gpus - n.gpus_alloc >= 1]
+    extra = [filler(env, n, 1) for n in free[2:]]
+    loss_log = root / "inplace.jsonl"
+    job_id = submit_ddp(env, root, "1-2", loss_log)
+    job = wait(lambda: (j := backend.snapshot().job(job_id)).state is JobState.RUNNING and len(j.nodes) == 2 and j,
+               240, "the in-place job running on two nodes", 0.5)
+    wait(lambda: len(rows_of(loss_log)) >= 5, 300, "the in-place job training", 0.5)
+    victim = next(n for n in job.nodes if n != batch_host(env, job_id))
+    failed = time.time()
+    local.node_down(victim)
+    rows_before = len(rows_of(loss_log))
+    wait(lambda: len(rows_of(loss_log)) > rows_before + 2, 240, "the in-place job training again", 0.5)
+    state = backend.snapshot()
+    phases = last_restart(state.job(job_id), Journal(root / "daemon" / "journal.sqlite"),
+                          owner_uid=pwd.getpwnam("root").pw_uid)
+    if phases is None or phases.kind != "peer loss, in place" or state.job(job_id).restarts != 0:
+        raise SystemExit(f"the daemon did not shrink the job in place: {phases}")
+    marks = {"failed": failed, **{m: getattr(phases, m) for m in MARKS[1:] if getattr(phases, m) is not None}}
+    subprocess.run(["scancel", str(job_id), *map(str, extra)], env=env, check=True)
+    local.node_up(victim, timeout=120)
+    wait(lambda: not [j for j in backend.snapshot().jobs if j.job_id in (job_id, *extra) and not j.state.finished],
+         120, "the in-place case's jobs gone")
+    return marks
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -109,6 +159,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows")
     parser.add_argument("--slurmd-timeout", type=int, default=300, help="SlurmdTimeout of the cluster (s)")
     parser.add_argument("--skip-plain", action="store_true", help="do not wait for plain Slurm (SlurmdTimeout + 120 s)")
+    parser.add_argument("--skip-in-place", action="store_true", help="do not run the shrink-in-place case first")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (logs, job outputs) and say where")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -125,7 +176,7 @@ def main() -> None:
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
     daemon = None
-    marks: dict[str, dict[str, float]] = {"controller": {}, "plain-requeue": {}}
+    marks: dict[str, dict[str, float]] = {"in-place": {}, "controller": {}, "plain-requeue": {}}
     try:
         daemon = subprocess.Popen([sys.executable, "-c", CLI, "-v", "admin", "daemon", "--interval", "2",
                                    "--ack-timeout", "20"], env=env, stdout=open(root / "daemon.log", "w"),
@@ -133,20 +184,14 @@ def main() -> None:
         fillers = {n: filler(env, n) for n in NODES}
         wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
              "the fillers running")
+        if not args.skip_in_place:
+            marks["in-place"] = in_place_case(env, backend, local, root)
         loss_log = root / "loss.jsonl"
-        out = subprocess.run([sys.executable, "-c", CLI, "sbatch", "--parsable", "--gpus=2-2",
-                              f"--ckpt-dir={root / 'ckpt'}", f"--output={root}/%j.out", "--open-mode=append",
-                              str(TEMPLATE), sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps",
-                              "100000", "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600"],
-                             env=env, capture_output=True, text=True, check=True)
-        ddp = int(out.stdout.strip())
+        ddp = submit_ddp(env, root, "2-2", loss_log)
         job = wait(lambda: (j := backend.snapshot().job(ddp)).state is JobState.RUNNING and len(j.nodes) == 2 and j,
                    240, "the DDP job running on two nodes", 0.5)
         wait(lambda: len(rows_of(loss_log)) >= 5, 300, "the DDP job training", 0.5)
-        show = subprocess.run(["scontrol", "-o", "show", "job", str(ddp)], env=env, capture_output=True,
-                              text=True).stdout
-        batch_host = show.split("BatchHost=")[1].split()[0]
-        victim = next(n for n in job.nodes if n != batch_host)
+        victim = next(n for n in job.nodes if n != batch_host(env, ddp))
         spare = next(n for n in NODES if n not in job.nodes)
         plain = None
         if not args.skip_plain:
@@ -166,7 +211,7 @@ def main() -> None:
 
         failed = time.time()
         local.node_down(victim)
-        for case in marks:
+        for case in ("controller", "plain-requeue"):
             marks[case]["failed"] = failed
         plain_restarts = None if plain is None else backend.snapshot().job(plain).restarts
 
