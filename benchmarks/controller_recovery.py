@@ -111,12 +111,14 @@ def batch_host(env: dict[str, str], job_id: int) -> str:
     return show.split("BatchHost=")[1].split()[0]
 
 
-def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster, root: Path) -> dict[str, float]:
+def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster, root: Path,
+                  fillers: dict[str, int]) -> dict[str, float]:
     """A DDP job of 1-2 GPUs on two nodes with nothing free anywhere else loses one: shrunk in place.
 
     Every node holds a 3-GPU filler; the fourth GPU of all but two nodes is taken too, so the job
     spans those two, and its survivor holds all it can get once one is lost. Afterwards the cluster
-    is as before (the job and the extra fillers gone, the node back)."""
+    is as before (the job and the extra fillers gone, the node back, its filler submitted again:
+    the kill ended it)."""
     snap = backend.snapshot()
     free = [n.name for n in snap.nodes if n.gpus - n.gpus_alloc >= 1]
     extra = [filler(env, n, 1) for n in free[2:]]
@@ -140,6 +142,11 @@ def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster,
     local.node_up(victim, timeout=120)
     wait(lambda: not [j for j in backend.snapshot().jobs if j.job_id in (job_id, *extra) and not j.state.finished],
          120, "the in-place case's jobs gone")
+    # The victim's filler died with its slurmd; once Slurm has ended it, the node gets a new one.
+    wait(lambda: backend.snapshot().job(fillers[victim]).state.finished, 120, "the lost node's filler ended")
+    fillers[victim] = filler(env, victim)
+    wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
+         "the fillers running again")
     return marks
 
 
@@ -185,7 +192,7 @@ def main() -> None:
         wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
              "the fillers running")
         if not args.skip_in_place:
-            marks["in-place"] = in_place_case(env, backend, local, root)
+            marks["in-place"] = in_place_case(env, backend, local, root, fillers)
         loss_log = root / "loss.jsonl"
         ddp = submit_ddp(env, root, "2-2", loss_log)
         job = wait(lambda: (j := backend.snapshot().job(ddp)).state is JobState.RUNNING and len(j.nodes) == 2 and j,
