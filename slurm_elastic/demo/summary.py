@@ -183,7 +183,9 @@ def runs_of(timeline: Timeline, job: str) -> tuple[Run, ...]:
     """The job's runs: Slurm's starts (JobSeen) with the metrics rows of each assigned by time.
 
     A step that does not increase inside one run means a restart the polling
-    missed; the run is split there.
+    missed, and a change of the rows' GPU count a relaunch in place (the job's
+    batch script started the ranks again on the nodes it kept, Slurm's run
+    going on); the run is split there.
     """
     spans: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
@@ -211,18 +213,22 @@ def runs_of(timeline: Timeline, job: str) -> tuple[Run, ...]:
     runs: list[Run] = []
     for span in spans:
         pieces: list[list[Progress]] = [[]]
+        in_place: list[bool] = [False]   # per piece: it began with a relaunch in place (same Slurm run)
         for row in span["rows"]:
-            if pieces[-1] and row.step <= pieces[-1][-1].step:
+            if pieces[-1] and (row.step <= pieces[-1][-1].step or row.gpus != pieces[-1][-1].gpus):
+                in_place.append(row.step > pieces[-1][-1].step)
                 pieces.append([])
             pieces[-1].append(row)
         for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            # A run relaunched in place held its GPUs until its successor's first row.
+            end = span["end"] if last else pieces[i + 1][0].t if in_place[i + 1] else piece[-1].t if piece else span["end"]
             if i == 0:
-                runs.append(Run(start=span["start"], gpus=span["gpus"], restarts=span["restarts"],
-                                end=span["end"] if len(pieces) == 1 else piece[-1].t if piece else span["end"],
+                runs.append(Run(start=span["start"], gpus=span["gpus"], restarts=span["restarts"], end=end,
                                 rows=tuple(piece)))
             else:
-                runs.append(Run(start=piece[0].t, gpus=piece[0].gpus, restarts=None,
-                                end=span["end"] if i == len(pieces) - 1 else piece[-1].t, rows=tuple(piece)))
+                runs.append(Run(start=piece[0].t, gpus=piece[0].gpus,
+                                restarts=span["restarts"] if in_place[i] else None, end=end, rows=tuple(piece)))
     return tuple(sorted(runs, key=lambda r: r.start))
 
 

@@ -87,6 +87,20 @@ def test_a_restart_the_polling_missed_is_found_where_the_step_goes_back():
     assert s.jobs[0].restarts[0].steps_lost == 19 - 10
 
 
+def test_a_relaunch_in_place_is_a_restart_found_where_the_rows_change_gpus():
+    # Slurm's run goes on (no new start); the ranks came back on 2 GPUs, resuming at the committed step.
+    jobs = (JobInfo("1", "j", 1, 4),)
+    events = [JobSeen(t=0.0, job="1", state="RUNNING", gpus=4, start=0.0)]
+    events += rows("1", 1.0, 10.0, 1, 4)          # steps 1..19 on 4 GPUs
+    events += rows("1", 16.0, 20.0, 20, 2)        # step 19 committed just in time: 20.. on 2
+    runs = runs_of(Timeline(started_at=0.0, jobs=jobs, events=tuple(events)), "1")
+    assert [(r.first_step, r.gpus) for r in runs] == [(1, 4), (20, 2)]
+    s = summarize(Timeline(started_at=0.0, jobs=jobs, events=tuple(events), ended_at=21.0))
+    [restart] = s.jobs[0].restarts
+    assert (restart.last_step, restart.resumed_from, restart.steps_lost) == (19, 19, 0)
+    assert (restart.gpus_before, restart.gpus_after) == (4, 2)
+
+
 def test_gpus_over_time_follows_slurm_and_counts_zero_while_not_running():
     s = summarize(demo_timeline())
     a = _job(s, "digits-a")
