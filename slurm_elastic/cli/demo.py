@@ -110,6 +110,8 @@ def _finish(result: DemoResult, as_json: bool) -> None:
         for event in summary.events:
             seen = "" if event.slurm_t is None else f"; Slurm showed it at {event.slurm_t:.1f} s"
             click.echo(f"  {event.label} at {event.t:.1f} s{seen}")
+        for restart in summary.restart_phases:
+            click.echo(f"  {restart['job']}: {restart['line']}")
         click.echo(f"report: {result.files.html} (plot {result.files.png})")
         if not problems and result.error is None:
             click.echo("checks: each job restarted at most twice, no step lost on signalled restarts, "

@@ -216,6 +216,8 @@ def render_html(summary: DemoSummary, png: Path | None) -> str:
         + ("" if e.slurm_t is None else f" (Slurm showed it at {e.slurm_t:.1f} s)") + "</li>"
         for e in summary.events)
     phases = "".join(f"<li>{html.escape(k)}: {v:.1f} s</li>" for k, v in summary.phases.items())
+    restarts = "".join(f"<li>{html.escape(str(r['job']))}: {html.escape(str(r['line']))}</li>"
+                       for r in summary.restart_phases) or "<li>none</li>"
     problems = summary.problems()
     verdict = ("<p class='ok'>All checks passed: each job restarted at most twice, no step lost on signalled "
                "restarts, every job trained after each node event.</p>" if not problems else
@@ -241,7 +243,8 @@ the training shim resumes each from its last forward-layer checkpoint. Wall time
 <table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>
 {verdict}
 <h2>Node events</h2><ul>{events}</ul>
-<h2>Phases</h2><ul>{phases}</ul>
+<h2>The controller's restarts, phase by phase</h2><ul>{restarts}</ul>
+<h2>Phases of the demo</h2><ul>{phases}</ul>
 <p>Steps lost per restart = the last step the job had reached before the restart minus the checkpoint step
 it resumed from (from the shim's metrics rows and acknowledgements). The machine-readable numbers are in
 <code>{SUMMARY_NAME}</code>, every observation in <code>{TIMELINE_NAME}</code>.</p>

@@ -125,6 +125,7 @@ class Demo:
         self.state = DemoState()
         self.recorder = TimelineRecorder(time.time(), ckpt_root=self.ckpt_root, controller_log=self.daemon_log)
         self.phases: dict[str, float] = {}
+        self.restart_phases: list[dict[str, object]] = []   # the controller's restarts, phase by phase
         self._t0 = clock()
         self._last_change = clock()
         self._backend: CliBackend | None = None
@@ -164,8 +165,34 @@ class Demo:
         self._wait("waiting for the three jobs to train", self._all_training, self.options.start_timeout_s)
         self._phase("taking a node down", self._lose_node)
         self._wait("waiting for the re-solve and resumed training", self._recovered, self.options.recover_timeout_s)
+        self._note_restart_phases()
         self._phase("starting a spare node", self._gain_node)
         self._wait("waiting for the jobs to grow", self._grown, self.options.grow_timeout_s)
+        self._note_restart_phases()
+
+    def _note_restart_phases(self) -> None:
+        """Each job's latest controller restart, phase by phase (control/phases.py), read now: the next
+        incarnation replaces the job's files those phases are read from."""
+        from slurm_elastic.control.journal import Journal
+        from slurm_elastic.control.phases import last_restart
+        from slurm_elastic.control.state_dir import JOURNAL_FILE
+
+        path = self.daemon_dir / JOURNAL_FILE
+        if self._backend is None or not path.exists():
+            return
+        journal = Journal(path)
+        try:
+            state = self._backend.snapshot()
+            seen = {p["plan_id"] for p in self.restart_phases}
+            for info in self.state.jobs.values():
+                job = next((j for j in state.jobs if str(j.job_id) == info.job), None)
+                restart = None if job is None else last_restart(job, journal, owner_uid=os.geteuid())
+                if restart is None or restart.plan_id in seen:
+                    continue
+                self.restart_phases.append({"job": info.name, **restart.to_json(), "line": restart.line()})
+                self.recorder.action("phases", subject=info.job, text=f"{info.name}: {restart.line()}")
+        finally:
+            journal.close()
 
     # -- phases ---------------------------------------------------------------------------------------
     def _phase(self, name: str, action: Callable[[], None]) -> None:
@@ -460,7 +487,7 @@ class Demo:
     # -- report ---------------------------------------------------------------------------------------------
     def _report(self, error: str | None) -> DemoResult:
         timeline = self.recorder.timeline(ended=True)
-        summary = summarize(timeline, phases=self.phases)
+        summary = summarize(timeline, phases=self.phases, restart_phases=tuple(self.restart_phases))
         files = write_report(self.report_dir, timeline, summary)
         return DemoResult(timeline=timeline, summary=summary, files=files, error=error)
 

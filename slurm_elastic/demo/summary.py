@@ -133,6 +133,8 @@ class DemoSummary:
     events: tuple[NodeEvent, ...]
     jobs: tuple[JobSummary, ...]
     phases: dict[str, float] = field(default_factory=dict)   # named phase durations, seconds
+    # The controller's restarts, each broken into its phases (control/phases.py), as read while the demo ran
+    restart_phases: tuple[dict[str, Any], ...] = ()
 
     def problems(self, *, max_restarts: int = 2) -> list[str]:
         """The promises the demo did not keep: few restarts, nothing lost when signalled, training after each event."""
@@ -154,14 +156,16 @@ class DemoSummary:
     def to_json(self) -> dict[str, Any]:
         return {"wall_s": _r(self.wall_s), "events": [e.to_json() for e in self.events],
                 "jobs": [j.to_json() for j in self.jobs], "phases_s": {k: _r(v) for k, v in self.phases.items()},
-                "problems": self.problems()}
+                "restart_phases": list(self.restart_phases), "problems": self.problems()}
 
 
-def summarize(timeline: Timeline, *, phases: dict[str, float] | None = None) -> DemoSummary:
+def summarize(timeline: Timeline, *, phases: dict[str, float] | None = None,
+              restart_phases: tuple[dict[str, Any], ...] = ()) -> DemoSummary:
     events = node_events(timeline)
     jobs = tuple(_job_summary(timeline, info.job, info.name, info.min_gpus, info.max_gpus, events)
                  for info in timeline.jobs)
-    return DemoSummary(wall_s=timeline.duration, events=events, jobs=jobs, phases=dict(phases or {}))
+    return DemoSummary(wall_s=timeline.duration, events=events, jobs=jobs, phases=dict(phases or {}),
+                       restart_phases=tuple(restart_phases))
 
 
 def node_events(timeline: Timeline) -> tuple[NodeEvent, ...]:

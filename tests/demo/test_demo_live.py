@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -48,6 +49,9 @@ def test_demo_runs_to_the_end_and_its_report_keeps_the_promises(slurm_cluster, t
     gained = [a for job in body["jobs"] for a in job["after_events"] if a["event"].endswith("gained")]
     assert sum(a["gpus_after"] for a in gained) > sum(a["gpus_before"] for a in gained)
 
+    # The controller's restarts, phase by phase (at least the signalled growth, a running job's plan).
+    assert any(r["kind"] == "resize" and r["phases"] for r in body["restart_phases"]), body["restart_phases"]
+    assert all(html.escape(r["line"]) in result.files.html.read_text() for r in body["restart_phases"])
     # The report's numbers are those of the recorded timeline, and the picture and the page exist.
     again = summarize(Timeline.read(result.files.timeline)).to_json()
     assert again["jobs"] == body["jobs"] and again["events"] == body["events"]
