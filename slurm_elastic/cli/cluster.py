@@ -226,23 +226,26 @@ def cluster_env(state_dir: Path | None) -> None:
 @state_dir_option
 @click.argument("name")
 @click.option("--mark-down", is_flag=True, help="Also set the node DOWN at once (scontrol), as an admin would.")
+@click.option("--freeze", is_flag=True, help="SIGSTOP instead of SIGKILL: a hung node, whose connections stay open.")
 @elastic_errors
 @_bad_input
-def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool) -> None:
+def cluster_node_down(state_dir: Path | None, name: str, mark_down: bool, freeze: bool) -> None:
     """SIGKILL node NAME's slurmd and its jobs' processes: a real node failure.
 
     Slurm marks the node DOWN on its own once SlurmdTimeout runs out (about
     30 s with the default 10 s); `--requeue` jobs on it go back to PENDING.
+    With --freeze they are stopped, not killed (`node-down` again kills them).
 
     \b
-    Example:
+    Examples:
       slurm-elastic cluster node-down n2
+      slurm-elastic cluster node-down --freeze n2    # then: node-down n2 && node-up n2
     """
     require_root("node-down", "its daemons are root's")
     local = _existing(state_dir)
-    pid = local.node_down(name, mark_down=mark_down)
+    pid = local.node_down(name, mark_down=mark_down, freeze=freeze)
     when = "now" if mark_down else f"once SlurmdTimeout ({local.layout.slurmd_timeout} s) runs out"
-    click.echo(f"killed slurmd of {name} (pid {pid}); Slurm marks it DOWN {when}")
+    click.echo(f"{'froze' if freeze else 'killed'} slurmd of {name} (pid {pid}); Slurm marks it DOWN {when}")
 
 
 @cluster.command("node-up")

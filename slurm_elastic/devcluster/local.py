@@ -416,13 +416,16 @@ class LocalCluster:
         if name not in layout.node_names:
             raise UnknownNode(f"unknown node {name!r}; this cluster has {', '.join(layout.node_names)}")
 
-    def node_down(self, name: str, *, mark_down: bool = False, reason: str = "slurm-elastic cluster node-down") -> int:
+    def node_down(self, name: str, *, mark_down: bool = False, freeze: bool = False,
+                  reason: str = "slurm-elastic cluster node-down") -> int:
         """SIGKILL the node's slurmd and everything it runs (a real node failure); return the slurmd pid.
 
         Slurm notices by itself: the node becomes DOWN+NOT_RESPONDING about
         30 s later (SlurmdTimeout=10) and its `--requeue` jobs go back to PENDING.
         With mark_down, also set it DOWN at once (`scontrol update State=DOWN`),
         as an administrator would; Slurm then requeues its jobs immediately.
+        With freeze, SIGSTOP them instead (a hung node: its connections stay open and nothing
+        answers on them); `node-down` again kills them, and then `node-up` starts the node again.
         """
         require_root("node-down", "its daemons are root's")
         layout = self.layout
@@ -432,9 +435,13 @@ class LocalCluster:
             raise ClusterSetupError(f"node {name} is not running (its slurmd is not up); nothing to kill")
         stepds = processes.stepds_writing([layout.slurmd_log(name)])
         victims = [*stepds, *processes.descendants(stepds)]
-        processes.send(pid, signal.SIGKILL)
+        sig = signal.SIGSTOP if freeze else signal.SIGKILL
+        processes.send(pid, sig)
         for victim in victims:
-            processes.send(victim, signal.SIGKILL)
+            processes.send(victim, sig)
+        if freeze:
+            log.info("node %s frozen: stopped slurmd %d and %d job processes", name, pid, len(victims))
+            return pid
         left = processes.wait_gone([pid, *victims], 5.0)
         if left:
             raise ClusterSetupError(f"node {name}: pids {left} survived SIGKILL")

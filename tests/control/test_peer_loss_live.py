@@ -58,7 +58,10 @@ def _show_job(cluster, job_id: int) -> str:
                           text=True, check=False).stdout
 
 
-def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_cluster, tmp_path):
+@pytest.mark.parametrize("how", ["kill", "freeze"])
+def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_cluster, tmp_path, how):
+    """kill: slurmd and the rank SIGKILLed (connections close). freeze: SIGSTOPped, a hung node whose
+    connections stay open; only the heartbeat tells (the collective timeout is 600 s here)."""
     cluster = elastic_cluster
     cluster.cancel_all()
     blockers = _blockers(cluster)
@@ -95,7 +98,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
 
         lost_at = time.time()
         logged_before = _rows(loss_log)
-        cluster.local.node_down(victim)      # slurmd and the rank there SIGKILLed; Slurm is not told
+        cluster.local.node_down(victim, freeze=how == "freeze")   # Slurm is not told
         report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
         cluster.wait_for(report_path.exists, 120, what=lambda: f"the peer-lost report; {cluster.job_outputs()}")
 
@@ -140,6 +143,8 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         report = shim.PeerLostReport.parse(report_path.read_bytes())
         assert report.lost_nodes == (victim,) and report.commit == "done"
         assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
+        if how == "freeze":
+            assert report.detected_by == "heartbeat", report   # no connection closed: nothing else could tell
         resumed = [r["step"] for r in _rows(loss_log)[rows_at_restart:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
         # admin status breaks the restart into its phases, from the marks the job and the daemon wrote.
@@ -157,7 +162,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         assert (job_dir / shim.launcher_stopped_file_name(job_id, 0, 0)).is_file()
         assert "its batch script stopped the old srun" in (tmp_path / "daemon.log").read_text()
         print("admin status:", last["line"])
-        print(f"lost {victim} -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
+        print(f"lost {victim} ({how}) -> detected {report.detected_at - lost_at:.1f} s, restarted (running) "
               f"{running_at - lost_at:.1f} s, training again {trained_at - lost_at:.1f} s "
               f"(SlurmdTimeout 300 s); committed step {report.committed_step}")
     finally:
@@ -165,6 +170,8 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         rc = daemon.wait(60)
         print((tmp_path / "daemon.log").read_text()[-4000:])
         if victim is not None:
+            if how == "freeze":
+                cluster.local.node_down(victim)   # the stopped processes killed, then the node started again
             cluster.local.node_up(victim, timeout=120)
         cluster.cancel_all()
     assert rc == 0
