@@ -72,7 +72,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
     victim = None
     try:
         ckpt = cluster.root / "ckpt"
-        loss_log = cluster.root / "out" / "peerloss-loss.jsonl"
+        loss_log = cluster.root / "out" / f"peerloss-{how}-loss.jsonl"   # one per run: rows of another mislead
         out = cluster.cli("sbatch", "--parsable", "--gpus=2-2", f"--ckpt-dir={ckpt}", "--job-name=peerloss",
                           f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
                           sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
