@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,10 @@ from slurm_elastic.cluster.model import JobState
 from slurm_elastic.devcluster.version import detect_version, find_program
 from slurm_elastic.devcluster.processes import free_port_base
 from slurm_elastic.spec import ElasticSpec
+from tests.conftest import SlurmTestCluster
 
 pytestmark = pytest.mark.slurm
+wait_for = SlurmTestCluster.wait_for   # the suite's one poll-until helper
 
 JOB = "#!/bin/bash\necho \"start restart=${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME\"\nsleep 3000\n"
 
@@ -71,31 +72,21 @@ def test_a_job_whose_node_fails_is_requeued_as_this_slurm_allows(two_nodes):
     def job():
         return backend.snapshot().job(job_id)
 
-    first = local_wait(lambda: (j := job()).state is JobState.RUNNING and j, 90, "the job running")
+    first = wait_for(lambda: (j := job()).state is JobState.RUNNING and j, 90, 0.5, "the job running")
     victim = first.nodes[0]
     shown = subprocess.run(["scontrol", "-o", "show", "job", str(job_id)], env=env, capture_output=True, text=True)
     print(f"Slurm {version}: {shown.stdout.strip()}")
     local.node_down(victim)         # slurmd SIGKILLed; Slurm calls the node DOWN after SlurmdTimeout (10 s)
-    requeued = local_wait(lambda: (j := job()).restarts >= 1 and j, 120, f"Slurm requeuing the job off {victim}")
+    requeued = wait_for(lambda: (j := job()).restarts >= 1 and j, 120, 0.5, f"Slurm requeuing the job off {victim}")
     if expedite:
         # Eligible at once: running again on the other node well inside the BeginTime it would otherwise wait.
-        again = local_wait(lambda: (j := job()).state is JobState.RUNNING and j.restarts >= 1 and j, 90,
+        again = wait_for(lambda: (j := job()).state is JobState.RUNNING and j.restarts >= 1 and j, 90, 0.5,
                            f"the job running again (Slurm {version}, --requeue=expedite)")
         assert victim not in again.nodes, again.nodes
         assert "restart=1" in (root / f"out-{job_id}.txt").read_text()
     else:
         # The plain requeue: pending on BeginTime (~120 s), which is what expedite removes.
         assert requeued.state is JobState.PENDING, requeued.state
-        assert local_wait(lambda: job().reason == "BeginTime", 30, "the BeginTime hold")
+        assert wait_for(lambda: job().reason == "BeginTime", 30, 0.5, "the BeginTime hold")
     backend.cancel(job_id)
 
-
-def local_wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
