@@ -107,8 +107,22 @@ def stop(pids: Iterable[int], *, grace: float) -> list[int]:
     return wait_gone(left, 5.0)
 
 
+def _root_of(pid: int | str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(f"/proc/{pid}/root")  # the magic link leads to the process's root even across a chroot
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _all_pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    """Live processes under our filesystem root.
+
+    A process in a chroot (.ci/other-slurms runs whole test suites in them) may
+    carry the very paths ours do in its argv; it is never ours.
+    """
+    own = _root_of("self")
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _root_of(entry) == own]
 
 
 def _ppid(pid: int) -> int | None:
@@ -194,8 +208,24 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port_base(count: int, start: int = 17817, stop: int = 60000, step: int = 37) -> int:
+# Where free_port_base starts looking. Test suites that run at once on one host (.ci/other-slurms, one
+# per Slurm version) each get their own start, so two of them never judge the same ports free together.
+PORT_SEARCH_START_ENV = "SLURM_ELASTIC_PORT_SEARCH_START"
+_PORT_SEARCH_START = 17817
+
+
+def port_search_start() -> int:
+    raw = os.environ.get(PORT_SEARCH_START_ENV, "")
+    if not raw:
+        return _PORT_SEARCH_START
+    if not raw.isdigit() or not 1024 <= int(raw) <= 60000:
+        raise ClusterSetupError(f"{PORT_SEARCH_START_ENV}={raw!r}: not a port between 1024 and 60000")
+    return int(raw)
+
+
+def free_port_base(count: int, start: int | None = None, stop: int = 60000, step: int = 37) -> int:
     """The first base >= start with `count` consecutive free ports on 127.0.0.1 (for a second cluster)."""
+    start = port_search_start() if start is None else start
     for base in range(start, stop - count, step):
         if all(port_free(port) for port in range(base, base + count)):
             return base

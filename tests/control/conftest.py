@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import pytest
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.control.plugin import lua_source
+from slurm_elastic.devcluster import processes
 from slurm_elastic.errors import ElasticError
 
 T = TypeVar("T")
@@ -37,20 +37,10 @@ def _free_port_base(nodes: int) -> int:
     """A slurmctld port whose node ports (base+4..base+3+nodes) are free too: other clusters run here."""
     if os.environ.get(PORT_BASE_ENV):
         return int(os.environ[PORT_BASE_ENV])
-    for base in range(18017, 30000, 17):
-        ports = [base, base + 1, *range(base + 4, base + 4 + nodes)]
-        if all(_port_free(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range for the private Slurm cluster")
+    # Past the shared cluster's own search range, so the two do not meet.
+    return processes.free_port_base(4 + nodes, start=processes.port_search_start() + 200)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
 
 

@@ -23,7 +23,7 @@ pytestmark = [
 
 def _free_port_base(count: int) -> int:
     """A port base with count free ports after it (the fixture's cluster uses the defaults)."""
-    return processes.free_port_base(count, start=19817)
+    return processes.free_port_base(count, start=processes.port_search_start() + 2000)
 
 
 @pytest.fixture
