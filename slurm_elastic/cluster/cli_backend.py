@@ -330,15 +330,25 @@ def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node
                       ("mem_per_gpu_mb", mem_per_gpu_mb)):
         if int(val) < 1:
             raise SlurmError(f"set_resources: {name} must be >= 1, got {val}")
-    # NumNodes=N-N: a bare N sets only the minimum, and for a non-operator (user-mode watch) the
-    # maximum stays at the submitted count, so a shrunk job restarted on its old node count (seen live, 22.05).
-    args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}",
+    args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes),
             f"TresPerNode={gpu_tres(version, int(gpus_per_node))}",
             f"CpusPerTres={gpu_tres(version, int(cpus_per_gpu))}",
             f"MemPerTres={gpu_tres(version, int(mem_per_gpu_mb))}"]
     if start_now:
         args.append("StartTime=now")
     return args
+
+
+def node_count_fields(nodes: int) -> list[str]:
+    """The `scontrol update` fields that set a job's node count, as a fresh `sbatch --nodes=N` would.
+
+    NumNodes=N-N: a bare N sets only the minimum, and for a non-operator (user-mode watch) the maximum
+    stays at the submitted count, so a shrunk job restarted on its old node count (seen live, 22.05).
+    NumTasks=N: 24.11 keeps the task count of the submission (1 for `--nodes=1`) when NumNodes grows,
+    and a job with fewer tasks than nodes stays PENDING on `Resources` for good (seen live on 24.11.5:
+    a pending 1x2 job resized to 2x1 beside free GPUs). The templates' sruns give their own counts.
+    """
+    return [f"NumNodes={int(nodes)}-{int(nodes)}", f"NumTasks={int(nodes)}"]
 
 
 def requeue_flag(version: SlurmVersion | None, expedite_enabled: bool = False) -> str:

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.cli_backend import CliBackend, classify, update_args
+from slurm_elastic.cluster.cli_backend import CliBackend, classify, node_count_fields, update_args
 from slurm_elastic.cluster.model import ClusterState, Job, Node
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
@@ -257,7 +257,7 @@ class PyslurmBackend:
                                       mem_per_gpu_mb=mem_per_gpu_mb, start_now=start_now)
             self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
             # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum).
-            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={int(nodes)}-{int(nodes)}"])
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes)])
             after = self._job(job_id)
             if _shape(after) != target:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
@@ -282,7 +282,7 @@ class PyslurmBackend:
             args = update_args(self._cli.version, job_id, nodes=nodes, gpus_per_node=gpus, cpus_per_gpu=cpus or 1,
                                mem_per_gpu_mb=mem or 1, start_now=False)
         else:  # no per-GPU request to restore: the node count is what this backend changed alone
-            args = ["scontrol", "update", f"JobId={int(job_id)}", f"NumNodes={nodes}-{nodes}"]
+            args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes)]
         try:
             self._cli._run(args)
             restored = _shape(self._job(job_id))

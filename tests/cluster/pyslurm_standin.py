@@ -431,11 +431,12 @@ class FakeCli:
         if argv[:2] == ["scontrol", "update"]:
             fields = dict(a.split("=", 1) for a in argv[2:])
             job_id = int(fields.pop("JobId"))
-            if self.fail_numnodes and "NumNodes" in fields and len(fields) == 1:
+            if self.fail_numnodes and "NumNodes" in fields and "TresPerNode" not in fields:
                 raise classify(self.fail_numnodes, tuple(argv), 1)
             changes: dict[str, Any] = {}
             if "NumNodes" in fields:
                 changes["num_nodes"] = int(fields["NumNodes"].split("-")[0])
+            fields.pop("NumTasks", None)   # the node count's companion (cli_backend.node_count_fields)
             for key, name in (("TresPerNode", "tres_per_node"), ("CpusPerTres", "cpus_per_tres"),
                               ("MemPerTres", "mem_per_tres")):
                 if key in fields:

@@ -24,7 +24,7 @@ from tests.cluster.captures import VERSIONS, project_text
                                          (SlurmVersion(26, 5, 5), "gres/gpu")])
 def test_update_spelling_follows_the_version(version: SlurmVersion, gpu: str) -> None:
     args = update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=4000)
-    assert args == ["scontrol", "update", "JobId=12", "NumNodes=1-1", f"TresPerNode={gpu}:3",
+    assert args == ["scontrol", "update", "JobId=12", "NumNodes=1-1", "NumTasks=1", f"TresPerNode={gpu}:3",
                     f"CpusPerTres={gpu}:2", f"MemPerTres={gpu}:4000", "StartTime=now"]
     assert "StartTime=now" not in update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2,
                                               mem_per_gpu_mb=4000, start_now=False)
