@@ -31,7 +31,8 @@ print("\\n".join(bad) or "ALL-IMPORTED")
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("no-extras") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, f"{sys.executable} -m venv failed: {made.stdout[-1500:]}{made.stderr[-1500:]}"
     proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(REPO)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
