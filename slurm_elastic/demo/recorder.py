@@ -70,8 +70,9 @@ class TimelineRecorder:
     def add_job(self, info: JobInfo) -> None:
         self.jobs[info.job] = info
 
-    def action(self, action: str, subject: str = "", text: str = "") -> DemoAction:
-        event = DemoAction(t=self.now(), action=action, subject=subject, text=text)
+    def action(self, action: str, subject: str = "", text: str = "", t: float | None = None) -> DemoAction:
+        """Record what the demo did; t: when it began (self.now() taken before it), else now."""
+        event = DemoAction(t=self.now() if t is None else t, action=action, subject=subject, text=text)
         self.events.append(event)
         return event
 

@@ -326,10 +326,11 @@ class Demo:
     def _lose_node(self) -> None:
         node = self.options.node or self._busiest_node()
         self.started.killed = node
+        at = self.recorder.now()   # recovery counts from the kill, not from when node_down returns
         self.cluster.node_down(node, mark_down=self.options.mark_down)
         how = " and marked it DOWN" if self.options.mark_down else "; Slurm notices in about 30 s"
         self.recorder.action(NODE_LOST, subject=node, text=f"node {node} lost: killed its slurmd and "
-                                                           f"training processes{how}")
+                                                           f"training processes{how}", t=at)
 
     def _busiest_node(self) -> str:
         """The last node of the largest running demo job (its batch shell on the first node sees the loss)."""

@@ -447,8 +447,26 @@ class LocalCluster:
             raise ClusterSetupError(f"node {name}: pids {left} survived SIGKILL")
         log.info("node %s down: killed slurmd %d and %d job processes", name, pid, len(victims))
         if mark_down:
-            self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}")
+            self._mark_down(name, reason)
         return pid
+
+    def _mark_down(self, name: str, reason: str, *, watch_s: float = 4.0) -> None:
+        """State=DOWN, and again if Slurm puts the dead node back in service within watch_s.
+
+        Seen on 26.05.5 (CI's sid chroot): a reply the node had sent just before it died reached
+        slurmctld's agent after the DOWN, `node_did_resp: node n1 returned to service` (ReturnToService=2)
+        followed 0.7 s later, and the next job was started on the dead node and never finished.
+        """
+        update = ("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={reason}")
+        self.slurm(*update)
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = self.node_states().get(name, {}).get("State", "")
+            if "DOWN" not in state.split("+"):
+                log.warning("node %s came back as %s after State=DOWN with its slurmd dead; marking it DOWN again",
+                            name, state)
+                self.slurm(*update)
 
     def retire_spare(self, name: str) -> None:
         """Put a started spare back to its initial state: slurmd stopped, DOWN with the spare reason."""

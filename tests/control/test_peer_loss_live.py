@@ -25,7 +25,7 @@ import pytest
 from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
 from slurm_elastic.train import protocol as shim
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
 

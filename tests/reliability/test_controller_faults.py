@@ -226,7 +226,8 @@ def test_node_lost_while_a_plan_is_open(elastic_cluster: Any, tmp_path: Path, fi
         lost_at = time.monotonic()
         b = cluster.submit("--gpus=2-4", "--gpu-step=2", name="mid-b")
         ids = [a, b]
-        got = cluster.wait_for(lambda: _settled(cluster, ids), 180, 0.5, "jobs re-planned after the loss")
+        got = cluster.wait_for(lambda: _settled(cluster, ids), 180, 0.5,
+                               lambda: f"jobs re-planned after the loss; Slurm says:\n{cluster.slurm_view()}")
         assert daemon.poll() is None, "the daemon crashed on a node lost mid-plan"
         _after_each(cluster, ids)
         state = cluster.snapshot()
@@ -235,8 +236,8 @@ def test_node_lost_while_a_plan_is_open(elastic_cluster: Any, tmp_path: Path, fi
                     gpus_after=sum(got.values()), jobs_held=0, jobs_lost=0, open_plans=0)
     finally:
         _stop_daemon(cluster, daemon, log)
+        _restore_nodes(cluster)     # first: a job finishes only on nodes that answer
         cluster.cancel_all()
-        _restore_nodes(cluster)
 
 
 def test_node_flapping_restarts_are_bounded(elastic_cluster: Any, tmp_path: Path, long_run: bool,

@@ -29,7 +29,7 @@ from slurm_elastic.train import protocol
 from .launch import run_ranks
 from .test_prepare import TUTORIAL, _resumes_at
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
 T = TypeVar("T")
 
 CLI = Path(sys.executable).parent / "slurm-elastic"

@@ -57,6 +57,7 @@ def _signal_and_resize(cluster, job: int, ck: Path, log: Path, restart: int, nod
 
 
 @pytest.mark.slurm
+@pytest.mark.heavy
 def test_ddp_template_resumes_exactly_across_gpu_counts(slurm_cluster, tmp_path: Path) -> None:
     if slurm_cluster.gpus_per_node < 3 or len(slurm_cluster.nodes) < 2:
         pytest.skip("needs 2 nodes with >= 3 GPUs each")
