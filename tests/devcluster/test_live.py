@@ -92,9 +92,14 @@ def test_node_failure_requeues_its_job_and_node_up_restores_it(slurm_cluster, tm
             lambda: (j := slurm_cluster.job(job)).get("JobState") == "PENDING" and j, 10, what="job requeued"
         )
         assert int(requeued["Restarts"]) >= 1
-        # Other nodes kept serving through the failure.
-        states = slurm_cluster.node_states()
-        assert all(node_state_serving(states[n]) for n in slurm_cluster.nodes if n != victim), states
+        # Other nodes kept serving through the failure. Waited for, not read once: from 23.11 the reconfigure
+        # that shortened SlurmdTimeout replaced slurmctld, and about 28 s later the new one marks every node
+        # "not responding, setting DOWN" and takes the healthy ones back in the same second (seen in CI's
+        # trixie chroot, 24.11.5: the one read caught n1-n3 DOWN).
+        others = [n for n in slurm_cluster.nodes if n != victim]
+        serving = lambda: all(node_state_serving(slurm_cluster.node_states()[n]) for n in others)  # noqa: E731
+        if not serving():
+            slurm_cluster.wait_for(serving, 30, what=f"the other nodes serving (were: {slurm_cluster.node_states()})")
 
         local.node_up(victim)
         assert node_state_serving(slurm_cluster.node_state(victim))
