@@ -52,8 +52,8 @@ the controller has taken to zero GPUs once is not taken to zero again while it
 runs; the restart budget and hysteresis in the Reconciler bound the rest.
 
 The share floor, stated (`share_floor`): a running job is not taken below
-min(the size it asked for, its fair share, the size it holds) GPUs, nor to
-zero, while it runs. The size it asked for is the GPUs it was submitted at,
+min(the size it asked for, its fair share, the size it holds) GPUs, rounded
+down to a size it can take, nor to zero, while it runs. The size it asked for is the GPUs it was submitted at,
 as this source first saw it pending (before any plan resized it: a job the
 controller started below its request, because the cluster was full, still
 asked for its request); for a job first seen running (started at once, or
@@ -560,7 +560,12 @@ class MeasuredRequests:
         if (s.share_floor and job.state is JobState.RUNNING and not stuck and asked is not None
                 and job.gpus > 0 and job.job_id not in self._waits):
             floor = min(asked, share, job.gpus)
-            keep = tuple(g for g in (allowed if allowed is not None else counts) if g >= floor)
+            pool = tuple(allowed if allowed is not None else counts)
+            # The floor is the largest size it can take at or under that bound, not the next one above:
+            # rounded up (a share of 5 on a 4-GPU step is 8), the floors of two jobs took all 16 GPUs and
+            # left the third its share of nothing. Rounded down, the floors never sum past what is usable.
+            floor = max((g for g in pool if g <= floor and placeable(g)), default=floor)
+            keep = tuple(g for g in pool if g >= floor)
             if floor >= 1 and keep:
                 allowed = keep
                 notes.append(f"kept at >= {floor} GPUs while it runs: min(asked {asked}, fair share "

@@ -195,6 +195,33 @@ def test_a_running_job_is_not_taken_below_min_of_asked_fair_share_and_held(tmp_p
     assert not off.must_run and min(off.allowed_gpus) == 1
 
 
+def test_the_share_floor_rounds_down_to_a_size_the_job_can_take(tmp_path):
+    """Seen live on 26.05: two 4-8 GPU jobs (step 4) seen pending at 8, then running at 8 on 16 GPUs, and a
+    2-4 GPU job waiting. Fair share 16 // 3 = 5; a floor of 5 taken up to the next step (8) kept both at 8
+    for good and the third job waited with its share of nothing. Rounded down to 4, the solve places it."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+
+    slurm = InMemorySlurm(nodes=4)                       # 4 x 4 GPUs
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user=ME, run=False)
+    b = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user=ME, run=False)
+    src = MeasuredRequests()
+    src.requests(slurm.snapshot(), slurm.now, Policy())  # both seen pending at 8: asked 8
+    slurm.schedule()
+    c = slurm.add_job(ElasticSpec(2, 4, gpu_step=2, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
+    assert [slurm.jobs[j].state.name for j in (a, b, c)] == ["RUNNING", "RUNNING", "PENDING"]
+    for j in (a, b):                                     # measured at 8: measure-first no longer holds them
+        _rows(shim.metrics_path(ckpt, str(j)), [_row(10, 0, 8, 4.0, nodes=2, total=100_000),
+                                                _row(610, 300, 8, 4.0, nodes=2)])
+    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1000, Policy())}
+    assert min(reqs[str(a)].allowed_gpus) == 4 and "min(asked 8, fair share 5, holds 8)" in src.basis()[str(a)]
+    report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
+                        requests=src).cycle(dry_run=True)
+    assert report.target(c) and report.target(c) >= 2, [p.describe() for p in report.plans]
+    assert sorted(report.target(j) for j in (a, b, c)) == [4, 4, 8]
+
+
 def test_the_share_floor_needs_the_first_row(tmp_path):
     """A file read from its middle does not say what size the job asked for: no floor from it."""
     path = str(tmp_path / "metrics.jsonl")
