@@ -84,3 +84,53 @@ def test_status_of_a_stopped_cluster(tmp_path: Path) -> None:
         ("n2", "STOPPED", False, False),
         ("n3", "STOPPED", True, False),
     ]
+
+
+def test_a_terminate_signal_in_the_ctld_log_is_read_only_from_this_start(tmp_path):
+    """The words of 22.05 and of 24.11/26.05; a terminate signal logged before this start does not count."""
+    from slurm_elastic.devcluster.local import terminated_by_a_signal
+
+    log = tmp_path / "slurmctld.log"
+    assert not terminated_by_a_signal(log)                       # no log yet
+    log.write_text("[2026-12-01T11:20:20.325] Terminate signal (SIGINT or SIGTERM) received\n")
+    since = log.stat().st_size
+    assert terminated_by_a_signal(log)
+    with log.open("a") as f:
+        f.write("[2026-12-02T00:01:59.463] Running as primary controller\n")
+    assert not terminated_by_a_signal(log, since=since)
+    with log.open("a") as f:
+        f.write("[2026-12-02T00:01:59.465] Terminate signal SIGTERM received\n")
+    assert terminated_by_a_signal(log, since=since)
+
+
+@pytest.mark.parametrize("signalled", [True, False])
+def test_a_slurmctld_terminated_while_it_starts_is_started_once_more_and_only_then(tmp_path, monkeypatch,
+                                                                                    signalled):
+    """Stand-ins for the daemon start and the wait (no Slurm here): the first start dies. With a terminate
+    signal in its log it is started once more; without one (it failed on its own) the error stands."""
+    layout = ClusterLayout(state_dir=tmp_path, slurm_version="26.05.5")
+    layout.ctld_log.parent.mkdir(parents=True, exist_ok=True)
+    starts = []
+
+    def run_daemon(argv, **_):
+        starts.append(argv)
+        if len(starts) == 1:
+            layout.ctld_log.write_text("Running as primary controller\n"
+                                       + ("Terminate signal SIGTERM received\n" if signalled else "fatal: no\n"))
+
+    def wait_until(predicate, timeout, error):
+        if len(starts) == 1:
+            raise ClusterSetupError("slurmctld exited during start")
+        return True
+
+    monkeypatch.setattr(local_module.processes, "run_daemon", run_daemon)
+    monkeypatch.setattr(local_module, "_wait_until", wait_until)
+    monkeypatch.setattr(local_module, "require_program", lambda name: f"/usr/sbin/{name}")
+    cluster = LocalCluster(tmp_path)
+    if signalled:
+        cluster._start_ctld(layout, 5.0)
+        assert len(starts) == 2
+    else:
+        with pytest.raises(ClusterSetupError, match="exited during start"):
+            cluster._start_ctld(layout, 5.0)
+        assert len(starts) == 1
