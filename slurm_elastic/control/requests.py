@@ -53,8 +53,8 @@ runs; the restart budget and hysteresis in the Reconciler bound the rest.
 
 The share floor, stated (`share_floor`): a running job is not taken below
 min(the size it asked for, its fair share, the size it holds) GPUs, rounded
-down to a size it can take, nor to zero, while it runs. The size it asked for is the GPUs it was submitted at,
-as this source first saw it pending (before any plan resized it: a job the
+down to a size it can take, nor to zero, while it runs. The size it asked
+for is the GPUs it was submitted at, as this source first saw it pending (before any plan resized it: a job the
 controller started below its request, because the cluster was full, still
 asked for its request); for a job first seen running (started at once, or
 seen first after a restart of the daemon) the GPU count of its metrics file's
