@@ -91,6 +91,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_long)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """When a live test fails, keep its private cluster's logs and show their tails in the report.
+
+    CI's chroot clusters are removed at teardown, and CI keeps only what pytest printed: without
+    this, a failure seen once on one Slurm version could not be explained afterwards.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "setup":
+        return
+    for name in ("elastic_cluster", "slurm_cluster"):
+        local = getattr(getattr(item, "funcargs", {}).get(name), "local", None)
+        if local is not None and local.exists():
+            _keep_cluster_logs(item, report, local)
+            return
+
+
+def _keep_cluster_logs(item: pytest.Item, report: pytest.TestReport, local: LocalCluster) -> None:
+    log_dir = local.layout.log_dir
+    keep = item.config._tmp_path_factory.getbasetemp() / "failed-cluster-logs" / item.name[:80]  # type: ignore[attr-defined]
+    keep.mkdir(parents=True, exist_ok=True)
+    tails = []
+    for log in sorted(log_dir.glob("*.log")):
+        text = log.read_text(errors="replace")
+        (keep / log.name).write_text(text)
+        lines = text.splitlines()
+        if log.name.startswith("slurmctld"):   # what Slurm did with each job, not the teardown's noise
+            jobs = [line for line in lines if "JobId=" in line]
+            tails.append(f"--- {log.name}: its last 150 lines naming a job ---\n" + "\n".join(jobs[-150:]))
+        elif log.name.startswith("slurmd-"):
+            tails.append(f"--- {log.name}: last 25 lines ---\n" + "\n".join(lines[-25:]))
+    report.sections.append(("cluster logs (all kept in " + str(keep) + ")", "\n".join(tails)))
+
+
 @dataclass
 class SlurmTestCluster:
     """The cluster a live test talks to; see the module docstring.

@@ -43,6 +43,10 @@ class Backend(Protocol):
 
     def requeue_hold(self, job_id: int) -> None: ...
 
+    def requeue(self, job_id: int) -> None:
+        """Put a running or finished batch job back in the queue, not held (`scontrol requeue`)."""
+        ...
+
     def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
                       mem_per_gpu_mb: int, start_now: bool = True) -> None:
         """Change a pending (held) job's shape; `start_now` clears the requeue BeginTime delay."""

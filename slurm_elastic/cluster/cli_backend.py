@@ -211,6 +211,9 @@ class CliBackend:
     def requeue_hold(self, job_id: int) -> None:
         self._run(["scontrol", "requeuehold", str(int(job_id))])
 
+    def requeue(self, job_id: int) -> None:
+        self._run(["scontrol", "requeue", str(int(job_id))])
+
     def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
                       mem_per_gpu_mb: int, start_now: bool = True) -> None:
         self._run(update_args(self.version, job_id, nodes=nodes, gpus_per_node=gpus_per_node,

@@ -112,12 +112,13 @@ class InMemorySlurm:
         self._recount()
         self.schedule()
 
-    def finish(self, job_id: int, state: JobState = JobState.COMPLETED) -> None:
-        """The job's batch script ended (the training finished, or failed)."""
+    def finish(self, job_id: int, state: JobState = JobState.COMPLETED, *, signal: int | None = None) -> None:
+        """The job's batch script ended (the training finished, or failed; `signal`: killed by it)."""
         job = self.jobs[job_id]
         if job.state is JobState.RUNNING:
             self._stopped(job, "finish")
-        self.jobs[job_id] = dataclasses.replace(job, state=state, nodes=(), held=False)
+        self.jobs[job_id] = dataclasses.replace(job, state=state, nodes=(), held=False, end_time=self.now,
+                                                exit_signal=signal)
         self._recount()
         self.schedule()
 
@@ -146,6 +147,19 @@ class InMemorySlurm:
         # The batch step is being killed: COMPLETING on its nodes until the requeue is done.
         self.jobs[job_id] = dataclasses.replace(job, state=JobState.COMPLETING, held=True, reason="JobHeldAdmin",
                                                 restarts=job.restarts + 1)
+        self.completing_until[job_id] = self.now + self.completing_s
+        self._settle_completing()
+
+    def requeue(self, job_id: int) -> None:
+        job = self._job("requeue", job_id)
+        if job.state.finished:
+            self.jobs[job_id] = dataclasses.replace(job, end_time=None, exit_signal=None)
+            self._to_pending(job_id, held=False, restarted=True)
+            return
+        if job.state is not JobState.RUNNING:
+            raise SlurmError(f"scontrol requeue: job {job_id} is neither running nor finished")
+        self._stopped(job, "requeue")
+        self.jobs[job_id] = dataclasses.replace(job, state=JobState.COMPLETING, restarts=job.restarts + 1)
         self.completing_until[job_id] = self.now + self.completing_s
         self._settle_completing()
 

@@ -168,6 +168,8 @@ class Job:
     user_id: int | None = None
     submit_time: float | None = None
     start_time: float | None = None
+    end_time: float | None = None      # when a finished job ended (Slurm's expected end is not kept)
+    exit_signal: int | None = None     # the signal that ended its batch script; None when it exited
     spec: ElasticSpec | None = None
     spec_error: str | None = None  # the comment claims elasticity but does not parse
 

@@ -130,6 +130,7 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
     spec, spec_error = spec_from_comment(comment)
     submit = number(rec.get("submit_time"))
     start = number(rec.get("start_time"))
+    end = number(rec.get("end_time"))
     ran = state.active or state.finished or state is JobState.REQUEUE_HOLD
     return Job(
         job_id=jid, user=user, name=str(rec.get("name") or ""), state=state, reason=reason,
@@ -140,8 +141,23 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
         partition=str(rec.get("partition") or ""), comment=comment, user_id=uid,
         submit_time=float(submit) if submit else None,
         start_time=float(start) if (start and ran) else None,
+        end_time=float(end) if (end and state.finished) else None,
+        exit_signal=exit_signal(rec.get("exit_code")) if state.finished else None,
         spec=spec, spec_error=spec_error,
     )
+
+
+def exit_signal(value: object) -> int | None:
+    """The signal in a job's `exit_code`: 22.05 gives the raw wait status (an int), 23.02 on an object
+    {status, return_code, signal: {id, name}}."""
+    if isinstance(value, dict):
+        sig = number((value.get("signal") or {}).get("id"))
+        return sig or None
+    raw = number(value)
+    if raw is None:
+        return None
+    sig = raw & 0x7F
+    return sig if sig not in (0, 0x7F) else None   # 0x7f: stopped, not ended
 
 
 def job_gpus_per_node(rec: Mapping[str, Any], jid: object, num_nodes: int, *, running: bool) -> int:

@@ -124,8 +124,16 @@ def job_from_text(rec: dict[str, str]) -> Job:
         partition=rec.get("Partition", ""), comment=comment, user_id=uid,
         submit_time=_time(rec.get("SubmitTime")),
         start_time=_time(rec.get("StartTime")) if ran else None,
+        end_time=_time(rec.get("EndTime")) if state.finished else None,
+        exit_signal=_exit_signal(rec.get("ExitCode", "")) if state.finished else None,
         spec=spec, spec_error=spec_error,
     )
+
+
+def _exit_signal(text: str) -> int | None:
+    """`ExitCode=0:15` is exit status 0, signal 15; a signal of 0 is none."""
+    _, _, sig = text.partition(":")
+    return int(sig) if sig.isdigit() and int(sig) else None
 
 
 def _text_gpus_per_node(rec: dict[str, str], num_nodes: int, *, running: bool) -> int:

@@ -242,6 +242,9 @@ class PyslurmBackend:
     def requeue_hold(self, job_id: int) -> None:
         self._call("Job.requeue", self._ps.Job(int(job_id)).requeue, hold=True)
 
+    def requeue(self, job_id: int) -> None:
+        self._call("Job.requeue", self._ps.Job(int(job_id)).requeue, hold=False)
+
     def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
                       mem_per_gpu_mb: int, start_now: bool = True) -> None:
         """All or nothing: the new shape is read back, and any failure restores the old one."""
@@ -439,6 +442,8 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         partition=str(j.partition or ""), comment=comment, user_id=j.user_id,
         submit_time=float(j.submit_time) if j.submit_time else None,
         start_time=float(j.start_time) if (j.start_time and ran) else None,
+        end_time=float(j.end_time) if (state.finished and getattr(j, "end_time", None)) else None,
+        exit_signal=(int(getattr(j, "exit_code_signal", 0) or 0) or None) if state.finished else None,
         spec=spec, spec_error=spec_error,
     )
 

@@ -64,6 +64,12 @@ CREATE TABLE IF NOT EXISTS marks (
     name    TEXT    NOT NULL,
     at      REAL    NOT NULL
 );
+CREATE TABLE IF NOT EXISTS revivals (
+    job_id   INTEGER NOT NULL,
+    restarts INTEGER NOT NULL,
+    at       REAL    NOT NULL,
+    PRIMARY KEY (job_id, restarts)
+);
 CREATE TABLE IF NOT EXISTS drains (
     node    TEXT    NOT NULL,
     user    TEXT    NOT NULL,
@@ -182,6 +188,14 @@ class Journal:
         with self._tx():
             self._db.execute("INSERT INTO drains (node, user, job_id, at, reason) VALUES (?,?,?,?,?)",
                              (node, user, job_id, at, reason))
+
+    def claim_revival(self, job_id: int, restarts: int, now: float | None = None) -> bool:
+        """True once per (job, restart count): that incarnation may be requeued (control/revive.py)."""
+        at = time.time() if now is None else now
+        with self._tx():
+            cur = self._db.execute("INSERT OR IGNORE INTO revivals (job_id, restarts, at) VALUES (?,?,?)",
+                                   (job_id, restarts, at))
+            return cur.rowcount == 1
 
     # -- reading -----------------------------------------------------------------------
     def drains_since(self, user: str, since: float) -> int:

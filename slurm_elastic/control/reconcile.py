@@ -30,6 +30,7 @@ from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
+from slurm_elastic.control.revive import revive
 from slurm_elastic.errors import SlurmError
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class CycleReport:
     waits: Mapping[int, str] = field(default_factory=dict)
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)
     drained: tuple[str, ...] = ()
+    revived: tuple[int, ...] = ()   # jobs requeued after a kill meant for their previous incarnation
     gpus_total: int = 0
     gpus_elastic: int = 0
     gpus_free: int = 0
@@ -132,7 +134,7 @@ class CycleReport:
                              "commit": x.commit, "committed_step": x.committed_step,
                              "detected_at": x.detected_at, "seen_at": x.seen_at}
                             for j, x in sorted(self.peer_losses.items())],
-            "drained": list(self.drained),
+            "drained": list(self.drained), "revived": list(self.revived),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
             "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
                                                   "objective": alloc.objective, "mip_gap": alloc.mip_gap,
@@ -304,6 +306,11 @@ class Reconciler:
         if not dry_run and self.journal.open_plans():
             recovered = self.protocol.recover(state)
             state = self.backend.snapshot()
+        revived: tuple[int, ...] = ()
+        if not dry_run:
+            revived = revive(self.backend, self.journal, scope_state(state, self.config.user)[0], self._clock())
+            if revived:
+                state = self.backend.snapshot()
         state = self._confirm_nodes(state)
         available = frozenset(n.name for n in state.nodes if n.available)
         lost = gained = ()
@@ -347,7 +354,7 @@ class Reconciler:
             pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
-            peer_losses=decision.peer_losses, drained=drained,
+            peer_losses=decision.peer_losses, drained=drained, revived=revived,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report

@@ -32,6 +32,7 @@ No pyslurm code is copied; the rules are re-expressed from reading it.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,8 @@ class RawJob:
     submit_time: int
     start_time: int
     memory_allocated: dict[str, int] = field(default_factory=dict)  # job_resources, running jobs only
+    end_time: int = 0
+    exit_code: int = 0   # job_info's raw wait status
 
     @property
     def base(self) -> str:
@@ -132,7 +135,16 @@ def raw_job_from_capture(rec: dict) -> RawJob:
         tres_per_node=rec.get("tres_per_node") or None, restart_cnt=number(rec["restart_cnt"]),
         requeue=bool(rec["requeue"]), partition=rec["partition"], comment=rec.get("comment") or None,
         submit_time=number(rec["submit_time"]) or 0, start_time=number(rec["start_time"]) or 0,
-        memory_allocated=allocated)
+        memory_allocated=allocated, end_time=number(rec.get("end_time")) or 0,
+        exit_code=_wait_status(rec.get("exit_code")))
+
+
+def _wait_status(ec: object) -> int:
+    """The wait status slurmrestd rendered as {return_code, signal} (23.02 on)."""
+    if not isinstance(ec, dict):
+        return 0
+    sig = number((ec.get("signal") or {}).get("id")) or 0
+    return sig if sig else (number(ec.get("return_code")) or 0) << 8
 
 
 def to_gres_dict(text: str | None) -> dict:
@@ -176,6 +188,10 @@ class FakeJob:
     comment = property(lambda self: self._r.comment)
     submit_time = property(lambda self: self._r.submit_time or None)
     start_time = property(lambda self: self._r.start_time or None)
+    end_time = property(lambda self: self._r.end_time or None)
+    # job.pyx _get_exit_code: WTERMSIG of a signalled status, else 0
+    exit_code_signal = property(lambda self: os.WTERMSIG(self._r.exit_code) if os.WIFSIGNALED(self._r.exit_code)
+                                else 0)
     gres_per_node = property(lambda self: to_gres_dict(self._r.tres_per_node))
     gpus: dict = {}
 

@@ -268,3 +268,33 @@ def test_document_without_jobs_or_nodes() -> None:
     with pytest.raises(SlurmParseError):
         version_of({"jobs": []})
     assert json  # the module reads real JSON files above
+
+
+def failed_by_signal(version: str, *, sig: int, exit_status: int = 0) -> dict:
+    """Running job 1 of the version's capture as it reads once its batch script ended: killed by `sig`
+    (0: exited with `exit_status`). The encodings are the capture's own: 22.05 writes the raw wait
+    status as an int, 23.02 on an object {status, return_code, signal: {id, name}}."""
+    rec = copy.deepcopy({r["job_id"]: r for r in project_load(version, "squeue-mem-per-gpu-running.json")["jobs"]}[1])
+    end = number(rec["start_time"]) + 3
+    if version == "22.05":
+        rec["job_state"], rec["end_time"] = "FAILED", end
+        rec["exit_code"] = sig if sig else exit_status << 8
+    else:
+        rec["job_state"], rec["end_time"] = ["FAILED"], {"set": True, "infinite": False, "number": end}
+        rec["exit_code"] = {"status": ["SIGNALED" if sig else "ERROR"],
+                            "return_code": {"set": True, "infinite": False, "number": exit_status},
+                            "signal": {"id": {"set": bool(sig), "infinite": False, "number": sig},
+                                       "name": "TERM" if sig == 15 else ""}}
+    return rec
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_signal_that_ended_a_job_and_when(version: str) -> None:
+    # control/revive.py reads both: a batch script ended by SIGTERM seconds after its start.
+    running = job_from_record({r["job_id"]: r for r in project_load(version, "squeue-mem-per-gpu-running.json")["jobs"]}[1])
+    assert (running.exit_signal, running.end_time) == (None, None)   # a running job's end_time is its limit
+    killed = job_from_record(failed_by_signal(version, sig=15))
+    assert killed.state is JobState.FAILED and killed.exit_signal == 15
+    assert killed.end_time is not None and killed.start_time is not None and killed.end_time - killed.start_time == 3
+    assert job_from_record(failed_by_signal(version, sig=0, exit_status=1)).exit_signal is None
+    assert job_from_record(failed_by_signal(version, sig=9)).exit_signal == 9

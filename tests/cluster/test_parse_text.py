@@ -96,3 +96,11 @@ def test_missing_state_is_an_error() -> None:
         jobs_from_text("JobId=1 UserId=a(1) NumNodes=1 NumCPUs=1 Restarts=0 Priority=1")
     with pytest.raises(SlurmParseError, match="State"):
         nodes_from_text("NodeName=n1 CPUTot=8 CPUAlloc=0 RealMemory=10")
+
+
+@pytest.mark.parametrize("exit_code, signal", [("0:15", 15), ("1:0", None), ("0:0", None), ("", None)])
+def test_exit_code_text_gives_the_signal(exit_code: str, signal: int | None) -> None:
+    text = project_text("24.11", "scontrol-show-job-held-then-cancelled.txt")
+    text = text.replace("ExitCode=0:0", f"ExitCode={exit_code}")
+    (job,) = jobs_from_text(text)
+    assert job.state.finished and job.exit_signal == signal and job.end_time is not None

@@ -332,3 +332,19 @@ def test_selection_logs_why_it_refused(tmp_path: Path, caplog) -> None:
     assert backend.name == "cli"
     (line,) = [r.getMessage() for r in caplog.records if r.name == "slurm_elastic.cluster.select"]
     assert line.startswith("Slurm backend: cli (auto: `import pyslurm` ended its process (exit code 1")
+
+
+@pytest.mark.parametrize("version", NEW_VERSIONS)
+@pytest.mark.parametrize("sig, status", [(15, 0), (0, 1)])
+def test_the_ending_signal_equals_the_cli_parse(version: str, sig: int, status: int) -> None:
+    from tests.cluster.test_parse_json import failed_by_signal
+
+    rec = failed_by_signal(version, sig=sig, exit_status=status)
+    doc = {**project_load(version, "squeue-mem-per-gpu-running.json"), "jobs": [rec]}
+    b, _, _ = backend_on(doc)
+    (job,) = b.snapshot().jobs
+    cli = parse_jobs(doc)[0]
+    # (the per-GPU fields of a finished job are not looked up: nothing sizes a finished job)
+    fields = ("state", "exit_signal", "start_time", "end_time", "restarts", "requeue")
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(cli, f) for f in fields}
+    assert job.exit_signal == (sig or None) and job.end_time is not None

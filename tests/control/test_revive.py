@@ -1,0 +1,104 @@
+"""An elastic job ended by a kill meant for its previous incarnation is requeued, once (control/revive.py).
+
+The in-memory Slurm plays the 26.05.5 sequence seen live: the job's node fails (Slurm requeues
+it), the node returns, the job starts there again and its batch script dies of SIGTERM seconds
+later (FAILED). tests/control/test_stale_kill_live.py runs the same on a real Slurm.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+from slurm_elastic.control.revive import stale_kill_victims
+from slurm_elastic.spec import ElasticSpec
+
+from control.fake_slurm import FakeSlurm
+
+
+def _slurm_with_a_restarted_job(*, spec: ElasticSpec | None = ElasticSpec(2, 2)) -> tuple[FakeSlurm, int]:
+    slurm = FakeSlurm()
+    job = slurm.add_job(spec, nodes=1, gpus_per_node=2)
+    node = slurm.jobs[job].nodes[0]
+    slurm.node_down(node)              # Slurm requeues it: restart 1, BeginTime
+    slurm.node_up(node)
+    slurm.now += 200                   # past BeginTime: it starts again
+    slurm.schedule()
+    assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].restarts == 1
+    return slurm, job
+
+
+def _reconciler(slurm: FakeSlurm, tmp_path) -> Reconciler:
+    return Reconciler(slurm, Journal(tmp_path / "j.sqlite"), ControllerConfig(node_confirm_s=0),
+                      clock=lambda: slurm.now, sleep=lambda s: None)
+
+
+def test_a_job_killed_by_its_previous_incarnations_kill_is_requeued_once(tmp_path):
+    slurm, job = _slurm_with_a_restarted_job()
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+    rec = _reconciler(slurm, tmp_path)
+    report = rec.cycle()
+    assert report.revived == (job,)
+    assert ("requeue", job) in slurm.calls
+    assert slurm.jobs[job].state in (JobState.PENDING, JobState.RUNNING) and slurm.jobs[job].restarts == 2
+    # the same incarnation seen FAILED again (a second controller, a replayed snapshot) is not requeued twice
+    assert rec.journal.claim_revival(job, 1) is False
+
+
+def test_each_incarnation_is_revived_once_and_a_restarted_controller_remembers(tmp_path):
+    slurm, job = _slurm_with_a_restarted_job()
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+    state = slurm.snapshot()
+    first = _reconciler(slurm, tmp_path)
+    assert first.journal.claim_revival(job, state.job(job).restarts)   # claimed, then the controller died
+    first.journal.close()
+    again = _reconciler(slurm, tmp_path)
+    assert again.cycle().revived == ()
+    assert slurm.jobs[job].state is JobState.FAILED
+
+
+@pytest.mark.parametrize("case", ["cancelled", "exit code", "never restarted", "ran long", "not elastic",
+                                  "not requeueable", "killed by SIGKILL"])
+def test_what_is_not_the_signature_is_left_alone(tmp_path, case):
+    spec = None if case == "not elastic" else ElasticSpec(2, 2)
+    if case == "never restarted":
+        slurm = FakeSlurm()
+        job = slurm.add_job(spec, nodes=1, gpus_per_node=2)
+    else:
+        slurm, job = _slurm_with_a_restarted_job(spec=spec)
+    if case == "not requeueable":
+        import dataclasses
+        slurm.jobs[job] = dataclasses.replace(slurm.jobs[job], requeue=False)
+    slurm.now += 3600 if case == "ran long" else 1
+    if case == "cancelled":
+        slurm.cancel(job)
+    else:
+        slurm.finish(job, JobState.FAILED,
+                     signal={"exit code": None, "killed by SIGKILL": signal.SIGKILL}.get(case, signal.SIGTERM))
+    assert stale_kill_victims(slurm.snapshot()) == []
+    rec = _reconciler(slurm, tmp_path)
+    assert rec.cycle().revived == ()
+    assert ("requeue", job) not in slurm.calls
+
+
+def test_a_dry_run_revives_nothing(tmp_path):
+    slurm, job = _slurm_with_a_restarted_job()
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+    assert _reconciler(slurm, tmp_path).cycle(dry_run=True).revived == ()
+    assert slurm.jobs[job].state is JobState.FAILED
+
+
+def test_user_mode_revives_only_the_users_own_jobs(tmp_path):
+    slurm, job = _slurm_with_a_restarted_job()
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), ControllerConfig(node_confirm_s=0, user="bob"),
+                     clock=lambda: slurm.now, sleep=lambda s: None)
+    assert rec.cycle().revived == ()            # the job is alice's
