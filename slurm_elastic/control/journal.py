@@ -189,13 +189,25 @@ class Journal:
             self._db.execute("INSERT INTO drains (node, user, job_id, at, reason) VALUES (?,?,?,?,?)",
                              (node, user, job_id, at, reason))
 
-    def claim_revival(self, job_id: int, restarts: int, now: float | None = None) -> bool:
-        """True once per (job, restart count): that incarnation may be requeued (control/revive.py)."""
+    def claim_revival(self, job_id: int, restarts: int, *, per_hour: int, now: float | None = None) -> bool:
+        """Whether this incarnation (job, restart count) may be requeued by control/revive.py: not claimed
+        before, and fewer than `per_hour` claims for the job in the last hour. True records the claim."""
         at = time.time() if now is None else now
         with self._tx():
-            cur = self._db.execute("INSERT OR IGNORE INTO revivals (job_id, restarts, at) VALUES (?,?,?)",
-                                   (job_id, restarts, at))
-            return cur.rowcount == 1
+            if self._db.execute("SELECT 1 FROM revivals WHERE job_id=? AND restarts=?",
+                                (job_id, restarts)).fetchone():
+                return False
+            (recent,) = self._db.execute("SELECT COUNT(*) FROM revivals WHERE job_id=? AND at>=?",
+                                         (job_id, at - 3600.0)).fetchone()
+            if recent >= per_hour:
+                return False
+            self._db.execute("INSERT INTO revivals (job_id, restarts, at) VALUES (?,?,?)", (job_id, restarts, at))
+            return True
+
+    def release_revival(self, job_id: int, restarts: int) -> None:
+        """Undo a claim whose requeue failed, so a later cycle tries again."""
+        with self._tx():
+            self._db.execute("DELETE FROM revivals WHERE job_id=? AND restarts=?", (job_id, restarts))
 
     # -- reading -----------------------------------------------------------------------
     def drains_since(self, user: str, since: float) -> int:

@@ -30,7 +30,7 @@ from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
-from slurm_elastic.control.revive import revive
+from slurm_elastic.control.revive import Reviver
 from slurm_elastic.errors import SlurmError
 
 log = logging.getLogger(__name__)
@@ -293,6 +293,7 @@ class Reconciler:
         self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
         self._said: dict[int, str] = {}
         self.peer_losses = PeerLossReader(clock=clock)
+        self.reviver = Reviver(backend, journal)
         self._can_exclude = isinstance(backend, NodeExcludingBackend)
         if not self._can_exclude:
             log.info("the %s backend cannot exclude nodes from a job: jobs' peer-lost reports are not acted on",
@@ -308,7 +309,7 @@ class Reconciler:
             state = self.backend.snapshot()
         revived: tuple[int, ...] = ()
         if not dry_run:
-            revived = revive(self.backend, self.journal, scope_state(state, self.config.user)[0], self._clock())
+            revived = self.reviver.revive(scope_state(state, self.config.user)[0], self._clock())
             if revived:
                 state = self.backend.snapshot()
         state = self._confirm_nodes(state)

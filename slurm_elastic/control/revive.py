@@ -10,9 +10,10 @@ ends FAILED. Nothing requeues it, and the training stops with its checkpoints wh
 The signature, all of it in Slurm's record of the job: elastic and requeueable, FAILED with
 SIGTERM as the batch script's end, requeued at least once before, ended within `window_s` of
 its start. A crashing trainer ends the script with an exit code, scancel gives CANCELLED, a
-time limit TIMEOUT: none of those is requeued. Each incarnation (job, restart count) is
-requeued once at most, claimed in the journal before the requeue, so a job that keeps dying
-this way, or a controller restarted in between, cannot loop.
+time limit TIMEOUT: none of those is requeued. A job is requeued this way at most
+`per_hour` times an hour (claims in the journal, taken before the requeue, so a restarted
+controller counts them too): something that kills a job each time it starts is not fought
+for ever.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from slurm_elastic.errors import SlurmError
 log = logging.getLogger(__name__)
 
 STALE_KILL_WINDOW_S = 60.0   # the queued kill arrives as the node registers; the launch came just before
+REVIVALS_PER_HOUR = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +52,35 @@ def _bears_signature(job: Job) -> bool:
             and job.exit_signal == signal.SIGTERM and job.restarts >= 1)
 
 
-def revive(backend: Backend, journal: Journal, state: ClusterState, now: float,
-           *, window_s: float = STALE_KILL_WINDOW_S) -> tuple[int, ...]:
-    """Requeue each victim once; the job ids requeued."""
-    revived = []
-    for victim in stale_kill_victims(state, window_s=window_s):
-        if not journal.claim_revival(victim.job_id, victim.restarts, now=now):
-            continue
-        try:
-            backend.requeue(victim.job_id)
-        except SlurmError as exc:
-            log.error("job %d: ended FAILED by SIGTERM %.0f s after its restart %d (a kill meant for its previous "
-                      "incarnation); requeueing it failed: %s", victim.job_id, victim.ran_s, victim.restarts, exc)
-            continue
-        log.warning("job %d: ended FAILED by SIGTERM %.0f s after its restart %d, a kill Slurm had queued for its "
-                    "previous incarnation on a node that failed; requeued it", victim.job_id, victim.ran_s,
-                    victim.restarts)
-        revived.append(victim.job_id)
-    return tuple(revived)
+class Reviver:
+    """Requeues the victims in each cycle's state; says once per incarnation why one was not."""
+
+    def __init__(self, backend: Backend, journal: Journal, *, window_s: float = STALE_KILL_WINDOW_S,
+                 per_hour: int = REVIVALS_PER_HOUR) -> None:
+        self.backend = backend
+        self.journal = journal
+        self.window_s = window_s
+        self.per_hour = per_hour
+        self._refused: set[tuple[int, int]] = set()
+
+    def revive(self, state: ClusterState, now: float) -> tuple[int, ...]:
+        """Requeue each victim of `state` the limits allow; the job ids requeued."""
+        revived = []
+        for v in stale_kill_victims(state, window_s=self.window_s):
+            what = (f"job {v.job_id}: ended FAILED by SIGTERM {v.ran_s:.0f} s after its restart {v.restarts}, "
+                    "like a kill Slurm had queued for its previous incarnation on a node that failed")
+            if not self.journal.claim_revival(v.job_id, v.restarts, per_hour=self.per_hour, now=now):
+                if (v.job_id, v.restarts) not in self._refused:
+                    self._refused.add((v.job_id, v.restarts))
+                    log.error("%s; not requeued: it was already requeued for this, or %d times in the last hour",
+                              what, self.per_hour)
+                continue
+            try:
+                self.backend.requeue(v.job_id)
+            except SlurmError as exc:
+                self.journal.release_revival(v.job_id, v.restarts)
+                log.error("%s; requeueing it failed (tried again next cycle): %s", what, exc)
+                continue
+            log.warning("%s; requeued it", what)
+            revived.append(v.job_id)
+        return tuple(revived)

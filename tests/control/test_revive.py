@@ -47,16 +47,16 @@ def test_a_job_killed_by_its_previous_incarnations_kill_is_requeued_once(tmp_pat
     assert ("requeue", job) in slurm.calls
     assert slurm.jobs[job].state in (JobState.PENDING, JobState.RUNNING) and slurm.jobs[job].restarts == 2
     # the same incarnation seen FAILED again (a second controller, a replayed snapshot) is not requeued twice
-    assert rec.journal.claim_revival(job, 1) is False
+    assert rec.journal.claim_revival(job, 1, per_hour=3) is False
 
 
-def test_each_incarnation_is_revived_once_and_a_restarted_controller_remembers(tmp_path):
+def test_a_claimed_incarnation_is_not_requeued_again_by_a_restarted_controller(tmp_path):
     slurm, job = _slurm_with_a_restarted_job()
     slurm.now += 1
     slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
     state = slurm.snapshot()
     first = _reconciler(slurm, tmp_path)
-    assert first.journal.claim_revival(job, state.job(job).restarts)   # claimed, then the controller died
+    assert first.journal.claim_revival(job, state.job(job).restarts, per_hour=3)   # claimed, then it died
     first.journal.close()
     again = _reconciler(slurm, tmp_path)
     assert again.cycle().revived == ()
@@ -102,3 +102,38 @@ def test_user_mode_revives_only_the_users_own_jobs(tmp_path):
     rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), ControllerConfig(node_confirm_s=0, user="bob"),
                      clock=lambda: slurm.now, sleep=lambda s: None)
     assert rec.cycle().revived == ()            # the job is alice's
+
+
+def _dies_again(slurm: FakeSlurm, job: int) -> None:
+    if slurm.jobs[job].state is not JobState.RUNNING:
+        slurm.now += 200               # past BeginTime
+        slurm.schedule()
+    assert slurm.jobs[job].state is JobState.RUNNING
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+
+
+def test_a_job_killed_at_every_start_is_requeued_three_times_an_hour(tmp_path, caplog):
+    slurm, job = _slurm_with_a_restarted_job()
+    rec = _reconciler(slurm, tmp_path)
+    for _ in range(3):
+        _dies_again(slurm, job)
+        assert rec.cycle().revived == (job,)
+    _dies_again(slurm, job)
+    assert rec.cycle().revived == () and slurm.jobs[job].state is JobState.FAILED   # the fourth in the hour
+    assert sum("not requeued" in r.message for r in caplog.records) == 1   # said once, not every cycle
+    rec.cycle()
+    assert sum("not requeued" in r.message for r in caplog.records) == 1
+    slurm.now += 3600                  # an hour on: the budget is back
+    assert rec.cycle().revived == (job,)
+
+
+def test_a_requeue_that_fails_is_tried_again_next_cycle(tmp_path):
+    slurm, job = _slurm_with_a_restarted_job()
+    slurm.now += 1
+    slurm.finish(job, JobState.FAILED, signal=signal.SIGTERM)
+    slurm.fail["requeue"] = lambda j: True        # slurmctld not answering
+    rec = _reconciler(slurm, tmp_path)
+    assert rec.cycle().revived == ()
+    del slurm.fail["requeue"]
+    assert rec.cycle().revived == (job,)
