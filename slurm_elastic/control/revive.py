@@ -35,6 +35,8 @@ REVIVALS_PER_HOUR = 3
 
 @dataclass(frozen=True, slots=True)
 class Revival:
+    """A job bearing the signature: its id, restart count (which incarnation died) and how long it ran."""
+
     job_id: int
     restarts: int
     ran_s: float
