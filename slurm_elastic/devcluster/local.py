@@ -533,15 +533,16 @@ class LocalCluster:
         self.slurm("scontrol", "reconfigure", timeout=60.0)
         if version.reconfigure_replaces_daemons:
             # The old processes hand over to new ones, which write their pid files a moment later: until
-            # then a node-down by pid file would kill a process that is already leaving.
-            def replaced() -> bool:
-                if self._ctld_pid(layout) in (None, before_ctld):
-                    return False
-                return all(self._slurmd_pid(layout, name) not in (None, old_pid)
-                           for name, old_pid in before.items() if old_pid is not None)
-
-            _wait_until(replaced, 60.0, f"the daemons did not come back under new pids after `scontrol reconfigure` "
-                                        f"(Slurm {version}); see {layout.ctld_log}")
+            # then a node-down by pid file would kill a process that is already leaving. Under load the
+            # pid files were seen missing after the handover (24.11, 26.05), so each successor is found
+            # by its argv once it is the only one left, and its pid file written if need be.
+            daemons = [(layout.ctld_pid, self._ctld_identity(layout), before_ctld)]
+            daemons += [(layout.slurmd_pid(name), self._slurmd_identity(layout, name), old_pid)
+                        for name, old_pid in before.items() if old_pid is not None]
+            for pid_file, identity, old_pid in daemons:
+                _adopt_successor(pid_file, identity, old_pid, 60.0,
+                                 f"{identity.program} did not come back under a new pid after `scontrol reconfigure` "
+                                 f"(Slurm {version}); see {layout.ctld_log}")
         _wait_until(lambda: self.slurmd_timeout_in_effect() == seconds, 60.0,
                     f"slurmctld did not take SlurmdTimeout={seconds} after reconfigure; see {layout.ctld_log}")
         log.info("SlurmdTimeout %d s -> %d s", old, seconds)
@@ -633,6 +634,23 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def _adopt_successor(pid_file: Path, identity: processes.Identity, old_pid: int | None, timeout: float,
+                     error: str) -> int:
+    """The one live process that is `identity` and not old_pid; the pid file is made to name it."""
+    found: list[int] = []
+
+    def handed_over() -> bool:
+        found[:] = processes.matching(identity)
+        return len(found) == 1 and found[0] != old_pid
+
+    _wait_until(handed_over, timeout, error)
+    if processes.read_pid(pid_file) != found[0]:
+        log.info("%s is pid %d; its pid file %s said %s: rewritten", identity.program, found[0], pid_file,
+                 processes.read_pid(pid_file))
+        _write_text(pid_file, f"{found[0]}\n")
+    return found[0]
 
 
 def _exited(pid_file: Path) -> bool:

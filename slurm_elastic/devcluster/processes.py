@@ -182,6 +182,11 @@ def stepds_writing(log_files: Iterable[Path]) -> list[int]:
     return found
 
 
+def matching(identity: Identity) -> list[int]:
+    """Live processes under our root that are `identity` (finds a daemon whose pid file is gone)."""
+    return [pid for pid in _all_pids() if (argv := cmdline(pid)) is not None and identity.matches(argv)]
+
+
 def processes_mentioning(marker: str, programs: Iterable[str]) -> list[int]:
     """Live processes of `programs` whose argv contains marker (used to prove `down` left nothing)."""
     names = set(programs)

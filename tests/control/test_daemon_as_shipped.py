@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_elastic.control.plugin import installed_entry_point, unit_file_source
 
+import tcp_listeners  # tests/tcp_listeners.py
+
 ENTRY = Path(sys.executable).parent / "slurm-elastic"
 
 
@@ -69,11 +71,6 @@ def _scrape(port: int, timeout: float) -> str:
             time.sleep(0.5)
 
 
-def _listeners(port: int) -> list[str]:
-    out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[3] for line in out.splitlines() if line.strip()]
-
-
 @pytest.mark.slurm
 def test_the_units_command_line_starts_and_serves_metrics_on_loopback(elastic_cluster, tmp_path: Path) -> None:
     cluster = elastic_cluster
@@ -91,8 +88,8 @@ def test_the_units_command_line_starts_and_serves_metrics_on_loopback(elastic_cl
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert {"slurm_elastic_cycle_seconds", "slurm_elastic_gpus", "slurm_elastic_plans"} <= set(families), \
             sorted(families)
-        addresses = _listeners(port)
-        assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+        addresses = tcp_listeners.listeners_on(port)
+        assert addresses == ["127.0.0.1"], addresses
         cluster.wait_for(lambda: "reconcile loop started" in log.read_text(), 60, what="a log line")
     finally:
         daemon.send_signal(signal.SIGTERM)

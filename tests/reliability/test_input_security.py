@@ -31,6 +31,8 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.devcluster import processes
 
+import tcp_listeners  # tests/tcp_listeners.py
+
 CLI = Path(sys.executable).parent / "slurm-elastic"     # the installed entry point
 SCRIPT_BODY = "true\n"
 
@@ -159,12 +161,9 @@ def test_a_stale_wrapper_variable_in_the_callers_environment_is_refused(tmp_path
 def test_local_cluster_daemons_listen_on_loopback_only(slurm_cluster: Any, figures: Any) -> None:
     local = slurm_cluster.require_local()
     layout = local.layout
-    listeners = subprocess.run(["ss", "-Hltn"], capture_output=True, text=True, check=True, timeout=30).stdout
     by_port: dict[int, list[str]] = {}
-    for line in listeners.splitlines():
-        address = line.split()[3]
-        host, _, port = address.rpartition(":")
-        by_port.setdefault(int(port), []).append(host)
+    for host, port in tcp_listeners.listening():
+        by_port.setdefault(port, []).append(host)
     serving = [spec.port for spec in layout.node_specs if not spec.spare]
     figures.put(ctld=by_port.get(layout.ctld_port), nodes={p: by_port.get(p) for p in serving})
     assert by_port.get(layout.ctld_port) == ["127.0.0.1"], f"slurmctld listens on {by_port.get(layout.ctld_port)}"
