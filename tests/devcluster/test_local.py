@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.devcluster import LocalCluster, UnknownNode, node_state_serving
 from slurm_elastic.devcluster import local as local_module
+from slurm_elastic.devcluster import processes
 from slurm_elastic.devcluster.layout import ClusterLayout
 from slurm_elastic.devcluster.status import parse_scontrol_nodes
 from slurm_elastic.errors import ClusterSetupError
@@ -134,3 +137,33 @@ def test_a_slurmctld_terminated_while_it_starts_is_started_once_more_and_only_th
         with pytest.raises(ClusterSetupError, match="exited during start"):
             cluster._start_ctld(layout, 5.0)
         assert len(starts) == 1
+
+
+def _started(argv: list[str]) -> subprocess.Popen:
+    child = subprocess.Popen(argv)
+    while processes.cmdline(child.pid) is None:   # argv appears a moment after exec
+        time.sleep(0.01)
+    return child
+
+
+def test_the_successor_of_a_reconfigure_handover_gets_the_pid_file(tmp_path: Path) -> None:
+    """24.11+ hands each daemon over to a new process; a pid file lost on the way is written for the successor."""
+    identity = processes.Identity("sleep", ("41.731",))
+    old, new = _started(["sleep", "41.731"]), _started(["sleep", "41.731"])
+    pid_file = tmp_path / "slurmd-n1.pid"
+    try:
+        # While the old process lives there are two candidates: no guess is made.
+        with pytest.raises(ClusterSetupError, match="no successor"):
+            local_module._adopt_successor(pid_file, identity, old.pid, 0.3, "no successor")
+        assert not pid_file.exists()
+        old.kill()
+        old.wait()
+        assert local_module._adopt_successor(pid_file, identity, old.pid, 10.0, "no successor") == new.pid
+        assert processes.read_pid(pid_file) == new.pid
+        # The old process alone, with no successor yet, is not taken for one.
+        with pytest.raises(ClusterSetupError, match="no successor"):
+            local_module._adopt_successor(pid_file, identity, new.pid, 0.3, "no successor")
+    finally:
+        for child in (old, new):
+            child.kill()
+            child.wait()
