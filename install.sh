@@ -125,8 +125,8 @@ if [ "$with_slurm" = 1 ]; then
     apt_pkgs="slurmctld slurmd slurm-client munge"
 fi
 if [ "$dev" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    # The tests load the module in a real Lmod shell (lmod brings lua and tclsh) and check listeners with ss.
-    apt_pkgs="$apt_pkgs lmod iproute2"
+    # The tests load the module in a real Lmod shell (lmod brings lua and tclsh).
+    apt_pkgs="$apt_pkgs lmod"
 fi
 if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
