@@ -53,13 +53,18 @@ SBATCH_22_05: dict[str, Arg] = {
     "version": _N, "wait": _N, "wait-all-nodes": _R, "wckey": _R, "wrap": _R,
 }
 
-# Options later releases added (23.02 .. 26.05, from their man pages), so that a prefix
-# is resolved against everything some supported sbatch knows: a prefix unique here is
-# unique on every version, and one that names a new option on a newer Slurm is not
-# taken for an old one. `--requeue` takes `=expedite` from 25.11 on.
+# Options later releases added (23.02 .. 26.05), so that a prefix is resolved against
+# everything some supported sbatch knows: a prefix unique here is unique on every version,
+# and one that names a new option on a newer Slurm is not taken for an old one. The first
+# line is from the man pages; the rest was read from the 24.11.5 and 26.05.5 binaries like
+# 22.05's (hidden ones included: `--autocomplete`, `--resv-ports`). `--requeue` takes
+# `=expedite` from 25.11 on.
 SBATCH_LATER: dict[str, Arg] = {
     "container-id": _R, "extra": _R, "oom-kill-step": _O, "tres-per-task": _R, "segment": _R,
     "tres-bind": _R, "requeue": _O,
+    "autocomplete": _R, "resv-ports": _O, "stepmgr": _N,                                   # 24.11
+    "consolidate-segments": _N, "container-type": _R, "external": _N, "mem-update": _R,  # 26.05
+    "resources": _R, "spread-segments": _N,
 }
 
 SBATCH_LONG: dict[str, Arg] = {**SBATCH_22_05, **SBATCH_LATER}

@@ -56,6 +56,7 @@ REFUSED = {
     "no-requeue": "elastic jobs must be requeueable; drop {}",
     "comment": "the job comment carries the elastic spec; drop {}",
     "wrap": "elastic jobs need a batch script (the template waits for its requeue); --wrap is not supported",
+    "external": "elastic jobs need a batch script (the template waits for its requeue); {} is not supported",
     "mem": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem",
     "mem-per-cpu": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem-per-cpu",
     "cpus-per-task": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to {}",

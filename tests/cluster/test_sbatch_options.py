@@ -88,6 +88,8 @@ def _sbatch(env: dict[str, str], *args: str) -> str:
     return (proc.stderr + proc.stdout).splitlines()[0] if (proc.stderr + proc.stdout).strip() else ""
 
 
+# Marked slurm so that CI runs them on every version's sbatch, not only the machine's own.
+@pytest.mark.slurm
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
 def test_the_long_option_table_is_the_installed_sbatchs(tmp_path: Path) -> None:
     """`sbatch --a` ... `--z` list every option of a letter; each one's value kind is what sbatch says."""
@@ -112,6 +114,7 @@ def test_the_long_option_table_is_the_installed_sbatchs(tmp_path: Path) -> None:
         assert installed == set(SBATCH_22_05)
 
 
+@pytest.mark.slurm
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="sbatch is not installed")
 def test_the_short_option_table_is_the_installed_sbatchs(tmp_path: Path) -> None:
     env = _probe_conf(tmp_path)

@@ -81,6 +81,8 @@ CLI_CASES = [
     CliCase("array", ("sbatch", "--gpus", "1-4", "--array=1-10", "train.sbatch"), "arrays"),
     CliCase("no-requeue", ("sbatch", "--gpus", "1-4", "--no-requeue", "train.sbatch"), "requeueable"),
     CliCase("wrap", ("sbatch", "--gpus", "1-4", "--wrap=sleep 1"), "--wrap"),
+    CliCase("external", ("sbatch", "--gpus", "1-4", "--exter", "train.sbatch"), "--exter is not supported"),
+    CliCase("ambiguous-prefix", ("sbatch", "--gpus", "1-4", "--spread", "train.sbatch"), "ambiguous"),
     CliCase("unknown-option", ("sbatch", "--gpus", "1-4", "--frobnicate", "train.sbatch"), "unknown option"),
     CliCase("flag-with-value", ("sbatch", "--gpus", "1-4", "--watch=yes", "train.sbatch"), "takes no value"),
     CliCase("missing-value", ("sbatch", "train.sbatch", "--gpus"), "needs --gpus"),
