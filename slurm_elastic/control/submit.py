@@ -42,6 +42,7 @@ WRAPPER = Grammar(
 
 _ARRAYS = "elastic job arrays are not supported: submit each job on its own"
 _GPUS = "GPUs are given as --gpus MIN-MAX"
+_NEEDS_SCRIPT = "elastic jobs need a batch script (the template waits for its requeue)"
 # Options the controller sets itself, or that Slurm forbids next to them, by canonical name:
 # refused with the reason in whatever spelling they come (`{}` is the spelling).
 REFUSED = {
@@ -55,8 +56,8 @@ REFUSED = {
     "tres-per-task": _GPUS + ", CPUs and memory per GPU; drop {}",
     "no-requeue": "elastic jobs must be requeueable; drop {}",
     "comment": "the job comment carries the elastic spec; drop {}",
-    "wrap": "elastic jobs need a batch script (the template waits for its requeue); --wrap is not supported",
-    "external": "elastic jobs need a batch script (the template waits for its requeue); {} is not supported",
+    "wrap": _NEEDS_SCRIPT + "; --wrap is not supported",
+    "external": _NEEDS_SCRIPT + "; {} is not supported",
     "mem": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem",
     "mem-per-cpu": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem-per-cpu",
     "cpus-per-task": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to {}",
