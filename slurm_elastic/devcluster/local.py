@@ -253,10 +253,12 @@ class LocalCluster:
         try:
             self._start_munged(layout)
             self._start_ctld(layout, timeout)
+            self._forget_the_last_run(layout)
             self._mark_spares_down(layout)
             serving = [spec.name for spec in layout.node_specs if not spec.spare]
             for name in serving:
                 self._start_slurmd(layout, name)
+            self._resume_drained(serving, timeout)
             self.wait_for_nodes(serving, node_state_serving, timeout=timeout, what="IDLE")
         except BaseException:
             # Never leave half a cluster behind: stop whatever this call started.
@@ -344,31 +346,55 @@ class LocalCluster:
             layout.munge_socket.exists, 10.0, f"munged did not create {layout.munge_socket}; see {layout.munge_log}"
         )
 
-    def _start_ctld(self, layout: ClusterLayout, timeout: float, *, attempts: int = 2) -> None:
+    def _start_ctld(self, layout: ClusterLayout, timeout: float) -> None:
         # A pid file left by a killed slurmctld would read as "started, then died".
         layout.ctld_pid.unlink(missing_ok=True)
-        logged = layout.ctld_log.stat().st_size if layout.ctld_log.exists() else 0
         argv = [require_program("slurmctld"), "-f", str(layout.slurm_conf)]
         processes.run_daemon(argv, env=self._env(), startup_log=layout.log_dir / "slurmctld.start.log")
 
         def answering() -> bool:
-            # The daemon writes its pid file a moment after its parent returns.
-            if layout.ctld_pid.exists() and self._ctld_pid(layout) is None:
+            # The daemon creates its pid file empty and writes its pid a moment later: only a pid that is
+            # gone means it exited. (Taking the empty file for an exit made `up` stop, with SIGTERM, a
+            # slurmctld that was starting: seen on 22.05 here and on 26.05 in CI, "Terminate signal" 1 ms after
+            # "Running as primary controller".)
+            if _exited(layout.ctld_pid):
                 raise ClusterSetupError(f"slurmctld exited during start; see {layout.ctld_log}")
             result = self.slurm("scontrol", "ping", timeout=10.0, check=False)
             return result.returncode == 0 and "UP" in result.stdout
 
-        try:
-            _wait_until(answering, timeout, f"slurmctld did not answer within {timeout:.0f} s; see {layout.ctld_log}")
-        except ClusterSetupError:
-            # Nothing here stops a slurmctld that is starting. One told to terminate 2 ms after "Running as
-            # primary controller" (seen once in CI on 26.05.5, three test suites on one host, pid_max 32768)
-            # was signalled by some other process on the host, not by its own start: start it once more.
-            if attempts <= 1 or not terminated_by_a_signal(layout.ctld_log, since=logged):
-                raise
-            log.warning("slurmctld was sent a terminate signal while it started (not by this cluster; see %s); "
-                        "starting it once more", layout.ctld_log)
-            self._start_ctld(layout, timeout, attempts=attempts - 1)
+        _wait_until(answering, timeout, f"slurmctld did not answer within {timeout:.0f} s; see {layout.ctld_log}")
+
+    def _forget_the_last_run(self, layout: ClusterLayout) -> None:
+        """Cancel the jobs that slurmctld recovered from this directory's last run.
+
+        After an unclean stop (daemons killed, the machine gone) slurmctld recovers the jobs it had and
+        requeues them: a CI run on this machine once found the jobs of a killed earlier run holding every
+        node, and each of its own jobs waited for a timeout. `up` promises an empty cluster, so they are
+        cancelled here, before any slurmd serves, where no recovered job can start.
+        """
+        jobs = sorted(self._job_ids(), key=lambda job: (len(job), job))
+        if jobs:
+            self.slurm("scancel", *jobs, check=False)
+            log.warning("cancelled %d job(s) recovered from the last run of %s (stopped uncleanly): %s",
+                        len(jobs), self.state_dir, " ".join(jobs))
+
+    def _resume_drained(self, names: list[str], timeout: float) -> None:
+        """Resume those of names that a state recovered from the last run left drained.
+
+        ReturnToService=2 brings a DOWN node back when its slurmd registers; a drained one stays drained,
+        and Slurm refuses to resume it until then (UNKNOWN+DRAIN).
+        """
+        states = self.node_states()
+        drained = [n for n in names if "DRAIN" in states.get(n, {}).get("State", "")]
+        if not drained:
+            return
+        self.wait_for_nodes(drained, lambda state: not state.startswith("UNKNOWN"), timeout=timeout,
+                            what="registered")
+        self.slurm("scontrol", "update", f"NodeName={','.join(drained)}", "State=RESUME")
+        log.warning("resumed node(s) drained in the last run of %s: %s", self.state_dir, " ".join(drained))
+
+    def _job_ids(self) -> list[str]:
+        return self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()
 
     def _mark_spares_down(self, layout: ClusterLayout) -> None:
         """Spares are configured DOWN, but a state recovered from an earlier run may say otherwise."""
@@ -577,7 +603,7 @@ class LocalCluster:
         return before
 
     def _cancel_all_jobs(self, grace: float) -> None:
-        jobs = self.slurm("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        jobs = self._job_ids()
         if not jobs:
             return
         self.slurm("scancel", *jobs, check=False)
@@ -657,18 +683,6 @@ def _exited(pid_file: Path) -> bool:
     """The pid file names a process that is gone (the daemon died after writing it)."""
     pid = processes.read_pid(pid_file)
     return pid is not None and not processes.is_alive(pid)
-
-
-def terminated_by_a_signal(ctld_log: Path, *, since: int = 0) -> bool:
-    """Whether slurmctld logged a terminate signal after byte `since` of its log (22.05: "Terminate signal
-    (SIGINT or SIGTERM) received"; 24.11 and 26.05: "Terminate signal SIGTERM received")."""
-    try:
-        with ctld_log.open("rb") as f:
-            f.seek(since)
-            text = f.read(1 << 20).decode(errors="replace")
-    except OSError:
-        return False
-    return "Terminate signal" in text
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, error: str | None) -> bool:

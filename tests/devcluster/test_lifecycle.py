@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -99,3 +100,51 @@ def test_a_failed_up_leaves_no_half_cluster(short_dir: Path, monkeypatch: pytest
     # munged, slurmctld and n1's slurmd had started; all are gone again.
     assert local.leftover_processes() == []
     assert not local.is_up()
+
+
+def test_up_after_an_unclean_stop_runs_nothing_of_the_last_run(short_dir: Path, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Daemons killed under a running and a queued job, a node drained: the next `up` is an empty cluster."""
+    base = _free_port_base(8)
+    local = LocalCluster(short_dir)
+    local.up(nodes=2, spares=0, gpus_per_node=2, cpus_per_node=4, memory_mb=4000, port_base=base)
+    env = {**os.environ, **local.env()}
+
+    def sbatch(*args: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "%j.out"), *args], env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    def job_states() -> dict[str, str]:
+        out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        return dict(line.split() for line in out.splitlines())
+
+    try:
+        running = sbatch("-N1", "--gres=gpu:2", "--mem=1G", "--requeue", "--wrap", "sleep 600")
+        queued = sbatch("-N2", "--gres=gpu:2", "--mem=1G", "--requeue", "--wrap", "sleep 600")
+        deadline = time.monotonic() + 30
+        while job_states().get(running) != "RUNNING":
+            assert time.monotonic() < deadline, f"job {running} never started: {job_states()}"
+            time.sleep(0.2)
+        assert job_states()[queued] == "PENDING"
+        subprocess.run(["scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=left by a test"], env=env,
+                       check=True)
+        # As when a session is killed: slurmctld is told to stop (it saves its state), everything else dies.
+        processes.stop([local.status().controller_pid], grace=5.0)
+        for pid in local.leftover_processes():
+            processes.send(pid, signal.SIGKILL)
+        processes.wait_gone(local.leftover_processes(), 10.0)
+        assert not local.is_up()
+
+        with caplog.at_level("WARNING", logger="slurm_elastic.devcluster.local"):
+            status = local.up(nodes=2, spares=0, gpus_per_node=2, cpus_per_node=4, memory_mb=4000, port_base=base)
+        assert [n.serving for n in status.nodes] == [True, True], status.nodes
+        # Neither job comes back: the requeued one does not restart and the queued one does not start.
+        time.sleep(5)
+        assert not {state for state in job_states().values()} & {"RUNNING", "PENDING", "CONFIGURING"}, job_states()
+        assert not any((processes.cmdline(p) or [""])[0] == "sleep" for p in local.leftover_processes())
+        assert f"(stopped uncleanly): {running} {queued}" in caplog.text
+        assert "drained in the last run" in caplog.text and caplog.text.rstrip().endswith("n2")
+    finally:
+        local.down()
+    assert local.leftover_processes() == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,54 +91,68 @@ def test_status_of_a_stopped_cluster(tmp_path: Path) -> None:
     ]
 
 
-def test_a_terminate_signal_in_the_ctld_log_is_read_only_from_this_start(tmp_path):
-    """The words of 22.05 and of 24.11/26.05; a terminate signal logged before this start does not count."""
-    from slurm_elastic.devcluster.local import terminated_by_a_signal
-
-    log = tmp_path / "slurmctld.log"
-    assert not terminated_by_a_signal(log)                       # no log yet
-    log.write_text("[2026-12-01T11:20:20.325] Terminate signal (SIGINT or SIGTERM) received\n")
-    since = log.stat().st_size
-    assert terminated_by_a_signal(log)
-    with log.open("a") as f:
-        f.write("[2026-12-02T00:01:59.463] Running as primary controller\n")
-    assert not terminated_by_a_signal(log, since=since)
-    with log.open("a") as f:
-        f.write("[2026-12-02T00:01:59.465] Terminate signal SIGTERM received\n")
-    assert terminated_by_a_signal(log, since=since)
+def _fake_slurmctld(tmp_path: Path, layout: ClusterLayout) -> list[str]:
+    """argv of a process that is `slurmctld` to the cluster's identity check (a Python named slurmctld)."""
+    program = tmp_path / "bin" / "slurmctld"
+    program.parent.mkdir(exist_ok=True)
+    program.symlink_to(sys.executable)
+    return [str(program), "-c", "import time; time.sleep(60)", "-f", str(layout.slurm_conf)]
 
 
-@pytest.mark.parametrize("signalled", [True, False])
-def test_a_slurmctld_terminated_while_it_starts_is_started_once_more_and_only_then(tmp_path, monkeypatch,
-                                                                                    signalled):
-    """Stand-ins for the daemon start and the wait (no Slurm here): the first start dies. With a terminate
-    signal in its log it is started once more; without one (it failed on its own) the error stands."""
-    layout = ClusterLayout(state_dir=tmp_path, slurm_version="26.05.5")
-    layout.ctld_log.parent.mkdir(parents=True, exist_ok=True)
-    starts = []
+def test_a_slurmctld_whose_pid_file_is_still_empty_is_starting_not_exited(tmp_path, monkeypatch):
+    """slurmctld creates its pid file empty and writes its pid a moment later (polled on 22.05.8: empty in 14
+    of 15 starts). `up` once took that for an exit and stopped the starting daemon. Stand-ins for the start
+    and for `scontrol ping`; the daemon is a real process."""
+    layout = ClusterLayout(state_dir=tmp_path, slurm_version="22.05.8")
+    layout.ctld_pid.parent.mkdir(parents=True, exist_ok=True)
+    argv = _fake_slurmctld(tmp_path, layout)
+    children: list[subprocess.Popen] = []
+    polled_while_empty = []
 
-    def run_daemon(argv, **_):
-        starts.append(argv)
-        if len(starts) == 1:
-            layout.ctld_log.write_text("Running as primary controller\n"
-                                       + ("Terminate signal SIGTERM received\n" if signalled else "fatal: no\n"))
+    def run_daemon(*_, **__):
+        layout.ctld_pid.write_text("")   # created, pid not yet written
 
-    def wait_until(predicate, timeout, error):
-        if len(starts) == 1:
-            raise ClusterSetupError("slurmctld exited during start")
-        return True
+        def daemon_writes_its_pid() -> None:
+            time.sleep(0.5)
+            children.append(_started(argv))
+            layout.ctld_pid.write_text(f"{children[0].pid}\n")
+
+        threading.Thread(target=daemon_writes_its_pid, daemon=True).start()
+
+    def ping(self, *args, **_):
+        written = processes.read_pid(layout.ctld_pid) is not None
+        if not written:
+            polled_while_empty.append(args)
+        return subprocess.CompletedProcess(args, 0 if written else 1, "Slurmctld(primary) at x is UP\n" if written
+                                           else "", "")
 
     monkeypatch.setattr(local_module.processes, "run_daemon", run_daemon)
-    monkeypatch.setattr(local_module, "_wait_until", wait_until)
     monkeypatch.setattr(local_module, "require_program", lambda name: f"/usr/sbin/{name}")
-    cluster = LocalCluster(tmp_path)
-    if signalled:
-        cluster._start_ctld(layout, 5.0)
-        assert len(starts) == 2
-    else:
-        with pytest.raises(ClusterSetupError, match="exited during start"):
-            cluster._start_ctld(layout, 5.0)
-        assert len(starts) == 1
+    monkeypatch.setattr(LocalCluster, "slurm", ping)
+    try:
+        LocalCluster(tmp_path)._start_ctld(layout, 20.0)
+        assert polled_while_empty, "the wait never saw the empty pid file: the test proves nothing"
+        assert processes.verified_pid(layout.ctld_pid, LocalCluster._ctld_identity(layout)) == children[0].pid
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+
+
+def test_a_slurmctld_whose_pid_is_gone_exited_during_start(tmp_path, monkeypatch):
+    layout = ClusterLayout(state_dir=tmp_path, slurm_version="22.05.8")
+    layout.ctld_pid.parent.mkdir(parents=True, exist_ok=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    monkeypatch.setattr(local_module.processes, "run_daemon",
+                        lambda *_, **__: layout.ctld_pid.write_text(f"{gone.pid}\n"))
+    monkeypatch.setattr(local_module, "require_program", lambda name: f"/usr/sbin/{name}")
+    pings = []
+    monkeypatch.setattr(LocalCluster, "slurm",
+                        lambda self, *args, **_: pings.append(args) or subprocess.CompletedProcess(args, 1, "", ""))
+    with pytest.raises(ClusterSetupError, match="exited during start"):
+        LocalCluster(tmp_path)._start_ctld(layout, 600.0)
+    assert pings == [], "an exited daemon is reported at its first look, not asked and waited for"
 
 
 def _started(argv: list[str]) -> subprocess.Popen:
