@@ -4,13 +4,16 @@ The interpreter that runs the tests is often private: a pyenv build under
 /root (mode 0700), which another user cannot execute. Then the same
 interpreter is reached through READ-ONLY bind mounts in a root-owned
 directory under /run (nothing can be written or deleted through them), and a
-two-line launcher sets the library path its shared libpython needs. Every
+two-line launcher sets the library path its shared libpython needs. A
+checkout in a private home (an editable install reads the package from it)
+is bind-mounted the same way and put first on the launcher's PYTHONPATH. Every
 test that acts as another user goes through `UserPython`, so a fresh machine
 runs those tests for real instead of skipping them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -90,12 +93,17 @@ class UserPython:
             self.scratch = None
 
 
-def user_python(user: str) -> UserPython:
-    """A UserPython for `user`; raises RuntimeError saying why when none can be made."""
+def user_python(user: str, package: Path | None = None) -> UserPython:
+    """A UserPython for `user`; raises RuntimeError saying why when none can be made.
+
+    package: the slurm_elastic package directory the user is to import (default: the one imported here).
+    """
     ensure_user(user)
     python = os.path.realpath(sys.executable)
     site = sysconfig.get_paths()["purelib"]
-    if _probe(user, python, site).returncode == 0:
+    package = (package or Path(importlib.util.find_spec("slurm_elastic").origin).parent).resolve()
+    if package == Path(importlib.util.find_spec("slurm_elastic").origin).parent.resolve() \
+            and _probe(user, python, site).returncode == 0:
         return UserPython(user, python, site)
     if os.geteuid() != 0:
         raise RuntimeError(f"{user} cannot run {python} and only root can bind-mount it somewhere public")
@@ -119,10 +127,20 @@ def user_python(user: str) -> UserPython:
                 raise RuntimeError(why)
             made.mounts.append(scratch / "site")
             made.site = str(scratch / "site")
+        pythonpath = ""
+        if not (package.is_relative_to(site_dir) or package.is_relative_to(base)):
+            # An editable install reads the package from its checkout, which may be in a private home
+            # (CI cloned to /root/...: PermissionError on slurm_elastic/__init__.py). On PYTHONPATH it
+            # comes before the editable finder, which setuptools appends to sys.meta_path.
+            why = _bind_ro(str(package.parent), scratch / "checkout")
+            if why:
+                raise RuntimeError(why)
+            made.mounts.append(scratch / "checkout")
+            pythonpath = f"PYTHONPATH={scratch / 'checkout'}${{PYTHONPATH:+:$PYTHONPATH}} "
         launcher = scratch / "python"
         libdir = scratch / "base" / "lib"
         # A shared-libpython build finds libpython through an absolute RUNPATH into the private prefix.
-        launcher.write_text(f"#!/bin/sh\nLD_LIBRARY_PATH={libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
+        launcher.write_text(f"#!/bin/sh\n{pythonpath}LD_LIBRARY_PATH={libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} "
                             f"exec {inner} \"$@\"\n")
         launcher.chmod(0o755)
         made.python = str(launcher)
