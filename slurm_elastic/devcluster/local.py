@@ -513,8 +513,10 @@ class LocalCluster:
         if name not in layout.spare_names:
             raise ClusterSetupError(f"{name} is not a spare node (spares: {', '.join(layout.spare_names) or 'none'})")
         if self._slurmd_pid(layout, name) is not None:
-            self.node_down(name)
-        self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={SPARE_REASON}")
+            # As node-down --mark-down: a reply its slurmd sent just before dying can put it back in service.
+            self.node_down(name, mark_down=True, reason=SPARE_REASON)
+        else:
+            self.slurm("scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={SPARE_REASON}")
 
     def node_up(self, name: str, *, wait: bool = True, timeout: float = 30.0) -> int:
         """Start the node's slurmd again (or a spare's for the first time); return its pid.

@@ -91,12 +91,16 @@ def test_status_of_a_stopped_cluster(tmp_path: Path) -> None:
     ]
 
 
-def _fake_slurmctld(tmp_path: Path, layout: ClusterLayout) -> list[str]:
-    """argv of a process that is `slurmctld` to the cluster's identity check (a Python named slurmctld)."""
-    program = tmp_path / "bin" / "slurmctld"
+def _fake_daemon(tmp_path: Path, name: str, *args: str) -> list[str]:
+    """argv of a process that passes the cluster's identity check for daemon `name` (a Python named so)."""
+    program = tmp_path / "bin" / name
     program.parent.mkdir(exist_ok=True)
     program.symlink_to(sys.executable)
-    return [str(program), "-c", "import time; time.sleep(60)", "-f", str(layout.slurm_conf)]
+    return [str(program), "-c", "import time; time.sleep(60)", *args]
+
+
+def _fake_slurmctld(tmp_path: Path, layout: ClusterLayout) -> list[str]:
+    return _fake_daemon(tmp_path, "slurmctld", "-f", str(layout.slurm_conf))
 
 
 def test_a_slurmctld_whose_pid_file_is_still_empty_is_starting_not_exited(tmp_path, monkeypatch):
@@ -183,3 +187,34 @@ def test_the_successor_of_a_reconfigure_handover_gets_the_pid_file(tmp_path: Pat
         for child in (old, new):
             child.kill()
             child.wait()
+
+
+def test_a_retired_spare_that_slurm_puts_back_in_service_is_marked_down_again(tmp_path, monkeypatch):
+    """A reply the spare's slurmd sent just before it was killed can reach slurmctld after State=DOWN and put
+    the node back in service (ReturnToService=2; seen on 26.05.5 after node-down --mark-down). A retired spare
+    that came back showed up as `resumed` in the next test's first snapshot (22.05.8). Stand-ins for Slurm's
+    commands; the spare's slurmd is a real process."""
+    layout = ClusterLayout(state_dir=tmp_path, slurm_version="22.05.8", nodes=1, spares=1)
+    layout.layout_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.layout_file.write_text(layout.to_json())
+    layout.slurmd_pid("n2").parent.mkdir(parents=True, exist_ok=True)
+    slurmd = _started(_fake_daemon(tmp_path, "slurmd", "-f", str(layout.slurm_conf), "-N", "n2"))
+    layout.slurmd_pid("n2").write_text(f"{slurmd.pid}\n")
+    downs = []
+
+    def slurm(self, *args, **_):
+        if args[:2] == ("scontrol", "update"):
+            downs.append(args)
+            return subprocess.CompletedProcess(args, 0, "", "")
+        assert args[:3] == ("scontrol", "-o", "show"), args
+        state = "IDLE" if len(downs) == 1 else "DOWN"   # back in service once, after the first State=DOWN
+        return subprocess.CompletedProcess(args, 0, f"NodeName=n2 State={state} Reason=x\n", "")
+
+    monkeypatch.setattr(LocalCluster, "slurm", slurm)
+    try:
+        LocalCluster(tmp_path).retire_spare("n2")
+    finally:
+        slurmd.kill()
+        slurmd.wait()
+    assert [d[3] for d in downs] == ["State=DOWN", "State=DOWN"]
+    assert all(d[4] == f"Reason={local_module.SPARE_REASON}" for d in downs)
