@@ -101,9 +101,9 @@ def user_python(user: str, package: Path | None = None) -> UserPython:
     ensure_user(user)
     python = os.path.realpath(sys.executable)
     site = sysconfig.get_paths()["purelib"]
-    package = (package or Path(importlib.util.find_spec("slurm_elastic").origin).parent).resolve()
-    if package == Path(importlib.util.find_spec("slurm_elastic").origin).parent.resolve() \
-            and _probe(user, python, site).returncode == 0:
+    imported = Path(importlib.util.find_spec("slurm_elastic").origin).parent.resolve()
+    package = package.resolve() if package else imported
+    if package == imported and _probe(user, python, site).returncode == 0:
         return UserPython(user, python, site)
     if os.geteuid() != 0:
         raise RuntimeError(f"{user} cannot run {python} and only root can bind-mount it somewhere public")
