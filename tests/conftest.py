@@ -439,7 +439,17 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
         users.mkdir(parents=True, exist_ok=True)
         marker = local.state_dir / "started-by-tests"
         with _locked(local.state_dir / "test-sessions.lock"):
+            others = [pid for pid in _live_users(users) if pid != os.getpid()]
             (users / str(os.getpid())).touch()
+            if local.is_up() and not others and _started_by_tests(local, marker):
+                # Left up by a test session that was killed: its jobs may still hold nodes, a node may
+                # still be down and SlurmdTimeout still the short one. No live session uses it: start afresh.
+                import warnings
+
+                warnings.warn(f"the local cluster was left up by a test session that ended without its teardown; "
+                              f"starting it afresh ({local.state_dir})")
+                local.down()
+                marker.unlink(missing_ok=True)
             if not local.is_up():
                 try:
                     local.up(port_base=_port_base(), slurmd_timeout=TEST_SLURMD_TIMEOUT_S)
