@@ -46,6 +46,10 @@ def test_a_checkout_in_a_private_home_is_imported_through_a_read_only_mount(priv
         which, where = out.stdout.split("\n")[:2]
         assert which == "the private checkout"
         assert made.scratch is not None and Path(where).is_relative_to(made.scratch / "checkout"), where
+        # Files of the checkout that a test hands to the user (helpers under tests/) are named as it sees them.
+        shown = subprocess.run([*as_user, "cat", made.seen(private_checkout / "_which_copy.py")],
+                               capture_output=True, text=True)
+        assert shown.stdout == "WHICH = 'the private checkout'\n", shown.stderr
         # Read-only: the user (or root, through the mount) cannot change the checkout.
         written = subprocess.run([*as_user, "touch", str(Path(where).parent / "planted.py")], capture_output=True)
         assert written.returncode != 0

@@ -68,11 +68,19 @@ class UserPython:
     site: str
     mounts: list[Path] = field(default_factory=list)
     scratch: Path | None = None
+    checkout: Path | None = None   # a checkout the user reads through a bind mount (see `seen`)
 
     def argv(self, code: str, *args: str) -> list[str]:
         """runuser argv running `code` (after the site is added) as the user."""
         return ["runuser", "-u", self.user, "--", self.python, "-c",
                 f"import site; site.addsitedir({self.site!r}); {code}", *args]
+
+    def seen(self, path: Path | str) -> str:
+        """path as this user reaches it: a file of a bind-mounted checkout is read through the mount."""
+        real = Path(path).resolve()
+        if self.checkout is not None and self.scratch is not None and real.is_relative_to(self.checkout):
+            return str(self.scratch / "checkout" / real.relative_to(self.checkout))
+        return str(real)
 
     def cli_argv(self, *args: str) -> list[str]:
         return self.argv("from slurm_elastic.cli import main; main()", *args)
@@ -136,6 +144,7 @@ def user_python(user: str, package: Path | None = None) -> UserPython:
             if why:
                 raise RuntimeError(why)
             made.mounts.append(scratch / "checkout")
+            made.checkout = package.parent
             pythonpath = f"PYTHONPATH={scratch / 'checkout'}${{PYTHONPATH:+:$PYTHONPATH}} "
         launcher = scratch / "python"
         libdir = scratch / "base" / "lib"

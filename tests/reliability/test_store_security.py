@@ -77,7 +77,7 @@ def shared_root() -> Iterator[Path]:
 
 
 def _as_user(up: Any, code: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    prelude = f"import sys; sys.path[:0] = [{str(PACKAGE_ROOT)!r}, {str(TESTS)!r}]; "
+    prelude = f"import sys; sys.path[:0] = [{up.seen(PACKAGE_ROOT)!r}, {up.seen(TESTS)!r}]; "
     return subprocess.run(up.argv(prelude + code), capture_output=True, text=True, cwd="/", timeout=timeout)
 
 
