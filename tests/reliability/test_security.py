@@ -207,14 +207,14 @@ exec {python} -c "import site; site.addsitedir('{site}'); from reliability impor
 
 @pytest.mark.slurm
 def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, plain_user: str, tmp_path: Path,
-                                                      figures: Any) -> None:
+                                                      figures: Any, user_pythons: Any) -> None:
     cluster = elastic_cluster
     root = cluster.root / "ckpt" / "private"
     root.mkdir(exist_ok=True)
     os.chmod(root, 0o1777)
     script = cluster.root / "out" / "train-private.sbatch"
-    repo = PACKAGE.parent
-    script.write_text(TRAIN_JOB.format(tests=repo / "tests", repo=repo, python=cluster.user_python or sys.executable,
+    repo, seen = PACKAGE.parent, user_pythons(plain_user).seen   # the checkout as the job's user reaches it
+    script.write_text(TRAIN_JOB.format(tests=seen(repo / "tests"), repo=seen(repo), python=cluster.user_python or sys.executable,
                                        site=getattr(cluster, "user_site", None) or "", root=root))
     script.chmod(0o755)
     proc = subprocess.run(["runuser", "-u", plain_user, "--", "sbatch", "--parsable", "--gres=gpu:1", "--mem=1G",
