@@ -441,7 +441,7 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
         with _locked(local.state_dir / "test-sessions.lock"):
             others = [pid for pid in _live_users(users) if pid != os.getpid()]
             (users / str(os.getpid())).touch()
-            if local.is_up() and not others and _started_by_tests(local, marker):
+            if not others and _started_by_tests(local, marker):   # (which holds only while it is up)
                 # Left up by a test session that was killed: its jobs may still hold nodes, a node may
                 # still be down and SlurmdTimeout still the short one. No live session uses it: start afresh.
                 import warnings

@@ -64,7 +64,7 @@ def test_a_cluster_left_up_by_a_killed_session_is_started_afresh(tmp_path: Path)
     try:
         killed = _session(tmp_path / "killed", KILLED, env)
         assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
-        assert LocalCluster(state).is_up(), "the killed session must leave its cluster up for this test to mean anything"
+        assert LocalCluster(state).is_up(), "the killed session must leave its cluster up, or this proves nothing"
         after = _session(tmp_path / "next", NEXT, env)
         assert after.returncode == 0, after.stdout[-3000:]
         jobs = next(line for line in after.stdout.splitlines() if "JOBS=" in line)

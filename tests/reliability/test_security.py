@@ -214,8 +214,8 @@ def test_checkpoint_dirs_are_private_to_the_jobs_user(elastic_cluster: Any, plai
     os.chmod(root, 0o1777)
     script = cluster.root / "out" / "train-private.sbatch"
     repo, seen = PACKAGE.parent, user_pythons(plain_user).seen   # the checkout as the job's user reaches it
-    script.write_text(TRAIN_JOB.format(tests=seen(repo / "tests"), repo=seen(repo), python=cluster.user_python or sys.executable,
-                                       site=getattr(cluster, "user_site", None) or "", root=root))
+    script.write_text(TRAIN_JOB.format(tests=seen(repo / "tests"), repo=seen(repo),
+                                       python=cluster.user_python or sys.executable, site=getattr(cluster, "user_site", None) or "", root=root))
     script.chmod(0o755)
     proc = subprocess.run(["runuser", "-u", plain_user, "--", "sbatch", "--parsable", "--gres=gpu:1", "--mem=1G",
                            f"--output={cluster.root / 'out'}/%j.out", str(script)], env=cluster.env,
