@@ -113,3 +113,26 @@ def test_a_signal_sent_while_the_ranks_start_is_honoured_not_lost(slurm_cluster,
         assert "exiting with 85" in text, text[-3000:]
     finally:
         slurm_cluster.run("scancel", str(job), check=False)
+
+
+OMP_PROBE = "import os; print('OMP-THREADS', os.environ.get('OMP_NUM_THREADS'), flush=True)"
+
+
+@pytest.mark.parametrize(("chosen", "expected"), [({}, "2"), ({"OMP_NUM_THREADS": "3"}, "3")])
+def test_each_rank_gets_its_share_of_the_cpus_as_math_threads_unless_the_user_chose(
+        slurm_cluster, tmp_path, chosen, expected) -> None:
+    """Unset under srun, every rank of a node starts one math thread per core (a CPU script ran 25x slower)."""
+    out, path = tmp_path / "ddp.out", tmp_path / "ddp.sbatch"
+    path.write_text((TEMPLATES / "ddp.sbatch").read_text())
+    env = _env(slurm_cluster, tmp_path, SLURM_ELASTIC_PYTHON=sys.executable)
+    env.pop("OMP_NUM_THREADS", None)
+    env.update(chosen)
+    # two ranks on one node with 4 CPUs between them: 2 threads each
+    proc = subprocess.run(["sbatch", "--parsable", "-N1", "--gres=gpu:2", "--ntasks-per-node=2", "-c", "2",
+                           "--mem=1G", "-o", str(out), str(path), "python3", "-c", OMP_PROBE],
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
+    job = int(proc.stdout.strip().split(";")[0])
+    slurm_cluster.wait_for(lambda: slurm_cluster.job(job).get("JobState") in ("COMPLETED", "FAILED"), 180,
+                           what=f"job {job} ended")
+    text = out.read_text() if out.exists() else ""
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("OMP-THREADS")] == [expected] * 2, text
