@@ -53,7 +53,7 @@ from typing import TypeVar
 
 import pytest
 
-from slurm_elastic.devcluster import LocalCluster, node_state_serving, processes
+from slurm_elastic.devcluster import LocalCluster, layout, node_state_serving, processes
 from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE
 from slurm_elastic.devcluster.status import parse_scontrol_nodes, parse_scontrol_record
 from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
@@ -71,6 +71,37 @@ NODE_FAILURE_SLURMD_TIMEOUT_S = 10   # while a test waits for Slurm to notice a 
 _SBIN = [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in os.environ.get("PATH", "").split(":")]
 if _SBIN:
     os.environ["PATH"] = ":".join([os.environ.get("PATH", ""), *_SBIN]).lstrip(":")
+
+
+_WORKER_CLUSTER_ENV = "ELASTIC_TESTS_CLUSTER_OF_WORKER"
+
+
+def _one_cluster_per_worker() -> None:
+    """Under pytest-xdist each worker brings up a local cluster of its own (state directory and ports).
+
+    Live tests mostly wait on Slurm, not the CPU, so they wait side by side; a worker never shares nodes
+    another worker's test breaks. An external cluster (SLURM_ELASTIC_TEST_CLUSTER) is not split: its
+    workers take turns (pytest_xdist_auto_num_workers gives it one).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit() or os.environ.get(TEST_CLUSTER_ENV):
+        return
+    if os.environ.get(_WORKER_CLUSTER_ENV) == worker:   # a pytest a test starts inherits its worker's cluster
+        return
+    os.environ[_WORKER_CLUSTER_ENV] = worker
+    index = int(worker[2:])
+    base = layout.default_state_dir()
+    os.environ[layout.CLUSTER_DIR_ENV] = str(base.with_name(f"{base.name}-{worker}"))
+    # Each worker searches its own port range, so two workers starting at once never pick the same ports.
+    os.environ[processes.PORT_SEARCH_START_ENV] = str(processes.port_search_start() + 400 * (index + 1))
+
+
+_one_cluster_per_worker()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: four workers (live tests wait on Slurm, not on the 2 cores); one on an external cluster."""
+    return 1 if os.environ.get(TEST_CLUSTER_ENV) else 4
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
