@@ -137,7 +137,7 @@ class RequestSettings:
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
-    hold_s: float = 300.0                     # a new size is kept at least this long (the hysteresis)
+    hold_s: float = 300.0                     # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (docstring)
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
@@ -613,7 +613,10 @@ class MeasuredRequests:
         # they were resized again and again (yolov3: 27 restarts each on workload 1).
         total_w = spec.weight * weight
         charge_w = spec.weight * max(weight, 1.0)
-        kappa = (restart * charge_w / (policy.beta * s.hold_s * spec.max_gpus)) if policy.beta > 0 else restart
+        # The hold is at least measure_first_s: a restarted job keeps its new size until it has measured
+        # there, and a charge spread over a hysteresis of 0 s would be infinite (no resize, ever).
+        hold = max(s.hold_s, s.measure_first_s)
+        kappa = (restart * charge_w / (policy.beta * hold * spec.max_gpus)) if policy.beta > 0 else restart
         notes.append(f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""))
         req = job_request(job, restart_cost_s=kappa, throughput=model, weight=weight, allowed_gpus=allowed,
                           must_run=must_run)
