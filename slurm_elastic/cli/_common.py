@@ -8,7 +8,7 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from slurm_elastic.errors import ElasticError, PermissionRefused, SpecError
+from slurm_elastic.errors import ElasticError, PermissionRefused, SettingError, SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,7 +25,7 @@ def elastic_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (SpecError, PermissionRefused) as exc:
+        except (SpecError, SettingError, PermissionRefused) as exc:
             raise click.UsageError(str(exc)) from None
         except ElasticError as exc:
             raise click.ClickException(str(exc)) from None

@@ -102,6 +102,7 @@ from slurm_elastic.allocate.throughput import (GoodputThroughput, LinearThroughp
                                                speed_frontier)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.user_files import read_user_file
+from slurm_elastic.settings import HYSTERESIS, SPEED
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class RequestSettings:
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
-    hold_s: float = 300.0                     # a new size is kept at least this long (the controller's hysteresis)
+    hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (docstring)
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
@@ -150,7 +151,7 @@ class RequestSettings:
     prior: LinearThroughput = LinearThroughput()
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
-    measured_speed: bool = True
+    measured_speed: bool = SPEED.default == "measured"
 
 
 @dataclass(frozen=True, slots=True)
