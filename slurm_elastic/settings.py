@@ -172,6 +172,10 @@ HOME: Setting[str | None] = Setting(
 REQUEUE_WAIT_S: Setting[int] = Setting(
     "requeue_wait_s", 900, "Seconds a job template waits for the controller's requeue after a checkpoint.",
     JOB, kind="int", env="SLURM_ELASTIC_REQUEUE_WAIT_S", minimum=0, read_by="job_templates")
+IN_PLACE_WAIT_S: Setting[int] = Setting(
+    "in_place_wait_s", 120, "Seconds a job template whose ranks lost a node watches for Slurm shrinking the "
+    "job in place (else it waits for the requeue).", JOB, kind="int", env="SLURM_ELASTIC_IN_PLACE_WAIT_S",
+    minimum=0, read_by="job_templates")
 
 # -- the local test cluster ---------------------------------------------------------------------------------
 CLUSTER_DIR: Setting[str | None] = Setting(
@@ -191,7 +195,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED,
     DRAIN_ON_PEER_LOSS, NODE_CONFIRM_S, RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
-    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S,
+    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S,
     CLUSTER_DIR, PORT_SEARCH_START,
     CRASH_AFTER,
 )
