@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Mapping, TypeVar
+from typing import Generic, Literal, Mapping, TypeVar
 
 from slurm_elastic.errors import SettingError
 
 T = TypeVar("T")
+Kind = Literal["float", "int", "str", "choice", "flag", "path"]
 
 # Sections of the table (docs/admin.md groups the settings by them).
 CONTROLLER = "controller"   # how a controller decides and acts (daemon, rebalance, watch, sbatch --watch)
@@ -32,14 +33,13 @@ ALL_CONTROLLERS = (DAEMON, REBALANCE, WATCH)
 
 @dataclass(frozen=True, slots=True)
 class Setting(Generic[T]):
-    """One setting: `kind` is float, int, str, choice, flag or path; bounds and choices apply to every
-    source (variable, option, heartbeat)."""
+    """One setting; its bounds and choices apply to every source (variable, option, heartbeat)."""
 
     name: str                            # the Python name (ControllerConfig field or click parameter)
     default: T
     help: str
     section: str
-    kind: str = "str"
+    kind: Kind = "str"
     env: str | None = None               # the environment variable, where it has one
     option: str | None = None            # the CLI option, where it has one
     commands: tuple[str, ...] = ()       # the controller commands that carry `option`
@@ -63,8 +63,8 @@ class Setting(Generic[T]):
             raise SettingError(f"{self.env}={text!r}: {exc}") from None
 
     def parse(self, text: str) -> object:
-        """`text` as this setting's kind, in its bounds; ValueError saying what it must be otherwise."""
-        text = text.strip()
+        """`text` as this setting's kind, in its bounds; ValueError saying what it must be otherwise.
+        A string or a path is taken as written."""
         value: object
         if self.kind in ("float", "int"):
             try:
@@ -74,14 +74,15 @@ class Setting(Generic[T]):
             if not self.in_bounds(value):  # type: ignore[arg-type]
                 raise ValueError(f"must be {self.bounds()}")
             return value
+        word = text.strip().lower()
         if self.kind == "choice":
-            if text.lower() not in self.choices:
+            if word not in self.choices:
                 raise ValueError(f"must be one of {', '.join(self.choices)}")
-            return text.lower()
+            return word
         if self.kind == "flag":
-            if text.lower() not in ("0", "1", "true", "false", "yes", "no"):
+            if word not in ("0", "1", "true", "false", "yes", "no"):
                 raise ValueError("must be 0 or 1")
-            return text.lower() in ("1", "true", "yes")
+            return word in ("1", "true", "yes")
         return text
 
     def in_bounds(self, value: float) -> bool:
