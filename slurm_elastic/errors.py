@@ -46,3 +46,7 @@ class PermissionRefused(ElasticError):
 
 class TraceError(ElasticError):
     """A simulator input (workload trace, application profile, sacct export, failure file) is malformed."""
+
+
+class SettingError(ElasticError):
+    """A setting's environment variable holds a value the setting cannot take (slurm_elastic/settings.py)."""

@@ -39,3 +39,31 @@ def test_every_command_help_has_an_example() -> None:
 
     missing = [path for path, cmd in leaves(main, "slurm-elastic") if "Example" not in (cmd.help or "")]
     assert not missing, f"commands whose --help has no example: {missing}"
+
+
+def test_the_settings_table_in_the_admin_guide_is_the_settings_modules() -> None:
+    import re
+
+    from slurm_elastic.cli.reference import render_settings
+
+    text = (REPO / "docs" / "admin.md").read_text()
+    found = re.search(r"<!-- settings-table:[^\n]*-->\n(.*?)<!-- /settings-table -->", text, re.S)
+    assert found is not None, "docs/admin.md has no settings table"
+    expected = render_settings()
+    assert found[1] == expected, "docs/admin.md's settings table is stale; replace it with:\n" + expected
+
+
+def test_the_job_templates_defaults_are_the_settings_modules() -> None:
+    import re
+
+    from slurm_elastic import settings
+
+    by_env = {s.env: s for s in settings.SETTINGS if s.env}
+    seen = set()
+    for template in sorted((REPO / "job_templates").glob("*.sbatch")):
+        for var, default in re.findall(r"\$\{(SLURM_ELASTIC_[A-Z0-9_]+):-([^}$]*)\}", template.read_text()):
+            assert var in by_env, f"{template.name} reads {var}, which slurm_elastic/settings.py does not name"
+            seen.add(var)
+            if by_env[var].default is not None:
+                assert default == str(by_env[var].default), (template.name, var, default)
+    assert {s.env for s in settings.SETTINGS if s.read_by == "job_templates"} <= seen

@@ -3,8 +3,8 @@
 Contract (the controller, the simulator and the benchmarks rely on it):
 
 - `AllocationProblem(jobs, nodes, policy)` can be built from plain
-  descriptions; `AllocationProblem.from_state(ClusterState, policy)` builds it
-  from a Slurm snapshot (lives in `allocate/from_state.py`).
+  descriptions; `allocate/from_state.py`'s `problem_from_state(ClusterState,
+  policy)` builds it from a Slurm snapshot (this module knows no snapshot).
 - `slurm_elastic.allocate.solve(problem) -> Allocation`.
 - Job keys are strings (Slurm job ids as text, or simulator job names).
 - `Allocation.decisions[k].cause` is a machine-readable reason, `render_explanation`
@@ -143,13 +143,6 @@ class AllocationProblem:
     nodes: tuple[NodeCapacity, ...]
     policy: Policy = Policy()
     unplaceable: tuple[Unplaceable, ...] = ()
-
-    @classmethod
-    def from_state(cls, state: object, policy: Policy | None = None, *,
-                   throughput: object = None, restart_cost: object = None) -> AllocationProblem:
-        """Build the problem from a ClusterState (see allocate/from_state.py)."""
-        from slurm_elastic.allocate.from_state import problem_from_state
-        return problem_from_state(state, policy, throughput=throughput, restart_cost=restart_cost)  # type: ignore[arg-type]
 
     def validate(self) -> None:
         self.policy.validate()

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from slurm_elastic import __version__
+from slurm_elastic import __version__, settings
 
 # name -> "module:attribute". Subcommands are imported only when used, so
 # `slurm-elastic cluster up` does not pay for numpy, HiGHS or torch.
@@ -59,12 +59,13 @@ def main(verbose: int, backend: str | None) -> None:
       slurm-elastic demo
     """
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    if os.environ.get("SLURM_ELASTIC_LOG"):
-        level = getattr(logging, os.environ["SLURM_ELASTIC_LOG"].upper(), level)
+    named = settings.LOG.read()
+    if named:
+        level = getattr(logging, named.upper(), level)
     configure_logging(level)
     if backend is not None:
         # Every command (and a daemon it starts) chooses its backend from this variable.
-        os.environ["SLURM_ELASTIC_BACKEND"] = backend
+        os.environ[settings.BACKEND.env] = backend  # type: ignore[index]
 
 
 

@@ -8,9 +8,12 @@ from typing import Any, Callable, TypeVar
 
 import click
 
-from slurm_elastic.errors import ElasticError, PermissionRefused, SpecError
+from slurm_elastic.errors import ElasticError, PermissionRefused, SettingError, SpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Bad input (a command line, a script, a variable) and refusals exit 2, as click's own usage errors do.
+BAD_INPUT = (SpecError, SettingError, PermissionRefused)
 
 
 def not_implemented(what: str) -> None:
@@ -25,7 +28,7 @@ def elastic_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (SpecError, PermissionRefused) as exc:
+        except BAD_INPUT as exc:
             raise click.UsageError(str(exc)) from None
         except ElasticError as exc:
             raise click.ClickException(str(exc)) from None

@@ -9,8 +9,9 @@ from typing import Any
 
 import click
 
+from slurm_elastic import settings
 from slurm_elastic.cli._common import echo_json, elastic_errors
-from slurm_elastic.cli.sbatch import controller_config, controller_options
+from slurm_elastic.cli.controller_options import controller_config, controller_options
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.errors import SpecError
 
@@ -179,7 +180,7 @@ def _last_restart(job: Any, journal: Any) -> dict[str, object] | None:
 @click.option("--json", "as_json", is_flag=True, help="Print the cycle report as JSON.")
 @click.option("--explain", is_flag=True, help="Say why each job gets what it gets.")
 @click.option("--job", "job_ids", type=int, multiple=True, help="Act only on these elastic jobs (repeatable).")
-@controller_options
+@controller_options(settings.REBALANCE)
 @elastic_errors
 def admin_rebalance(dry_run: bool, as_json: bool, explain: bool, job_ids: tuple[int, ...], interval: float,
                     ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str) -> None:
@@ -254,17 +255,7 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
 
 
 @admin.command("daemon")
-@controller_options
-@click.option("--metrics-port", type=click.IntRange(min=0, max=65535), default=None,
-              help="Serve Prometheus metrics on this port (0: none).")
-@click.option("--metrics-addr", default="127.0.0.1", show_default=True,
-              help="Address the metrics server binds (0.0.0.0: all interfaces).")
-@click.option("--speed", type=click.Choice(["measured", "linear"]), default="measured", show_default=True,
-              help="Jobs' speed per GPU count: fitted from their metrics, or the default linear model "
-                   "(for GPUs that are not real, such as the local cluster's, which share CPU cores).")
-@click.option("--drain-on-peer-loss", is_flag=True,
-              help="Also drain a node that a job reports its ranks lost on (with the job and user as the "
-                   "reason; at most 2 nodes per user per hour). Off: only that job avoids the node.")
+@controller_options(settings.DAEMON)
 @click.option("--max-cycles", type=click.IntRange(min=1), default=None, hidden=True)
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,

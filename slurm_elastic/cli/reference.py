@@ -46,3 +46,28 @@ def _render(cmd: click.Command, path: str, ctx: click.Context, lines: list[str],
             if sub is None or sub.hidden:
                 continue
             _render(sub, f"{path} {name}", click.Context(sub, info_name=name, parent=ctx), lines, level + 1)
+
+
+def render_settings() -> str:
+    """slurm_elastic/settings.py's table as Markdown (docs/admin.md holds it; tests/test_docs.py compares)."""
+    from slurm_elastic import settings
+
+    lines = ["| setting | variable | option | default | heartbeat key | meaning |", "|---|---|---|---|---|---|"]
+    section = None
+    for s in settings.SETTINGS:
+        if s.section != section:
+            section = s.section
+            lines.append(f"| **{section}** | | | | | |")
+        option = f"`{s.option}`" + (f" ({', '.join(s.commands)})" if s.commands else "") if s.option else "-"
+        meaning = s.help
+        if s.choices:
+            meaning += f" One of {', '.join(s.choices)}."
+        elif s.minimum is not None or s.maximum is not None:
+            meaning += f" Must be {s.bounds()}."
+        if s.read_by != "slurm_elastic":
+            meaning += " Read by the job templates."
+        cells = [f"`{s.name}`", f"`{s.env}`" if s.env else "-", option,
+                 "-" if s.default is None else f"`{s.default}`", f"`{s.heartbeat}`" if s.heartbeat else "-",
+                 meaning.replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -4,76 +4,17 @@ from __future__ import annotations
 
 import getpass
 import logging
-import os
 import shlex
-from typing import Any, Callable
+from typing import Any
 
 import click
 
-from slurm_elastic.cli._common import echo_json, elastic_errors
-from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic import settings
+from slurm_elastic.cli._common import elastic_errors
+from slurm_elastic.cli.controller_options import controller_config, controller_options
 from slurm_elastic.control.reconcile import ControllerConfig
 
 log = logging.getLogger(__name__)
-
-
-DEFAULTS: dict[str, Any] = {"interval": 10.0, "ack_timeout": 60.0, "hysteresis": 300.0, "restart_budget": 6,
-                            "signal_name": "USR2"}
-ENV = {"interval": "SLURM_ELASTIC_INTERVAL", "ack_timeout": "SLURM_ELASTIC_ACK_TIMEOUT",
-       "hysteresis": "SLURM_ELASTIC_HYSTERESIS", "restart_budget": "SLURM_ELASTIC_RESTART_BUDGET",
-       "signal_name": "SLURM_ELASTIC_SIGNAL"}
-
-
-def settings_from_env() -> dict[str, Any]:
-    """`sbatch --watch` has no room for controller flags: it takes them from the same variables."""
-    from slurm_elastic.errors import SpecError
-
-    out = dict(DEFAULTS)
-    for key, var in ENV.items():
-        text = os.environ.get(var)
-        if not text:
-            continue
-        try:
-            out[key] = text if key == "signal_name" else type(DEFAULTS[key])(text)
-        except ValueError:
-            raise SpecError(f"{var} must be a number, got {text!r}") from None
-    return out
-
-
-def controller_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """The knobs shared by `watch`, `sbatch --watch` (via #ELASTIC-free defaults) and `admin daemon`."""
-    for option in reversed((
-        click.option("--interval", type=click.FloatRange(min=0.5), default=DEFAULTS["interval"],
-                     envvar=ENV["interval"], show_default=True, show_envvar=True,
-                     help="Seconds between reconcile cycles."),
-        click.option("--ack-timeout", type=click.FloatRange(min=0), default=DEFAULTS["ack_timeout"],
-                     envvar=ENV["ack_timeout"], show_default=True, show_envvar=True,
-                     help="Seconds to wait for a job's checkpoint ACK before requeueing it anyway."),
-        click.option("--hysteresis", type=click.FloatRange(min=0), default=DEFAULTS["hysteresis"],
-                     envvar=ENV["hysteresis"], show_default=True, show_envvar=True,
-                     help="No resize of a job within this many seconds of its last one, unless it lost a node."),
-        click.option("--restart-budget", type=click.IntRange(min=0), default=DEFAULTS["restart_budget"],
-                     envvar=ENV["restart_budget"], show_default=True, show_envvar=True,
-                     help="Controller-caused restarts allowed per job per hour."),
-        click.option("--signal", "signal_name", default=DEFAULTS["signal_name"], envvar=ENV["signal_name"],
-                     show_default=True, show_envvar=True,
-                     help="Checkpoint signal sent to every step of a job before it is requeued."),
-    )):
-        func = option(func)
-    return func
-
-
-def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
-                      user: str | None = None) -> ControllerConfig:
-    from slurm_elastic.errors import SpecError
-    from slurm_elastic.train.protocol import signal_name as normalise
-
-    try:
-        sig = normalise(signal_name)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
-    return ControllerConfig(protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
-                            min_resize_interval_s=hysteresis, restart_budget_per_hour=restart_budget, user=user)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -127,14 +68,15 @@ def sbatch(args: tuple[str, ...]) -> None:
         return
     click.echo(str(job_id) if request.parsable else f"Submitted batch job {job_id}")
     if request.watch:
-        env = settings_from_env()
+        # `sbatch --watch` has no room for controller flags: it takes them from their variables.
+        env: Any = settings.controller_from_env()
         _watch(backend, interval=env["interval"],
                config=controller_config(env["ack_timeout"], env["hysteresis"], env["restart_budget"],
                                         env["signal_name"]), job_ids=None)
 
 
 @click.command()
-@controller_options
+@controller_options(settings.WATCH)
 @click.option("--job", "job_ids", type=int, multiple=True, help="Watch only these of your jobs (repeatable).")
 @elastic_errors
 def watch(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
@@ -200,4 +142,4 @@ def _watch(backend: Any, *, interval: float, config: ControllerConfig, job_ids: 
                "to the admin daemon)", err=True)
 
 
-__all__ = ["sbatch", "watch", "controller_options", "controller_config", "echo_json"]
+__all__ = ["sbatch", "watch"]

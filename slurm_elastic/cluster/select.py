@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, Mapping
 
+from slurm_elastic import settings
 from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.pyslurm_backend import (PyslurmBackend, PyslurmUnusable, import_pyslurm, pyslurm_version,
@@ -17,7 +18,7 @@ from slurm_elastic.errors import SlurmError, SlurmUnavailable
 
 log = logging.getLogger(__name__)
 
-BACKEND_ENV = "SLURM_ELASTIC_BACKEND"
+BACKEND_ENV = settings.BACKEND.env
 CHOICES = ("auto", "cli", "pyslurm")
 
 
@@ -46,8 +47,9 @@ def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None =
     `env`, and ask `scontrol --version`.
     """
     env = os.environ if env is None else env
-    source = "--backend" if choice else (BACKEND_ENV if env.get(BACKEND_ENV) else "default")
-    name = (choice or env.get(BACKEND_ENV) or "auto").strip().lower()
+    named = settings.BACKEND.read(env)
+    source = "--backend" if choice else (BACKEND_ENV if named else "default")
+    name = (choice or named or "auto").strip().lower()
     if name not in CHOICES:
         raise BackendChoiceError(f"unknown Slurm backend {name!r} (from {source}); choose one of {', '.join(CHOICES)}")
     cli = CliBackend(env=env)

@@ -24,6 +24,7 @@ from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
 from slurm_elastic.errors import SlurmError
+from slurm_elastic.settings import ACK_TIMEOUT, CRASH_AFTER
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,14 @@ _STEPS = ("hold", "resize", "release")   # steps 3-5, after signal and ACK
 IN_PLACE = shim.RELAUNCHES_IN_PLACE      # the job's batch script relaunches the ranks in place
 IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)"
 
-CRASH_ENV = "SLURM_ELASTIC_CRASH_AFTER"
+CRASH_ENV = CRASH_AFTER.env
 """Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ProtocolSettings:
     signal: str = shim.DEFAULT_SIGNAL
-    ack_timeout_s: float = 60.0      # then proceed: the last periodic checkpoint is the resume point
+    ack_timeout_s: float = ACK_TIMEOUT.default   # then proceed: the last periodic checkpoint is the resume point
     ack_poll_s: float = 0.2
     settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
     settle_poll_s: float = 0.25
@@ -75,7 +76,7 @@ class RequeueProtocol:
         self.settings = settings
         self._clock = clock
         self._sleep = sleep
-        self._crash_after = crash_after if crash_after is not None else os.environ.get(CRASH_ENV) or None
+        self._crash_after = crash_after if crash_after is not None else CRASH_AFTER.read()
         self._crash = crash or _sigkill_self
         self._requeued_at: dict[int, float] = {}
         self._old_srun_until: dict[int, float] = {}   # plan id -> when a lingering old srun has given up

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.from_state import capacity_from_state
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
@@ -32,6 +32,8 @@ from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeuePro
 from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
 from slurm_elastic.control.revive import Reviver
 from slurm_elastic.errors import SlurmError
+from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S, RECENT_PLAN_S,
+                                    RESTART_BUDGET, SIGNAL, SPEED, Setting)
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +47,35 @@ class ControllerConfig:
 
     policy: Policy = Policy()
     protocol: ProtocolSettings = ProtocolSettings()
-    min_resize_interval_s: float = 300.0   # hysteresis: no resize sooner, unless a node the job uses is lost
-    restart_budget_per_hour: int = 6       # controller-caused restarts per job per hour
+    min_resize_interval_s: float = HYSTERESIS.default        # no resize sooner, unless a node the job uses is lost
+    restart_budget_per_hour: int = RESTART_BUDGET.default     # controller-caused restarts per job per hour
     user: str | None = None                # user mode: only this user's jobs are elastic to us
-    node_confirm_s: float = 1.0            # re-read node state before acting on a node that just went away
-    recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
-    measured_speed: bool = True            # False: the default speed model (see RequestSettings.measured_speed)
-    drain_on_peer_loss: bool = False       # admin mode: drain a node a job reported lost (control/peer_loss.py)
+    node_confirm_s: float = NODE_CONFIRM_S.default            # re-read nodes before acting on one just gone
+    recent_plan_s: float = RECENT_PLAN_S.default              # our own requeue explains a BeginTime reason
+    measured_speed: bool = SPEED.default == "measured"        # False: the default speed model
+    drain_on_peer_loss: bool = DRAIN_ON_PEER_LOSS.default     # admin mode: drain a node a job reported lost
 
     def settings(self) -> dict[str, float | int | str]:
-        """The settings a running controller announces (in the daemon heartbeat), so that `status`,
-        `admin status` and a dry run decide with them rather than with their own defaults."""
-        return {"hysteresis_s": self.min_resize_interval_s, "restart_budget_per_hour": self.restart_budget_per_hour,
-                "ack_timeout_s": self.protocol.ack_timeout_s, "signal": self.protocol.signal,
-                "speed": "measured" if self.measured_speed else "linear"}
+        """The settings a running controller announces (in the daemon heartbeat, under their keys in
+        slurm_elastic/settings.py), so that `status`, `admin status` and a dry run decide with them
+        rather than with their own defaults."""
+        return {HYSTERESIS.heartbeat: self.min_resize_interval_s,  # type: ignore[dict-item]
+                RESTART_BUDGET.heartbeat: self.restart_budget_per_hour,
+                ACK_TIMEOUT.heartbeat: self.protocol.ack_timeout_s, SIGNAL.heartbeat: self.protocol.signal,
+                SPEED.heartbeat: "measured" if self.measured_speed else "linear"}
 
     def with_settings(self, settings: Mapping[str, object]) -> ControllerConfig:
         """This config with a running controller's announced settings (each validated; others kept)."""
-        def number(name: str, lo: float, hi: float) -> float | None:
-            v = settings.get(name)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+        def number(setting: Setting[Any]) -> float | None:
+            v = settings.get(setting.heartbeat or "")
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and setting.in_bounds(v)
             return float(v) if ok else None  # type: ignore[arg-type]
 
-        hyst = number("hysteresis_s", 0, 1e7)
-        budget = number("restart_budget_per_hour", 0, 1e6)
-        ack = number("ack_timeout_s", 0, 1e7)
-        sig = settings.get("signal")
-        speed = settings.get("speed")
+        hyst = number(HYSTERESIS)
+        budget = number(RESTART_BUDGET)
+        ack = number(ACK_TIMEOUT)
+        sig = settings.get(SIGNAL.heartbeat or "")
+        speed = settings.get(SPEED.heartbeat or "")
         protocol = self.protocol
         if ack is not None:
             protocol = dataclasses.replace(protocol, ack_timeout_s=ack)
@@ -81,7 +85,7 @@ class ControllerConfig:
             self, protocol=protocol,
             min_resize_interval_s=self.min_resize_interval_s if hyst is None else hyst,
             restart_budget_per_hour=self.restart_budget_per_hour if budget is None else int(budget),
-            measured_speed=self.measured_speed if speed not in ("measured", "linear") else speed == "measured")
+            measured_speed=self.measured_speed if speed not in SPEED.choices else speed == "measured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +288,7 @@ class Reconciler:
         self.config = config
         self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
         self.requests = requests if requests is not None else default_request_source(
-            RequestSettings(measured_speed=config.measured_speed))
+            RequestSettings(measured_speed=config.measured_speed, hold_s=config.min_resize_interval_s))
         self.allocator = allocator if allocator is not None else solve
         self._clock = clock
         self._sleep = sleep

@@ -102,6 +102,7 @@ from slurm_elastic.allocate.throughput import (GoodputThroughput, LinearThroughp
                                                speed_frontier)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.user_files import read_user_file
+from slurm_elastic.settings import HYSTERESIS, SPEED
 from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class RequestSettings:
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
-    hold_s: float = 300.0                     # a new size is kept at least this long (the hysteresis)
+    hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (docstring)
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
@@ -150,7 +151,7 @@ class RequestSettings:
     prior: LinearThroughput = LinearThroughput()
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
-    measured_speed: bool = True
+    measured_speed: bool = SPEED.default == "measured"
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,7 +614,10 @@ class MeasuredRequests:
         # they were resized again and again (yolov3: 27 restarts each on workload 1).
         total_w = spec.weight * weight
         charge_w = spec.weight * max(weight, 1.0)
-        kappa = (restart * charge_w / (policy.beta * s.hold_s * spec.max_gpus)) if policy.beta > 0 else restart
+        # The hold is at least measure_first_s: a restarted job keeps its new size until it has measured
+        # there, and a charge spread over a hysteresis of 0 s would be infinite (no resize, ever).
+        hold = max(s.hold_s, s.measure_first_s)
+        kappa = (restart * charge_w / (policy.beta * hold * spec.max_gpus)) if policy.beta > 0 else restart
         notes.append(f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""))
         req = job_request(job, restart_cost_s=kappa, throughput=model, weight=weight, allowed_gpus=allowed,
                           must_run=must_run)

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from slurm_elastic import settings
 from slurm_elastic.errors import ElasticError
 
 log = logging.getLogger(__name__)
 
-DAEMON_DIR_ENV = "SLURM_ELASTIC_DAEMON_DIR"
-DEFAULT_DAEMON_DIR = "/var/lib/slurm-elastic"
-USER_DIR_ENV = "SLURM_ELASTIC_STATE_DIR"
+DAEMON_DIR_ENV = settings.DAEMON_DIR.env
+DEFAULT_DAEMON_DIR = settings.DAEMON_DIR.default
+USER_DIR_ENV = settings.STATE_DIR.env
 
 HEARTBEAT_FILE = "daemon.heartbeat"
 LOCK_FILE = "controller.lock"
@@ -52,15 +53,12 @@ class StateDirError(ElasticError):
 
 def daemon_dir() -> Path:
     """The admin daemon's directory (journal, lock, heartbeat); user mode reads the heartbeat here."""
-    return Path(os.environ.get(DAEMON_DIR_ENV) or DEFAULT_DAEMON_DIR)
+    return settings.daemon_dir()
 
 
 def user_dir() -> Path:
-    """A user's own watch state: $SLURM_ELASTIC_STATE_DIR, else $XDG_STATE_HOME/slurm-elastic."""
-    if os.environ.get(USER_DIR_ENV):
-        return Path(os.environ[USER_DIR_ENV])
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "slurm-elastic"
+    """A user's own watch state (settings.user_state_dir)."""
+    return settings.user_state_dir()
 
 
 def user_name(uid: int) -> str:

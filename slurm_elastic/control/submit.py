@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from slurm_elastic import settings
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
@@ -81,7 +82,7 @@ REFUSED_IN_ENV = {
 EXPORT_ENV = "SBATCH_EXPORT"
 _HETJOB_WORDS = ("hetjob", "packjob")
 
-PYTHON_ENV = "SLURM_ELASTIC_PYTHON"   # the interpreter job_templates/*.sbatch run (read there only)
+PYTHON_ENV = settings.PYTHON.env   # the interpreter job_templates/*.sbatch run
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
         env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
     # The job templates run this interpreter, which has slurm_elastic (and torch) - not whatever
     # `python3` the job's PATH finds - unless the user named one.
-    env[PYTHON_ENV] = environ.get(PYTHON_ENV) or sys.executable
+    env[PYTHON_ENV] = settings.PYTHON.read(environ) or sys.executable
     _check_inherited(env, environ)
     # sbatch keeps the last --export it reads: the command line's, else the script's, else SBATCH_EXPORT.
     user_export = (exports or script_exports or [None])[-1]

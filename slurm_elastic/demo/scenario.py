@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from slurm_elastic import settings
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import ClusterState, JobState
 from slurm_elastic.control.state_dir import daemon_dir, read_heartbeat
@@ -270,7 +271,7 @@ class Demo:
     # -- the controller -----------------------------------------------------------------------------------
     def _start_daemon(self) -> None:
         self.daemon_dir.mkdir(parents=True, exist_ok=True)
-        env = {**self._env, "SLURM_ELASTIC_DAEMON_DIR": str(self.daemon_dir), "PYTHONUNBUFFERED": "1"}
+        env = {**self._env, settings.DAEMON_DIR.env: str(self.daemon_dir), "PYTHONUNBUFFERED": "1"}
         argv = [*_cli(), "-v", "admin", "daemon", *daemon_args(self.options)]
         log_file = self.daemon_log.open("ab")
         try:

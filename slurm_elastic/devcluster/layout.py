@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm_elastic import settings
 from slurm_elastic.errors import ClusterSetupError
 
-CLUSTER_DIR_ENV = "SLURM_ELASTIC_CLUSTER_DIR"
+CLUSTER_DIR_ENV = settings.CLUSTER_DIR.env
 # slurmctld listens on port_base; node i (1-based) on port_base + 3 + i, so the
 # defaults are Slurm's own (6817 for slurmctld, n1 on 6821).
 DEFAULT_PORT_BASE = 6817
@@ -31,12 +31,8 @@ MAX_SLURMD_TIMEOUT_S = 65533
 
 
 def default_state_dir() -> Path:
-    """`$SLURM_ELASTIC_CLUSTER_DIR`, else `$XDG_STATE_HOME/slurm-elastic/cluster` (XDG default ~/.local/state)."""
-    override = os.environ.get(CLUSTER_DIR_ENV)
-    if override:
-        return Path(override).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg).expanduser() / "slurm-elastic" / "cluster"
+    """Where the local cluster's files live (settings.cluster_dir)."""
+    return settings.cluster_dir()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_elastic.errors import ClusterSetupError
+from slurm_elastic import settings
+from slurm_elastic.errors import ClusterSetupError, SettingError
 
 log = logging.getLogger(__name__)
 
@@ -215,17 +216,14 @@ def port_free(port: int) -> bool:
 
 # Where free_port_base starts looking. Test suites that run at once on one host (.ci/other-slurms, one
 # per Slurm version) each get their own start, so two of them never judge the same ports free together.
-PORT_SEARCH_START_ENV = "SLURM_ELASTIC_PORT_SEARCH_START"
-_PORT_SEARCH_START = 17817
+PORT_SEARCH_START_ENV = settings.PORT_SEARCH_START.env
 
 
 def port_search_start() -> int:
-    raw = os.environ.get(PORT_SEARCH_START_ENV, "")
-    if not raw:
-        return _PORT_SEARCH_START
-    if not raw.isdigit() or not 1024 <= int(raw) <= 60000:
-        raise ClusterSetupError(f"{PORT_SEARCH_START_ENV}={raw!r}: not a port between 1024 and 60000")
-    return int(raw)
+    try:
+        return settings.PORT_SEARCH_START.read()
+    except SettingError as exc:
+        raise ClusterSetupError(str(exc)) from None
 
 
 def free_port_base(count: int, start: int | None = None, stop: int = 60000, step: int = 37) -> int:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_elastic import settings
+
 # The controller imports this module, so it must stay free of torch and numpy.
 
 REQUEUE_EXIT_CODE = 85
@@ -19,11 +21,12 @@ PEER_LOST_EXIT_CODE = 86
 GEOMETRY_EXIT_CODE = 87
 """The global batch cannot be split over this world size; see GEOMETRY_FILE for valid sizes."""
 
-DEFAULT_SIGNAL = "USR2"
-SIGNAL_ENV = "SLURM_ELASTIC_SIGNAL"      # e.g. "USR2", "SIGUSR1", "12"
-CKPT_DIR_ENV = "SLURM_ELASTIC_CKPT_DIR"  # the checkpoint root (ElasticSpec.ckpt_dir)
-JOB_KEY_ENV = "SLURM_ELASTIC_JOB_KEY"    # overrides the job key (default: the Slurm job id)
-BATCH_ENV = "SLURM_ELASTIC_BATCH"        # "adaptive:MIN-MAX" (ElasticSpec.batch): the shim chooses the batch
+# The job's variables are read in slurm_elastic/settings.py; their names stay importable here.
+DEFAULT_SIGNAL = settings.SIGNAL.default
+SIGNAL_ENV = settings.SIGNAL.env          # e.g. "USR2", "SIGUSR1", "12"
+CKPT_DIR_ENV = settings.CKPT_DIR.env      # the checkpoint root (ElasticSpec.ckpt_dir)
+JOB_KEY_ENV = settings.JOB_KEY.env        # overrides the job key (default: the Slurm job id)
+BATCH_ENV = settings.BATCH.env            # "adaptive:MIN-MAX" (ElasticSpec.batch): the shim chooses the batch
 
 METRICS_FILE = "metrics.jsonl"
 GEOMETRY_FILE = "geometry.json"
@@ -88,7 +91,7 @@ def signal_name(value: str | None = None) -> str:
     """Normalise SLURM_ELASTIC_SIGNAL ('USR2', 'SIGUSR2', '12') to the form scancel takes ('USR2')."""
     import signal as _signal
 
-    text = (value if value is not None else os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL)).strip()
+    text = (value if value is not None else settings.SIGNAL.read()).strip()
     if text.isdigit():
         try:
             return _signal.Signals(int(text)).name.removeprefix("SIG")

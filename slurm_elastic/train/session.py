@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurm_elastic import settings
 from slurm_elastic.allocate.goodput import GradientNoise
 from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_batch_range
@@ -76,13 +77,13 @@ class ElasticSession:
                  jit_deadline_s: float = 120.0, batch: BatchRange | str | None = None,
                  measure_noise: bool = True, noise_smoothing: float = DEFAULT_SMOOTHING,
                  noise_every_steps: int = DEFAULT_EVERY_STEPS) -> None:
-        root = ckpt_dir or os.environ.get(protocol.CKPT_DIR_ENV)
+        root = ckpt_dir or settings.CKPT_DIR.read()
         if not root:
             raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
                                f"(the ckpt= field of the job's elastic spec)")
         self.env = env or JobEnvironment.from_env()
         self.ckpt_root = os.path.abspath(root)
-        self.job_key = protocol.job_key(job_key or os.environ.get(protocol.JOB_KEY_ENV) or self.env.job_id)
+        self.job_key = protocol.job_key(job_key or settings.JOB_KEY.read() or self.env.job_id)
         self.job_dir = protocol.job_dir(self.ckpt_root, self.job_key)
         self.signal_name = protocol.signal_name(signal)
         self.every_steps = every_steps
@@ -134,7 +135,7 @@ class ElasticSession:
         self._boundary_rng: dict[int, RawRng] = {}     # the last two step boundaries' generators
         self._peer_loss_lock = threading.Lock()
         # Adaptive batch (opt-in): the range from the argument, else from the wrapper's variable.
-        text = batch if batch is not None else os.environ.get(protocol.BATCH_ENV) or None
+        text = batch if batch is not None else settings.BATCH.read()
         try:
             self.batch_range = parse_batch_range(text) if isinstance(text, str) else text
         except SpecError as exc:

@@ -1,8 +1,9 @@
-"""AllocationProblem.from_state: capacity for elastic work and elastic jobs from a Slurm snapshot."""
+"""problem_from_state: capacity for elastic work and elastic jobs from a Slurm snapshot."""
 
 from __future__ import annotations
 
-from slurm_elastic.allocate import AllocationProblem, LinearThroughput, Policy, solve
+from slurm_elastic.allocate import LinearThroughput, Policy, solve
+from slurm_elastic.allocate.from_state import problem_from_state
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState
 from slurm_elastic.spec import ElasticSpec
 
@@ -34,7 +35,7 @@ def state() -> ClusterState:
 
 
 def test_capacity_subtracts_only_active_non_elastic_use():
-    p = AllocationProblem.from_state(state(), Policy())
+    p = problem_from_state(state(), Policy())
     cap = {n.name: (n.gpus, n.cpus, n.mem_mb) for n in p.nodes}
     assert cap == {
         "gpu1": (6, 40, 312_000),       # 8/64/512000 minus the fixed job; the elastic job's share stays free
@@ -46,8 +47,8 @@ def test_capacity_subtracts_only_active_non_elastic_use():
 
 
 def test_elastic_jobs_with_current_placement():
-    p = AllocationProblem.from_state(state(), Policy(), restart_cost={"2": 90.0},
-                                     throughput=lambda job: LinearThroughput(per_gpu=3.0) if job.job_id == 2 else None)
+    p = problem_from_state(state(), Policy(), restart_cost={"2": 90.0},
+                           throughput=lambda job: LinearThroughput(per_gpu=3.0) if job.job_id == 2 else None)
     jobs = {j.key: j for j in p.jobs}
     assert set(jobs) == {"2", "3", "4"}
     assert dict(jobs["2"].current) == {"gpu1": 4, "gpu2": 4}
@@ -59,7 +60,7 @@ def test_elastic_jobs_with_current_placement():
 
 
 def test_solving_a_snapshot_keeps_jobs_off_unavailable_nodes():
-    alloc = solve(AllocationProblem.from_state(state()))
+    alloc = solve(problem_from_state(state()))
     for key, where in alloc.placement.items():
         assert not {"gpu3", "gpu4"} & set(where), (key, where)
     d3 = next(d for d in alloc.decisions if d.key == "3")

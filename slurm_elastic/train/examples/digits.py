@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurm_elastic import settings
 from slurm_elastic.train import protocol
 from slurm_elastic.train.session import ElasticSession
 
@@ -57,7 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=os.environ.get("SLURM_ELASTIC_LOG", "INFO"),
+    logging.basicConfig(level=settings.LOG.read() or "INFO",
                         format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)

@@ -1,0 +1,61 @@
+"""The controller commands' click options, generated from slurm_elastic/settings.py, and the config they build."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import click
+
+from slurm_elastic import settings
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import ControllerConfig
+from slurm_elastic.errors import SpecError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def controller_options(command: str) -> Callable[[F], F]:
+    """Add the options `command` (settings.DAEMON, REBALANCE or WATCH) carries, in the table's order."""
+    def decorate(func: F) -> F:
+        for setting in reversed(settings.for_command(command)):
+            func = option_of(setting)(func)
+        return func
+    return decorate
+
+
+def option_of(setting: settings.Setting[Any]) -> Callable[[F], F]:
+    """One setting as a click option: its name, default, bounds, help and (where it has one) variable."""
+    assert setting.option is not None, setting.name
+    kwargs: dict[str, Any] = {"default": setting.default, "help": setting.help}
+    if setting.kind == "flag":
+        kwargs["is_flag"] = True
+    else:
+        kwargs["show_default"] = setting.default is not None
+        kwargs["type"] = _click_type(setting)
+    if setting.env:
+        kwargs.update(envvar=setting.env, show_envvar=True)
+    return click.option(setting.option, setting.name, **kwargs)
+
+
+def _click_type(setting: settings.Setting[Any]) -> click.ParamType | None:
+    if setting.kind == "float":
+        return click.FloatRange(min=setting.minimum, max=setting.maximum)
+    if setting.kind == "int":
+        return click.IntRange(min=None if setting.minimum is None else int(setting.minimum),
+                              max=None if setting.maximum is None else int(setting.maximum))
+    if setting.kind == "choice":
+        return click.Choice(list(setting.choices))
+    return None
+
+
+def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
+                      user: str | None = None) -> ControllerConfig:
+    """The ControllerConfig of the options every controller command carries (the signal normalised)."""
+    from slurm_elastic.train.protocol import signal_name as normalise
+
+    try:
+        sig = normalise(signal_name)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return ControllerConfig(protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
+                            min_resize_interval_s=hysteresis, restart_budget_per_hour=restart_budget, user=user)
