@@ -17,9 +17,9 @@ It models what the controller's requeue protocol meets on a live cluster
   `priority`, higher first; by default submission order, as
   priority/basic numbers jobs); the highest-priority job that cannot start
   gets a reservation (the nodes it will get and the earliest time it fits,
-  from running jobs' time limits); a lower job starts only if it does not
-  delay that: it ends (by its time limit) before the reservation's time, or
-  fits on nodes outside it;
+  from running jobs' time limits; never, if they have none); a lower job
+  starts only if it does not delay that: it ends (by its time limit) before
+  the reservation's time, or fits on nodes outside it;
 - the training shim's acknowledgement: a signalled job writes its ACK file
   beside its checkpoints, as the shim does after its checkpoint commits.
 
@@ -245,11 +245,10 @@ class InMemorySlurm:
                 eligible.append(job)
         for job in sorted(eligible, key=queue_order):
             held_back: frozenset[str] = frozenset()
-            if self.reservation is not None:
-                ends = now + (job.time_limit_s if job.time_limit_s is not None else float("inf"))
-                # Backfill: a later job may not delay the reserved one.
-                if not ends <= self.reservation.start < float("inf"):
-                    held_back = self.reservation.nodes
+            # Backfill: a later job may not delay the reserved one; one without a time limit never ends first.
+            if self.reservation is not None and (
+                    job.time_limit_s is None or now + job.time_limit_s > self.reservation.start):
+                held_back = self.reservation.nodes
             chosen = self._fit(job, held_back)
             if chosen is not None:
                 started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",

@@ -74,3 +74,14 @@ def test_a_job_runs_only_on_nodes_of_its_partition():
 
 
 FIRST = 4294901759
+
+
+def test_behind_a_reservation_no_running_job_ends_for_a_job_with_a_time_limit_still_backfills():
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    slurm.add_job(None, nodes=1, gpus_per_node=2)                            # n1, no time limit
+    big = slurm.add_job(None, nodes=2, gpus_per_node=4, priority=FIRST + 1)
+    assert slurm.reservation is not None and slurm.reservation.start == float("inf")
+    unlimited = slurm.add_job(None, nodes=1, gpus_per_node=2)
+    limited = slurm.add_job(None, nodes=1, gpus_per_node=2, time_limit_s=3600)
+    assert slurm.jobs[unlimited].state is JobState.PENDING
+    assert slurm.jobs[limited].state is JobState.RUNNING and slurm.jobs[big].state is JobState.PENDING
