@@ -43,10 +43,10 @@ WAIT_BOUND = 1.05   # the issue's target: rigid jobs wait at most 5 % longer tha
 
 
 def mixed_workload(jobs: list[SimJob], rigid_share: float) -> list[SimJob]:
-    """Every job in submission order, the first `rigid_share` of each ten rigid (evenly spread, deterministic)."""
+    """Every job in submission order, `rigid_share` of them rigid, evenly spread (deterministic)."""
     out = []
     for rank, job in enumerate(sorted(jobs, key=lambda j: (j.submit_s, j.key))):
-        rigid = (rank * rigid_share) % 1.0 + rigid_share >= 1.0 if rigid_share < 1 else True
+        rigid = int((rank + 1) * rigid_share) > int(rank * rigid_share)
         out.append(dataclasses.replace(job, min_gpus=job.requested_gpus, max_gpus=job.requested_gpus)
                    if rigid else job)
     return out
