@@ -43,12 +43,18 @@ WAIT_BOUND = 1.05   # the issue's target: rigid jobs wait at most 5 % longer tha
 
 
 def mixed_workload(jobs: list[SimJob], rigid_share: float) -> list[SimJob]:
-    """Every job in submission order, `rigid_share` of them rigid, evenly spread (deterministic)."""
+    """`rigid_share` of the jobs rigid: those with one size already, then evenly spread over the others."""
+    fixed = sum(not j.elastic for j in jobs)
+    flexible = len(jobs) - fixed
+    share = min(max((rigid_share * len(jobs) - fixed) / flexible, 0.0), 1.0) if flexible else 0.0
     out = []
-    for rank, job in enumerate(sorted(jobs, key=lambda j: (j.submit_s, j.key))):
-        rigid = int((rank + 1) * rigid_share) > int(rank * rigid_share)
-        out.append(dataclasses.replace(job, min_gpus=job.requested_gpus, max_gpus=job.requested_gpus)
-                   if rigid else job)
+    rank = 0
+    for job in sorted(jobs, key=lambda j: (j.submit_s, j.key)):
+        if job.elastic:
+            if int((rank + 1) * share) > int(rank * share):
+                job = dataclasses.replace(job, min_gpus=job.requested_gpus, max_gpus=job.requested_gpus)
+            rank += 1
+        out.append(job)
     return out
 
 
