@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
-from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
     queue = [j for j in state.jobs if not j.elastic and j.state is JobState.PENDING and not j.held and j.gpus > 0
              and j.reason in WAITING_FOR_RESOURCES and waited(j) >= rules.yield_after_s
              and (not rules.partitions or j.partition in rules.partitions)]
-    return tuple(sorted(queue, key=lambda j: (-(j.priority or 0), j.job_id))[:rules.lookahead])
+    return tuple(sorted(queue, key=queue_order)[:rules.lookahead])
 
 
 def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy) -> RigidDemand:
@@ -152,14 +152,12 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         if after < protected:
             waiting.append((job.job_id, f"elastic jobs' minimums ({protected} GPUs) are protected from it"))
             break
-        gpus_reclaimed = sum(min(cost(c), held.get(c.name, 0)) for c in chosen)
+        gpus_reclaimed = sum(cost(c) for c in chosen)
         for c in chosen:
             left[c.name] = NodeCapacity(c.name, c.gpus - need.gpus, c.cpus - need.cpus, c.mem_mb - need.mem_mb)
             held[c.name] = max(0, held.get(c.name, 0) - cost(c))
         reserved.append(RigidReservation(job.job_id, job.priority, tuple(c.name for c in chosen), gpus_reclaimed))
-    for r in reserved:
-        if r.gpus_reclaimed:
-            log.info("%s", r.describe())
+    # Logged by the reconciler when it changes (its waits), not here every cycle.
     return RigidDemand(tuple(left[c.name] for c in capacity), tuple(reserved), tuple(waiting))
 
 

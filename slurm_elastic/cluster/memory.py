@@ -34,7 +34,7 @@ import os
 from typing import Callable
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol as shim
@@ -350,8 +350,3 @@ class InMemorySlurm:
             raise SlurmError(f"{verb}: injected failure for job {job_id}")
         self._settle_completing()
         return self.jobs[job_id]
-
-
-def queue_order(job: Job) -> tuple[int, int]:
-    """Slurm's order of pending jobs: higher priority first, then the earlier job id."""
-    return (-(job.priority or 0), job.job_id)

@@ -195,6 +195,11 @@ class Job:
         return self.start_time + self.time_limit_s
 
 
+def queue_order(job: Job) -> tuple[int, int]:
+    """Slurm's order of pending jobs: higher priority first, then the earlier job id."""
+    return (-(job.priority or 0), job.job_id)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     """One consistent-enough observation of the cluster (taken at `taken_at`, epoch seconds)."""
