@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
+from slurm_elastic.cluster.backfill import free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
 
 log = logging.getLogger(__name__)
@@ -121,8 +122,9 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     For each such job in priority order: the nodes of its partition that
     could hold its shape once elastic work left them, the ones that need the
     fewest elastic GPUs to leave first. It stops at the first job that does
-    not fit (Slurm starts nothing below it ahead of it either) or whose
-    nodes would cut into elastic minimums protected from it.
+    not fit (Slurm starts nothing below it ahead of it either: the nodes its
+    backfill reservation holds give elastic jobs no more than they hold
+    there) or whose nodes would cut into elastic minimums protected from it.
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}
@@ -140,6 +142,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                 and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))]
         if len(fits) < job.num_nodes:
             waiting.append((job.job_id, "does not fit even without elastic jobs"))
+            left = _keep_off_slurms_reservation(state, job, left, held)
             break
 
         def cost(c: NodeCapacity) -> int:
@@ -159,6 +162,16 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         reserved.append(RigidReservation(job.job_id, job.priority, tuple(c.name for c in chosen), gpus_reclaimed))
     # Logged by the reconciler when it changes (its waits), not here every cycle.
     return RigidDemand(tuple(left[c.name] for c in capacity), tuple(reserved), tuple(waiting))
+
+
+def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, NodeCapacity],
+                                 held: Mapping[str, int]) -> dict[str, NodeCapacity]:
+    """No elastic growth on the nodes Slurm's backfill keeps for `job`: an elastic job has no time limit
+    that ends before the reservation, so one (re)started there would stay pending; those there keep theirs."""
+    ending = [(j.expected_end, j) for j in state.jobs if j.state.active]
+    nodes = reserve(job, free_now(state.nodes), ending).nodes
+    return {name: NodeCapacity(name, min(c.gpus, held.get(name, 0)), c.cpus, c.mem_mb) if name in nodes else c
+            for name, c in left.items()}
 
 
 def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,

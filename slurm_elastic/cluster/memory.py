@@ -34,6 +34,7 @@ import os
 from typing import Callable
 
 from slurm_elastic.cluster.backend import SubmitDescription
+from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
@@ -44,15 +45,6 @@ REQUEUE_BEGIN_DELAY_S = 120.0
 
 FIRST_PRIORITY = 4294901759
 """priority/basic's first job's priority; each later submission gets one less (as squeue shows them)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reservation:
-    """Where and from when the highest-priority waiting job will run (inf: no running job's end frees it)."""
-
-    job_id: int
-    start: float
-    nodes: frozenset[str]
 
 
 class InMemorySlurm:
@@ -244,11 +236,8 @@ class InMemorySlurm:
             if now - since >= self.start_latency_s:
                 eligible.append(job)
         for job in sorted(eligible, key=queue_order):
-            held_back: frozenset[str] = frozenset()
-            # Backfill: a later job may not delay the reserved one; one without a time limit never ends first.
-            if self.reservation is not None and (
-                    job.time_limit_s is None or now + job.time_limit_s > self.reservation.start):
-                held_back = self.reservation.nodes
+            # Backfill: a later job may not delay the reserved one.
+            held_back = self.reservation.holds_back(job, now) if self.reservation is not None else frozenset()
             chosen = self._fit(job, held_back)
             if chosen is not None:
                 started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",
@@ -275,37 +264,14 @@ class InMemorySlurm:
         later = [t for t in times if t > self.now]
         return min(later) if later else None
 
-    def _free(self) -> dict[str, tuple[int, int, int, tuple[str, ...]]]:
-        """Free (GPUs, CPUs, MB) and partitions per available node now."""
-        return {n.name: (n.gpus - n.gpus_alloc, n.cpus - n.cpus_alloc, n.mem_mb - n.mem_alloc_mb, n.partitions)
-                for n in self.nodes.values() if n.available}
-
-    def _fit(self, job: Job, held_back: frozenset[str] = frozenset(),
-             free: dict[str, tuple[int, int, int, tuple[str, ...]]] | None = None) -> list[str] | None:
-        """The first nodes (by name) of the job's partition with room for it (`free`: now), outside `held_back`."""
-        free = self._free() if free is None else free
-        g = job.gpus_per_node
-        c, m = g * (job.cpus_per_gpu or 0), g * (job.mem_per_gpu_mb or 0)
-        chosen = [name for name, (fg, fc, fm, parts) in sorted(free.items()) if name not in held_back
-                  and (not job.partition or job.partition in parts) and fg >= g and fc >= c and fm >= m]
-        return chosen[:job.num_nodes] if len(chosen) >= job.num_nodes else None
+    def _fit(self, job: Job, held_back: frozenset[str] = frozenset()) -> list[str] | None:
+        """Where `job` starts now, outside `held_back` (a seam: a test's Slurm honours ExcNodeList here)."""
+        return first_fit(job, free_now(self.nodes.values()), held_back)
 
     def _reserve(self, job: Job) -> Reservation:
-        """The earliest time and nodes `job` fits on as running jobs reach their ends (time limits)."""
-        free = self._free()
-        ending = sorted(((self.completing_until.get(j.job_id, j.expected_end) if j.state is JobState.COMPLETING
-                          else j.expected_end), j.job_id) for j in self.jobs.values() if j.state.active)
-        for end, job_id in ending:
-            held = self.jobs[job_id]
-            for name in held.nodes:
-                if name in free:
-                    g, c, m, parts = free[name]
-                    free[name] = (g + held.gpus_per_node, c + held.cpus_per_node, m + held.mem_per_node_mb, parts)
-            chosen = self._fit(job, free=free)
-            if chosen is not None:
-                return Reservation(job.job_id, end, frozenset(chosen))
-        # Not even the empty cluster holds it (nodes are down): it reserves nothing.
-        return Reservation(job.job_id, float("inf"), frozenset())
+        ending = [(self.completing_until.get(j.job_id, j.expected_end) if j.state is JobState.COMPLETING
+                   else j.expected_end, j) for j in self.jobs.values() if j.state.active]
+        return reserve(job, free_now(self.nodes.values()), ending)
 
     def _settle_completing(self) -> None:
         for job_id, until in list(self.completing_until.items()):

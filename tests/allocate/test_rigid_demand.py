@@ -75,3 +75,15 @@ def test_it_stops_at_the_first_rigid_job_that_cannot_fit_even_without_elastic_jo
     assert slurm.jobs[second].state.name == "PENDING"
     demand = _demand(slurm)
     assert demand.reserved == () and "does not fit" in demand.waiting[0][1]
+
+
+def test_elastic_jobs_do_not_grow_onto_nodes_slurm_holds_for_a_rigid_job_that_waits_for_rigid_ones():
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    slurm.add_job(None, nodes=1, gpus_per_node=4, time_limit_s=1000)         # n1, rigid
+    slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=2)              # n2, elastic, 2 of 4
+    big = slurm.add_job(None, nodes=3, gpus_per_node=4)
+    assert slurm.reservation is not None and slurm.reservation.nodes == {"n1", "n2", "n3"}
+    demand = _demand(slurm)
+    assert demand.reserved == () and demand.waiting[0][0] == big
+    # n3 is idle, but an elastic job started there could not run before the big job: Slurm holds it.
+    assert {c.name: c.gpus for c in demand.capacity} == {"n1": 0, "n2": 2, "n3": 0}
