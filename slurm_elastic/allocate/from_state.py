@@ -122,9 +122,10 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     For each such job in priority order: the nodes of its partition that
     could hold its shape once elastic work left them, the ones that need the
     fewest elastic GPUs to leave first. It stops at the first job that does
-    not fit (Slurm starts nothing below it ahead of it either: the nodes its
-    backfill reservation holds give elastic jobs no more than they hold
-    there) or whose nodes would cut into elastic minimums protected from it.
+    not fit (Slurm starts nothing below it ahead of it either) or whose
+    nodes would cut into elastic minimums protected from it; the nodes
+    Slurm's backfill then holds for that job give elastic jobs no more than
+    they hold there.
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}
@@ -154,6 +155,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         after = sum(c.gpus for c in left.values()) - need.gpus * job.num_nodes
         if after < protected:
             waiting.append((job.job_id, f"elastic jobs' minimums ({protected} GPUs) are protected from it"))
+            left = _keep_off_slurms_reservation(state, job, left, held)
             break
         gpus_reclaimed = sum(cost(c) for c in chosen)
         for c in chosen:
