@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
-from slurm_elastic.cluster.model import ClusterState, Job, Resources
+from slurm_elastic.cluster.backfill import free_now, reserve
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,123 @@ def capacity_from_state(state: ClusterState) -> tuple[NodeCapacity, ...]:
         free = (node.total - used.get(node.name, Resources())).clamp()
         nodes.append(NodeCapacity(node.name, free.gpus, free.cpus, free.mem_mb))
     return tuple(nodes)
+
+
+# Pending reasons that mean "waiting for resources only" (not a dependency, a hold, a BeginTime, a limit).
+WAITING_FOR_RESOURCES = frozenset({"Resources", "Priority", "None", ""})
+
+
+@dataclass(frozen=True, slots=True)
+class RigidPolicy:
+    """The site's rules for giving borrowed GPUs back to pending rigid (non-elastic) jobs.
+
+    GPUs an elastic job holds above its minimum are borrowed and go back to
+    any pending rigid job waiting for resources; its minimum goes back only
+    to a rigid job of higher Slurm priority, and never when
+    `protect_minimum`. `partitions`: the partitions whose rigid jobs
+    elastic jobs yield to (empty: every partition); `yield_after_s`: how long
+    a rigid job waits before they do; `lookahead`: how many pending rigid
+    jobs, in Slurm's priority order, are looked at.
+    """
+
+    partitions: tuple[str, ...] = ()
+    yield_after_s: float = 0.0
+    protect_minimum: bool = True
+    lookahead: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class RigidReservation:
+    """Whole nodes kept from elastic work for one pending rigid job, and the elastic GPUs that must leave them."""
+
+    job_id: int
+    priority: int | None
+    nodes: tuple[str, ...]
+    gpus_reclaimed: int
+
+    def describe(self) -> str:
+        prio = "" if self.priority is None else f", priority {self.priority}"
+        return f"gave {self.gpus_reclaimed} GPUs back to job {self.job_id} (rigid{prio}) on {','.join(self.nodes)}"
+
+
+@dataclass(frozen=True, slots=True)
+class RigidDemand:
+    """What pending rigid jobs take from elastic capacity this cycle, and the one that still waits (and why)."""
+
+    capacity: tuple[NodeCapacity, ...]
+    reserved: tuple[RigidReservation, ...] = ()
+    waiting: tuple[tuple[int, str], ...] = ()   # (job id, why elastic jobs do not yield to it)
+
+
+def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
+    """Pending rigid jobs waiting only for resources, in Slurm's priority order, that the rules let borrow back."""
+    def waited(job: Job) -> float:
+        return state.taken_at - job.submit_time if job.submit_time is not None else math.inf
+
+    queue = [j for j in state.jobs if not j.elastic and j.state is JobState.PENDING and not j.held and j.gpus > 0
+             and j.reason in WAITING_FOR_RESOURCES and waited(j) >= rules.yield_after_s
+             and (not rules.partitions or j.partition in rules.partitions)]
+    return tuple(sorted(queue, key=queue_order)[:rules.lookahead])
+
+
+def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy) -> RigidDemand:
+    """Capacity for elastic work less whole nodes kept for the pending rigid jobs Slurm would start next.
+
+    For each such job in priority order: the nodes of its partition that
+    could hold its shape once elastic work left them, the ones that need the
+    fewest elastic GPUs to leave first. It stops at the first job that does
+    not fit (Slurm starts nothing below it ahead of it either) or whose
+    nodes would cut into elastic minimums protected from it; the nodes
+    Slurm's backfill then holds for that job give elastic jobs no more than
+    they hold there.
+    """
+    left = {c.name: c for c in capacity}
+    held: dict[str, int] = {}
+    for job in state.elastic_jobs:
+        if job.state.active:
+            for name in job.nodes:
+                held[name] = held.get(name, 0) + job.gpus_per_node
+    partitions = {n.name: n.partitions for n in state.nodes}
+    running = [j for j in state.elastic_jobs if j.state.active and j.spec is not None]
+    reserved: list[RigidReservation] = []
+    waiting: list[tuple[int, str]] = []
+    for job in rigid_queue(state, rules):
+        need = Resources(job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mb)
+        fits = [c for c in left.values() if c.gpus >= need.gpus and c.cpus >= need.cpus and c.mem_mb >= need.mem_mb
+                and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))]
+        if len(fits) < job.num_nodes:
+            waiting.append((job.job_id, "does not fit even without elastic jobs"))
+            left = _keep_off_slurms_reservation(state, job, left, held)
+            break
+
+        def cost(c: NodeCapacity) -> int:
+            return max(0, need.gpus - (c.gpus - held.get(c.name, 0)))
+
+        chosen = sorted(fits, key=lambda c: (cost(c), c.name))[:job.num_nodes]
+        protected = sum(e.spec.min_gpus for e in running  # type: ignore[union-attr]
+                        if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
+        after = sum(c.gpus for c in left.values()) - need.gpus * job.num_nodes
+        if after < protected:
+            waiting.append((job.job_id, f"elastic jobs' minimums ({protected} GPUs) are protected from it"))
+            left = _keep_off_slurms_reservation(state, job, left, held)
+            break
+        gpus_reclaimed = sum(cost(c) for c in chosen)
+        for c in chosen:
+            left[c.name] = NodeCapacity(c.name, c.gpus - need.gpus, c.cpus - need.cpus, c.mem_mb - need.mem_mb)
+            held[c.name] = max(0, held.get(c.name, 0) - cost(c))
+        reserved.append(RigidReservation(job.job_id, job.priority, tuple(c.name for c in chosen), gpus_reclaimed))
+    # Logged by the reconciler when it changes (its waits), not here every cycle.
+    return RigidDemand(tuple(left[c.name] for c in capacity), tuple(reserved), tuple(waiting))
+
+
+def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, NodeCapacity],
+                                 held: Mapping[str, int]) -> dict[str, NodeCapacity]:
+    """No elastic growth on the nodes Slurm's backfill keeps for `job`: an elastic job has no time limit
+    that ends before the reservation, so one (re)started there would stay pending; those there keep theirs."""
+    ending = [(j.expected_end, j) for j in state.jobs if j.state.active]
+    nodes = reserve(job, free_now(state.nodes), ending).nodes
+    return {name: NodeCapacity(name, min(c.gpus, held.get(name, 0)), c.cpus, c.mem_mb) if name in nodes else c
+            for name, c in left.items()}
 
 
 def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,

@@ -173,6 +173,8 @@ COLUMNS = (("workload", "workload", "{}"), ("policy", "policy", "{}"), ("restart
            ("makespan (s)", "makespan_s", "{:.0f}"), ("GPU util", "gpu_util", "{:.1%}"),
            ("jobs/h", "jobs_per_hour", "{:.1f}"), ("restarts", "restarts", "{}"),
            ("restart loss", "restart_loss_share", "{:.2%}"), ("failures", "node_failures", "{}"),
+           ("rigid wait (s)", "rigid_avg_wait_s", "{:.0f}"), ("rigid p95 wait (s)", "rigid_p95_wait_s", "{:.0f}"),
+           ("rigid JCT (s)", "rigid_avg_jct_s", "{:.0f}"), ("elastic JCT (s)", "elastic_avg_jct_s", "{:.0f}"),
            ("sim s", "wall_s", "{:.1f}"))
 
 

@@ -12,7 +12,14 @@ It models what the controller's requeue protocol meets on a live cluster
 - a node that fails requeues the jobs on it (NODE_FAIL with --requeue: not
   held, BeginTime + 120 s, restart count + 1); a node that returns takes work;
 - a released, eligible job starts after `start_latency_s` (the scheduler's
-  pass) on the first nodes that fit, in job-id order (no backfill);
+  pass) on the first nodes (by name) of its partition that fit, as Slurm's
+  main and backfill schedulers together do: in priority order (a job's
+  `priority`, higher first; by default submission order, as
+  priority/basic numbers jobs); the highest-priority job that cannot start
+  gets a reservation (the nodes it will get and the earliest time it fits,
+  from running jobs' time limits; never, if they have none); a lower job
+  starts only if it does not delay that: it ends (by its time limit) before
+  the reservation's time, or fits on nodes outside it;
 - the training shim's acknowledgement: a signalled job writes its ACK file
   beside its checkpoints, as the shim does after its checkpoint commits.
 
@@ -27,13 +34,17 @@ import os
 from typing import Callable
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState
+from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol as shim
 
 REQUEUE_BEGIN_DELAY_S = 120.0
 """Slurm's BeginTime after a requeue (unless an update sets StartTime=now)."""
+
+FIRST_PRIORITY = 4294901759
+"""priority/basic's first job's priority; each later submission gets one less (as squeue shows them)."""
 
 
 class InMemorySlurm:
@@ -62,6 +73,7 @@ class InMemorySlurm:
         self.on_start: Callable[[Job], None] | None = None  # the simulator's hook: a job began running
         self.on_stop: Callable[[Job, str], None] | None = None  # (job, why: requeue | node-fail | finish | cancel)
         self._next = 100
+        self.reservation: Reservation | None = None  # the last scheduling pass's, for tests and the simulator
 
     # -- time ----------------------------------------------------------------------------------
     @property
@@ -75,23 +87,30 @@ class InMemorySlurm:
         self._manual_now = float(value)
 
     # -- set-up and the world outside Slurm --------------------------------------------------
-    def add_node(self, name: str, *, gpus: int, cpus: int, mem_mb: int) -> None:
+    def add_node(self, name: str, *, gpus: int, cpus: int, mem_mb: int,
+                 partitions: tuple[str, ...] = ("gpu",)) -> None:
         self.nodes[name] = Node(name=name, state=NodeState.IDLE, cpus=cpus, mem_mb=mem_mb, gpus=gpus,
-                                partitions=("gpu",))
+                                partitions=partitions)
 
     def add_job(self, spec: ElasticSpec | None, *, nodes: int, gpus_per_node: int, user: str = "alice",
                 run: bool = True, comment: str | None = None, spec_error: str | None = None,
-                name: str | None = None, held: bool = False) -> int:
+                name: str | None = None, held: bool = False, priority: int | None = None,
+                time_limit_s: float | None = None, partition: str = "gpu", cpus_per_gpu: int | None = None,
+                mem_per_gpu_mb: int | None = None) -> int:
+        """Submit a job (`spec` None: a rigid job); `priority` None takes priority/basic's submission order."""
         self._next += 1
         job_id = self._next
         text = comment if comment is not None else (spec.to_comment() if spec else "")
-        cpg = spec.cpus_per_gpu if spec else 1
-        mpg = spec.mem_per_gpu_mb if spec else 1024
+        cpg = cpus_per_gpu if cpus_per_gpu is not None else (spec.cpus_per_gpu if spec else 1)
+        mpg = mem_per_gpu_mb if mem_per_gpu_mb is not None else (spec.mem_per_gpu_mb if spec else 1024)
+        if priority is None:
+            priority = FIRST_PRIORITY - (job_id - 101)
         job = Job(job_id=job_id, user=user, name=name or f"job{job_id}", state=JobState.PENDING,
                   reason="JobHeldUser" if held else "Priority", num_nodes=nodes, gpus_per_node=gpus_per_node,
                   cpus_per_node=cpg * gpus_per_node, mem_per_node_mb=mpg * gpus_per_node, cpus_per_gpu=cpg,
                   mem_per_gpu_mb=mpg, requeue=True, comment=text, spec=spec, spec_error=spec_error,
-                  partition="gpu", held=held, submit_time=self.now)
+                  partition=partition, held=held, submit_time=self.now, priority=priority,
+                  time_limit_s=time_limit_s)
         self.jobs[job_id] = job
         if run:
             self.schedule()
@@ -204,17 +223,22 @@ class InMemorySlurm:
 
     # -- the scheduler ---------------------------------------------------------------------------
     def schedule(self) -> None:
-        """Finish requeues whose COMPLETING is over, then start eligible jobs first-fit in job-id order."""
+        """Finish requeues whose COMPLETING is over, then start eligible jobs by priority, with backfill."""
         self._settle_completing()
         now = self.now
-        for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
+        self.reservation = None
+        eligible = []
+        for job in self.jobs.values():
             if job.state is not JobState.PENDING or job.held or self.begin.get(job.job_id, 0) > now:
                 self.eligible_since.pop(job.job_id, None)
                 continue
             since = self.eligible_since.setdefault(job.job_id, now)
-            if now - since < self.start_latency_s:
-                continue
-            chosen = self._fit(job)
+            if now - since >= self.start_latency_s:
+                eligible.append(job)
+        for job in sorted(eligible, key=queue_order):
+            # Backfill: a later job may not delay the reserved one.
+            held_back = self.reservation.holds_back(job, now) if self.reservation is not None else frozenset()
+            chosen = self._fit(job, held_back)
             if chosen is not None:
                 started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",
                                               start_time=now)
@@ -223,8 +247,12 @@ class InMemorySlurm:
                 self._recount()
                 if self.on_start is not None:
                     self.on_start(started)
-            elif job.reason != "BeginTime":
-                self.jobs[job.job_id] = dataclasses.replace(job, reason="Resources")
+                continue
+            if self.reservation is None:
+                self.reservation = self._reserve(job)
+            if job.reason != "BeginTime":
+                reason = "Resources" if self.reservation.job_id == job.job_id else "Priority"
+                self.jobs[job.job_id] = dataclasses.replace(job, reason=reason)
 
     def next_event_s(self) -> float | None:
         """When something changes by itself (a requeue completes, BeginTime passes, a start latency ends)."""
@@ -236,14 +264,14 @@ class InMemorySlurm:
         later = [t for t in times if t > self.now]
         return min(later) if later else None
 
-    def _fit(self, job: Job) -> list[str] | None:
-        cpg = job.cpus_per_gpu or 0
-        mpg = job.mem_per_gpu_mb or 0
-        g = job.gpus_per_node
-        chosen = [n.name for n in sorted(self.nodes.values(), key=lambda n: n.name)
-                  if n.available and n.gpus - n.gpus_alloc >= g and n.cpus - n.cpus_alloc >= g * cpg
-                  and n.mem_mb - n.mem_alloc_mb >= g * mpg][:job.num_nodes]
-        return chosen if len(chosen) == job.num_nodes else None
+    def _fit(self, job: Job, held_back: frozenset[str] = frozenset()) -> list[str] | None:
+        """Where `job` starts now, outside `held_back` (a seam: a test's Slurm honours ExcNodeList here)."""
+        return first_fit(job, free_now(self.nodes.values()), held_back)
+
+    def _reserve(self, job: Job) -> Reservation:
+        ending = [(self.completing_until.get(j.job_id, j.expected_end) if j.state is JobState.COMPLETING
+                   else j.expected_end, j) for j in self.jobs.values() if j.state.active]
+        return reserve(job, free_now(self.nodes.values()), ending)
 
     def _settle_completing(self) -> None:
         for job_id, until in list(self.completing_until.items()):

@@ -166,6 +166,8 @@ class Job:
     partition: str = ""
     comment: str = ""
     user_id: int | None = None
+    priority: int | None = None        # Slurm's priority (higher starts first); None where unread
+    time_limit_s: float | None = None  # None: unlimited (or unread)
     submit_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None      # when a finished job ended (Slurm's expected end is not kept)
@@ -184,6 +186,18 @@ class Job:
     @property
     def uses_per_node(self) -> Resources:
         return Resources(self.gpus_per_node, self.cpus_per_node, self.mem_per_node_mb)
+
+    @property
+    def expected_end(self) -> float:
+        """When a running job will have ended at the latest (its time limit; inf when it has none)."""
+        if self.start_time is None or self.time_limit_s is None:
+            return float("inf")
+        return self.start_time + self.time_limit_s
+
+
+def queue_order(job: Job) -> tuple[int, int]:
+    """Slurm's order of pending jobs: higher priority first, then the earlier job id."""
+    return (-(job.priority or 0), job.job_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,9 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
     if "hold" not in rec and "priority" not in rec:
         raise MissingField("job", "hold/priority", jid)
     # 22.05 has no `hold` key (priority 0 says it); from 23.02 both are there.
-    held = job_held(state, hold_flag=bool(rec.get("hold")), priority=number(rec.get("priority")))
+    priority = number(rec.get("priority"))
+    held = job_held(state, hold_flag=bool(rec.get("hold")), priority=priority)
+    limit_min = number(rec.get("time_limit"))   # minutes; unset or infinite: None
 
     comment = str(rec.get("comment") or "")
     spec, spec_error = spec_from_comment(comment)
@@ -143,7 +145,8 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
         start_time=float(start) if (start and ran) else None,
         end_time=float(end) if (end and state.finished) else None,
         exit_signal=exit_signal(rec.get("exit_code")) if state.finished else None,
-        spec=spec, spec_error=spec_error,
+        spec=spec, spec_error=spec_error, priority=priority,
+        time_limit_s=60.0 * limit_min if limit_min is not None else None,
     )
 
 

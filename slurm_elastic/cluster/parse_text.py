@@ -126,7 +126,7 @@ def job_from_text(rec: dict[str, str]) -> Job:
         start_time=_time(rec.get("StartTime")) if ran else None,
         end_time=_time(rec.get("EndTime")) if state.finished else None,
         exit_signal=_exit_signal(rec.get("ExitCode", "")) if state.finished else None,
-        spec=spec, spec_error=spec_error,
+        spec=spec, spec_error=spec_error, priority=priority,
     )
 
 

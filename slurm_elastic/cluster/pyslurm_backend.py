@@ -444,7 +444,7 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         start_time=float(j.start_time) if (j.start_time and ran) else None,
         end_time=float(j.end_time) if (state.finished and getattr(j, "end_time", None)) else None,
         exit_signal=(int(getattr(j, "exit_code_signal", 0) or 0) or None) if state.finished else None,
-        spec=spec, spec_error=spec_error,
+        spec=spec, spec_error=spec_error, priority=None if j.priority is None else int(j.priority),
     )
 
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from slurm_elastic.allocate.from_state import capacity_from_state
+from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
@@ -54,6 +54,7 @@ class ControllerConfig:
     recent_plan_s: float = RECENT_PLAN_S.default              # our own requeue explains a BeginTime reason
     measured_speed: bool = SPEED.default == "measured"        # False: the default speed model
     drain_on_peer_loss: bool = DRAIN_ON_PEER_LOSS.default     # admin mode: drain a node a job reported lost
+    rigid: RigidPolicy = RigidPolicy()     # giving borrowed GPUs back to pending rigid jobs (allocate/from_state.py)
 
     def settings(self) -> dict[str, float | int | str]:
         """The settings a running controller announces (in the daemon heartbeat, under their keys in
@@ -395,7 +396,8 @@ class Reconciler:
                         if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
-        capacity = without_reported_losses(capacity_from_state(scoped), scoped, acting)
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
+        capacity = without_reported_losses(rigid.capacity, scoped, acting)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         if problem == self._last_solved[0] and self._last_solved[1] is not None:
             allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
@@ -415,6 +417,11 @@ class Reconciler:
                 left = max(self.config.protocol.ack_timeout_s - (now - loss.seen_at), 0.0)
                 waits[job_id] = (f"{loss.describe()}: waiting for its just-in-time commit "
                                  f"(restarted without {','.join(loss.lost_nodes)} in {left:.0f}s at the latest)")
+        for reservation in rigid.reserved:
+            if reservation.gpus_reclaimed:
+                waits[reservation.job_id] = reservation.describe()
+        for job_id, why in rigid.waiting:
+            waits[job_id] = f"rigid job {job_id} waits: {why}"
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
 
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],

@@ -13,6 +13,11 @@ every step, and hysteresis and the restart budget apply. Whatever Slurm then
 runs is the placement handed back to the engine. Nothing sleeps: the
 protocol's waits advance the virtual clock.
 
+Rigid jobs (a fixed size: min = max GPUs) are plain Slurm jobs the
+controller does not own, submitted at their size with their run time as
+the time limit; the in-memory Slurm starts them by priority with backfill,
+and the controller sees them pending beside its elastic jobs.
+
 The controller's settings are the shipped defaults (ControllerConfig()),
 except the solver's limits (2 s, one thread: the simulator solves hundreds of
 times per trace on a shared machine).
@@ -35,6 +40,7 @@ from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.plan import Plan
 from slurm_elastic.control.reconcile import Allocator, ControllerConfig, Reconciler
 from slurm_elastic.control.requests import RequestSource
+from slurm_elastic.sim.engine import RestartModel
 from slurm_elastic.sim.jobs import SimJob, packed_placement
 from slurm_elastic.sim.policy import ClusterView, Decision, JobView
 from slurm_elastic.sim.shim import SimulatedShim, write_batch_range
@@ -130,7 +136,7 @@ class ControllerPolicy:
         for jv in view.jobs:
             if jv.key not in self._ids:
                 self._submit(jv.job, gpn)
-            elif jv.placement:
+            elif jv.placement and jv.key in self._shims:
                 self._write_metrics(jv, view.now)
         t0 = time.perf_counter()
         report = self.reconciler.cycle()
@@ -159,6 +165,9 @@ class ControllerPolicy:
                 self.slurm.node_down(name)
 
     def _submit(self, job: SimJob, gpn: int) -> None:
+        if not job.elastic:
+            self._submit_rigid(job, gpn)
+            return
         hi = job.max_gpus if self.max_scale is None else max(
             job.min_gpus, min(job.max_gpus, math.ceil(self.max_scale * job.requested_gpus)))
         spec = ElasticSpec(job.min_gpus, hi, cpus_per_gpu=job.cpus_per_gpu, mem_per_gpu_mb=job.mem_per_gpu_mb,
@@ -174,6 +183,18 @@ class ControllerPolicy:
         os.makedirs(shim.job_dir(self.ckpt_root, str(job_id)), mode=0o700, exist_ok=True)
         self._shims[job.key] = SimulatedShim(self.ckpt_root, str(job_id), job)
         write_batch_range(self.ckpt_root, str(job_id), job)
+
+    def _submit_rigid(self, job: SimJob, gpn: int) -> None:
+        """A rigid job is a plain Slurm job the controller does not own, with its run time as its time limit."""
+        nodes = next(n for n in range(-(-job.requested_gpus // gpn), job.requested_gpus + 1)
+                     if job.requested_gpus % n == 0)
+        shape = (job.requested_gpus // nodes,) * nodes
+        overhead = RestartModel().overhead_s if job.restart_overhead_s is None else job.restart_overhead_s
+        job_id = self.slurm.add_job(None, nodes=nodes, gpus_per_node=shape[0], user=self._user, name=job.key,
+                                    cpus_per_gpu=job.cpus_per_gpu, mem_per_gpu_mb=job.mem_per_gpu_mb,
+                                    time_limit_s=job.runtime_at(shape) + overhead)
+        self._ids[job.key] = job_id
+        self._keys[job_id] = job.key
 
     def _write_metrics(self, jv: JobView, now: float) -> None:
         """The row the training shim appends, once the job has stepped since its last row."""

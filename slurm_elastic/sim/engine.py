@@ -81,10 +81,16 @@ class JobRecord:
     restarts: int
     gpu_s: float                # GPU-seconds held
     restart_loss_gpu_s: float   # restart stalls + redone work + synchronous checkpoint stalls
+    elastic: bool = True        # False: a rigid job (min = max GPUs)
 
     @property
     def jct_s(self) -> float | None:
         return None if self.finish_s is None else self.finish_s - self.submit_s
+
+    @property
+    def wait_s(self) -> float | None:
+        """Submission to first start."""
+        return None if self.start_s is None else self.start_s - self.submit_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +306,7 @@ class Simulation:
         records = tuple(JobRecord(
             key=r.job.key, application=r.job.application, submit_s=r.job.submit_s, start_s=r.start,
             finish_s=r.finish, requested_gpus=r.job.requested_gpus, restarts=r.restarts, gpu_s=r.attained,
-            restart_loss_gpu_s=r.loss) for r in runs.values())
+            restart_loss_gpu_s=r.loss, elastic=r.job.elastic) for r in runs.values())
         return SimResult(policy=self.policy.name, restart_method=cfg.restart.method, jobs=records,
                          decisions=tuple(decisions), utilisation=tuple(util), timeline=tuple(timeline),
                          node_failures=n_failures, end_s=now, wall_s=time.perf_counter() - wall0,

@@ -37,7 +37,28 @@ def summarize(result: SimResult) -> dict[str, object]:
         "solve_s_total": float(sum(solve)),
         "solve_s_max": float(max(solve, default=0.0)),
         "wall_s": result.wall_s,
+        **per_class(result),
     }
+
+
+def per_class(result: SimResult) -> dict[str, object]:
+    """Rigid jobs' wait and JCT beside elastic jobs' JCT (nan for a class with no finished job)."""
+    rigid = [j for j in result.jobs if not j.elastic]
+    elastic = [j for j in result.jobs if j.elastic]
+    waits = np.array([j.wait_s for j in rigid if j.wait_s is not None], dtype=float)
+    return {
+        "rigid_jobs": len(rigid),
+        "rigid_avg_wait_s": float(waits.mean()) if len(waits) else math.nan,
+        "rigid_p95_wait_s": float(np.percentile(waits, 95)) if len(waits) else math.nan,
+        "rigid_avg_jct_s": _mean_jct(rigid),
+        "elastic_jobs": len(elastic),
+        "elastic_avg_jct_s": _mean_jct(elastic),
+    }
+
+
+def _mean_jct(jobs: list) -> float:
+    jcts = [j.jct_s for j in jobs if j.jct_s is not None]
+    return float(np.mean(jcts)) if jcts else math.nan
 
 
 def _integrate(samples: tuple[tuple[float, int, int], ...], start: float, end: float) -> tuple[float, float]:

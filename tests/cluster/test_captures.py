@@ -91,3 +91,16 @@ def test_every_project_capture_is_covered() -> None:
     for version in VERSIONS:  # the same scenario on every version (scontrol --json only from 23.02)
         names = {p.name for p in files if p.parent.name == version}
         assert len(names) == (8 if version == "22.05" else 9), (version, sorted(names))
+
+
+PRIORITIES = {"22.05": {1: 4294901757, 2: 4294901758, 3: 0}, "24.11": {1: 1, 2: 1, 3: 0}, "26.05": {1: 1, 2: 1, 3: 0}}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_priority_and_time_limit_are_read_as_squeue_gives_them(version: str) -> None:
+    # Pending rigid jobs are ordered by Slurm's priority (allocate/from_state.py); held ones have 0.
+    jobs = {j.job_id: j for j in parse_jobs(load(version, "squeue.json"))}
+    assert {i: j.priority for i, j in jobs.items()} == PRIORITIES[version]
+    assert all(j.time_limit_s is None for j in jobs.values())          # TimeLimit=UNLIMITED in every capture
+    running = jobs_from_text(text(version, "scontrol-show-job-running.txt"))[0]
+    assert running.priority == PRIORITIES[version][1]

@@ -49,11 +49,11 @@ class ExcludingSlurm(InMemorySlurm):
         self.drained[node] = reason
         self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN})
 
-    def _fit(self, job):
+    def _fit(self, job, *args, **kwargs):
         # Slurm honours ExcNodeList when it places the job.
         hidden = {n: self.nodes.pop(n) for n in self.excluded.get(job.job_id, ()) if n in self.nodes}
         try:
-            return super()._fit(job)
+            return super()._fit(job, *args, **kwargs)
         finally:
             self.nodes.update(hidden)
 

@@ -1,0 +1,135 @@
+"""Elastic jobs beside rigid ones: the same trace all rigid under FIFO+backfill, and mixed under the controller.
+
+For each Pollux workload (16 nodes x 4 GPUs, 60 s ticks, 30 s per start)
+this takes every job in submission order and keeps `--rigid-share` of them
+rigid (at their trace size; the rest elastic, 1 .. 2x their request as the
+simulator's default), then runs, in one go:
+
+- `all-rigid`: every job rigid under the simulator's FIFO+EASY backfill
+  (sim/static.py, run times known exactly: the best case for backfill);
+- `all-rigid-slurm`: every job rigid under the controller, i.e. the
+  in-memory Slurm's own priority + backfill scheduler (a check that it
+  matches the baseline);
+- `mixed`: the rigid jobs as plain Slurm jobs, the others elastic, under the
+  shipped controller (pending rigid jobs take back what elastic jobs borrowed).
+
+It prints one row per run with the figures of the jobs that are rigid in
+the mixed run (their mean and p95 wait and mean JCT) and of the others
+(their mean JCT), GPU utilisation and restarts, then the issue's targets:
+
+    .venv/bin/python benchmarks/mixed_cluster.py [--workloads 1 2 3 4] [--rigid-share 0.7] [--json]
+
+Not a test: it reports what it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from slurm_elastic.sim import SimConfig, Simulation, parse_cluster, summarize
+from slurm_elastic.sim.controller import ControllerPolicy
+from slurm_elastic.sim.engine import SimResult
+from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.pollux import load_workload
+from slurm_elastic.sim.static import StaticPolicy
+from table import print_rows  # benchmarks/table.py: how every benchmark prints
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
+WAIT_BOUND = 1.05   # the issue's target: rigid jobs wait at most 5 % longer than with every job rigid
+
+
+def mixed_workload(jobs: list[SimJob], rigid_share: float) -> list[SimJob]:
+    """`rigid_share` of the jobs rigid: those with one size already, then evenly spread over the others."""
+    fixed = sum(not j.elastic for j in jobs)
+    flexible = len(jobs) - fixed
+    share = min(max((rigid_share * len(jobs) - fixed) / flexible, 0.0), 1.0) if flexible else 0.0
+    out = []
+    rank = 0
+    for job in sorted(jobs, key=lambda j: (j.submit_s, j.key)):
+        if job.elastic:
+            if int((rank + 1) * share) > int(rank * share):
+                job = dataclasses.replace(job, min_gpus=job.requested_gpus, max_gpus=job.requested_gpus)
+            rank += 1
+        out.append(job)
+    return out
+
+
+def all_rigid(jobs: list[SimJob]) -> list[SimJob]:
+    return [dataclasses.replace(j, min_gpus=j.requested_gpus, max_gpus=j.requested_gpus) for j in jobs]
+
+
+def class_figures(result: SimResult, rigid: set[str]) -> dict[str, float]:
+    """Figures of the jobs rigid in the mixed run and of the others, whatever they were in this run."""
+    waits = [j.wait_s for j in result.jobs if j.key in rigid and j.wait_s is not None]
+    r_jct = [j.jct_s for j in result.jobs if j.key in rigid and j.jct_s is not None]
+    e_jct = [j.jct_s for j in result.jobs if j.key not in rigid and j.jct_s is not None]
+    s = summarize(result)
+    return {"rigid_avg_wait_s": float(np.mean(waits)), "rigid_p95_wait_s": float(np.percentile(waits, 95)),
+            "rigid_avg_jct_s": float(np.mean(r_jct)), "elastic_avg_jct_s": float(np.mean(e_jct)),
+            "gpu_util_share": float(s["gpu_util"]), "restarts": int(s["restarts"]),  # type: ignore[arg-type]
+            "unfinished_jobs": len(result.unfinished)}
+
+
+def compare(jobs: list[SimJob], rigid_share: float, cluster: str = "16x4") -> list[dict[str, object]]:
+    """The runs side by side (see the module docstring), one row each."""
+    mixed = mixed_workload(jobs, rigid_share)
+    rigid = {j.key for j in mixed if not j.elastic}
+    config = SimConfig(parse_cluster(cluster), immediate=True)
+    rows = []
+    for name, workload, policy in (("all-rigid", all_rigid(jobs), StaticPolicy()),
+                                   ("all-rigid-slurm", all_rigid(jobs), ControllerPolicy()),
+                                   ("mixed", mixed, ControllerPolicy())):
+        try:
+            result = Simulation(workload, policy, config).run()
+        finally:
+            close = getattr(policy, "close", None)
+            if close:
+                close()
+        rows.append({"run": name, "rigid_jobs": len(rigid), "jobs": len(jobs), **class_figures(result, rigid),
+                     "sim_wall_s": result.wall_s})
+    return rows
+
+
+def targets(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    base = next(r for r in rows if r["run"] == "all-rigid")
+    mixed = next(r for r in rows if r["run"] == "mixed")
+    out = []
+    for key, bound, better in (("rigid_avg_wait_s", WAIT_BOUND, "<="), ("rigid_p95_wait_s", WAIT_BOUND, "<="),
+                               ("gpu_util_share", 1.0, ">"), ("elastic_avg_jct_s", 1.0, "<")):
+        m, b = float(mixed[key]), float(base[key])  # type: ignore[arg-type]
+        met = m <= bound * b if better == "<=" else (m > b if better == ">" else m < b)
+        out.append({"figure": key, "mixed": m, "all_rigid": b, "target": f"{better} {bound:g}x all-rigid",
+                    "met": met})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=["1"], help="Pollux workload numbers (1-4)")
+    parser.add_argument("--rigid-share", type=float, default=0.7)
+    parser.add_argument("--json", action="store_true", help="a JSON list of rows (units in the key names)")
+    args = parser.parse_args()
+    if not 0 <= args.rigid_share <= 1:
+        parser.error("--rigid-share must lie in [0, 1]")
+    rows: list[dict[str, object]] = []
+    for w in args.workloads:
+        jobs = load_workload(TRACES / "workloads" / f"workload-{w}.csv")
+        runs = compare(jobs, args.rigid_share)
+        for row in runs:
+            rows.append({"workload": f"workload-{w}", **row})
+        for t in targets(runs):
+            rows.append({"workload": f"workload-{w}", "run": "target", **t})
+    if args.json:
+        print_rows(rows, True)
+        return
+    print_rows([r for r in rows if r["run"] != "target"], False, title="runs")
+    print()
+    print_rows([r for r in rows if r["run"] == "target"], False, title="targets")
+
+
+if __name__ == "__main__":
+    main()

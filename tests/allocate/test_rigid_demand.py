@@ -1,0 +1,89 @@
+"""Pending rigid jobs take back the GPUs elastic jobs borrowed: whole nodes kept from elastic capacity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.spec import ElasticSpec
+
+
+def _filled() -> tuple[InMemorySlurm, int, int]:
+    """Three 4-GPU nodes: elastic job A holds n1+n2 (min 2), elastic job B 2 GPUs of n3 (min 1)."""
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    a = slurm.add_job(ElasticSpec(2, 8), nodes=2, gpus_per_node=4)
+    b = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=2)
+    return slurm, a, b
+
+
+def _demand(slurm: InMemorySlurm, rules: RigidPolicy = RigidPolicy()):
+    state = slurm.snapshot()
+    return reserve_for_rigid(state, capacity_from_state(state), rules)
+
+
+def test_a_pending_rigid_job_gets_the_nodes_that_need_the_fewest_elastic_gpus_to_leave():
+    slurm, _, _ = _filled()
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
+    assert slurm.jobs[rigid].reason == "Resources"
+    demand = _demand(slurm)
+    assert [(r.job_id, r.nodes, r.gpus_reclaimed) for r in demand.reserved] == [(rigid, ("n3",), 2)]
+    left = {c.name: c.gpus for c in demand.capacity}
+    assert left == {"n1": 4, "n2": 4, "n3": 0}
+    assert "gave 2 GPUs back to job" in demand.reserved[0].describe()
+
+
+def test_without_rigid_demand_capacity_is_what_running_rigid_jobs_leave():
+    slurm, _, _ = _filled()
+    demand = _demand(slurm)
+    assert demand.reserved == () and demand.capacity == capacity_from_state(slurm.snapshot())
+
+
+def test_elastic_minimums_are_protected_from_a_rigid_job_by_default():
+    slurm, a, b = _filled()
+    rigid = slurm.add_job(None, nodes=3, gpus_per_node=4, priority=slurm.jobs[a].priority + 1)
+    demand = _demand(slurm)
+    assert demand.reserved == ()
+    assert demand.waiting and demand.waiting[0][0] == rigid and "minimums (3 GPUs) are protected" in demand.waiting[0][1]
+    # Not protected: a rigid job of higher priority than both takes their minimums too ...
+    demand = _demand(slurm, RigidPolicy(protect_minimum=False))
+    assert [r.job_id for r in demand.reserved] == [rigid] and sum(c.gpus for c in demand.capacity) == 0
+    # ... but one of lower priority than theirs does not.
+    slurm.jobs[rigid] = dataclasses.replace(slurm.jobs[rigid], priority=1)
+    assert _demand(slurm, RigidPolicy(protect_minimum=False)).reserved == ()
+
+
+def test_site_rules_choose_which_rigid_jobs_elastic_jobs_yield_to():
+    slurm, _, _ = _filled()
+    slurm.add_job(None, nodes=1, gpus_per_node=4)
+    assert _demand(slurm, RigidPolicy(partitions=("other",))).reserved == ()
+    assert _demand(slurm, RigidPolicy(yield_after_s=600)).reserved == ()
+    slurm.now += 600
+    assert len(_demand(slurm, RigidPolicy(yield_after_s=600)).reserved) == 1
+
+
+def test_held_or_not_yet_eligible_rigid_jobs_take_nothing():
+    slurm, _, _ = _filled()
+    slurm.add_job(None, nodes=1, gpus_per_node=4, held=True, run=False)
+    assert _demand(slurm).reserved == ()
+
+
+def test_it_stops_at_the_first_rigid_job_that_cannot_fit_even_without_elastic_jobs():
+    slurm, _, _ = _filled()
+    slurm.add_job(None, nodes=4, gpus_per_node=4)        # more nodes than the cluster has
+    second = slurm.add_job(None, nodes=1, gpus_per_node=4)   # would fit once n3's elastic job left
+    assert slurm.jobs[second].state.name == "PENDING"
+    demand = _demand(slurm)
+    assert demand.reserved == () and "does not fit" in demand.waiting[0][1]
+
+
+def test_elastic_jobs_do_not_grow_onto_nodes_slurm_holds_for_a_rigid_job_that_waits_for_rigid_ones():
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    slurm.add_job(None, nodes=1, gpus_per_node=4, time_limit_s=1000)         # n1, rigid
+    slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=2)              # n2, elastic, 2 of 4
+    big = slurm.add_job(None, nodes=3, gpus_per_node=4)
+    assert slurm.reservation is not None and slurm.reservation.nodes == {"n1", "n2", "n3"}
+    demand = _demand(slurm)
+    assert demand.reserved == () and demand.waiting[0][0] == big
+    # n3 is idle, but an elastic job started there could not run before the big job: Slurm holds it.
+    assert {c.name: c.gpus for c in demand.capacity} == {"n1": 0, "n2": 2, "n3": 0}

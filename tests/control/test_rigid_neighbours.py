@@ -1,0 +1,63 @@
+"""A cycle gives what elastic jobs borrowed back to a pending rigid job, and Slurm starts the rigid job there."""
+
+from __future__ import annotations
+
+import time
+
+from slurm_elastic.allocate.from_state import RigidPolicy
+from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.cluster.model import JobState
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.protocol import ProtocolSettings
+from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+from slurm_elastic.spec import ElasticSpec
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skipped
+
+    def sleep(self, s: float) -> None:
+        self.skipped += s
+
+
+def _filled(tmp_path, rules: RigidPolicy = RigidPolicy()) -> tuple[InMemorySlurm, Reconciler, int]:
+    """Two 4-GPU nodes, all 8 GPUs held by one elastic job of minimum 2."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    elastic = slurm.add_job(ElasticSpec(2, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4)
+    clock = Clock()
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=0, rigid=rules)
+    return slurm, Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=clock, sleep=clock.sleep), elastic
+
+
+def test_a_rigid_job_needing_a_whole_node_starts_once_the_elastic_job_shrinks(tmp_path):
+    slurm, rec, elastic = _filled(tmp_path)
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
+    assert slurm.jobs[rigid].state is JobState.PENDING
+    report = rec.cycle()
+    assert report.waits[rigid].startswith(f"gave 4 GPUs back to job {rigid} (rigid, priority ")
+    assert report.target(elastic) == 4
+    rec.cycle()                                      # the elastic job's requeue has completed: Slurm started both
+    assert slurm.jobs[rigid].state is JobState.RUNNING
+    assert slurm.jobs[elastic].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 4
+    assert not set(slurm.jobs[rigid].nodes) & set(slurm.jobs[elastic].nodes)
+
+
+def test_a_rigid_job_that_would_need_an_elastic_minimum_waits_and_says_why(tmp_path):
+    slurm, rec, elastic = _filled(tmp_path)
+    rigid = slurm.add_job(None, nodes=2, gpus_per_node=4)
+    report = rec.cycle()
+    assert report.target(elastic) == 8
+    assert report.waits[rigid] == f"rigid job {rigid} waits: elastic jobs' minimums (2 GPUs) are protected from it"
+    assert slurm.jobs[rigid].state is JobState.PENDING
+
+
+def test_elastic_jobs_keep_what_they_borrowed_from_a_partition_the_site_did_not_list(tmp_path):
+    slurm, rec, elastic = _filled(tmp_path, RigidPolicy(partitions=("debug",)))
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
+    report = rec.cycle()
+    assert report.target(elastic) == 8 and rigid not in report.waits
