@@ -7,13 +7,13 @@ import sqlite3
 
 import pytest
 
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import DONE, ROLLED_BACK, Journal
 from slurm_elastic.control.plan import Plan, PlanEntry
 
 
 def _plan(job_id: int = 7, entry: PlanEntry = PlanEntry.RUNNING) -> Plan:
-    return Plan(job_id=job_id, from_gpus=8, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=2,
-                mem_per_gpu_mb=2048, entry=entry, reason="shrink")
+    return Plan(job_id=job_id, from_gpus=8, to_gpus=4, shape=RequestShape(1, 4, 2, 2048), entry=entry, reason="shrink")
 
 
 def test_open_plan_survives_reopen_with_its_last_step(tmp_path):
