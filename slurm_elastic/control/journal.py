@@ -103,10 +103,7 @@ class PlanRecord:
         return self.plan.job_id
 
     def to_json(self) -> dict[str, object]:
-        return {"plan_id": self.plan_id, "job_id": self.job_id, "from_gpus": self.plan.from_gpus,
-                "to_gpus": self.plan.to_gpus, "nodes": self.plan.shape.nodes,
-                "gpus_per_node": self.plan.shape.gpus_per_node, "entry": self.plan.entry.value,
-                "reason": self.plan.reason, "forced": self.plan.forced, "exclude": list(self.plan.exclude),
+        return {"plan_id": self.plan_id, **self.plan.to_json(), "exclude": list(self.plan.exclude),
                 "step": self.step,
                 "status": self.status, "created_at": self.created_at, "updated_at": self.updated_at,
                 "note": self.note}

@@ -46,6 +46,12 @@ class Plan:
         return (f"job {self.job_id}: {self.from_gpus}->{self.to_gpus} GPUs "
                 f"({self.shape.describe()}, {self.entry.value}; {self.reason})")
 
+    def to_json(self) -> dict[str, object]:
+        """The plan in status and rebalance --json output (the shape as nodes and GPUs per node)."""
+        return {"job_id": self.job_id, "from_gpus": self.from_gpus, "to_gpus": self.to_gpus,
+                "nodes": self.shape.nodes, "gpus_per_node": self.shape.gpus_per_node, "entry": self.entry.value,
+                "reason": self.reason, "forced": self.forced}
+
 
 ShapeFn = Callable[[ElasticSpec, int, Mapping[str, int]], RequestShape]   # spec, GPUs, placement
 

@@ -120,9 +120,7 @@ class CycleReport:
         alloc = self.allocation
         return {
             "taken_at": self.taken_at, "dry_run": self.dry_run, "cycle_s": round(self.cycle_s, 4),
-            "plans": [{"job_id": p.job_id, "from_gpus": p.from_gpus, "to_gpus": p.to_gpus, "nodes": p.shape.nodes,
-                       "gpus_per_node": p.shape.gpus_per_node, "entry": p.entry.value, "reason": p.reason,
-                       "forced": p.forced} for p in self.plans],
+            "plans": [p.to_json() for p in self.plans],
             "outcomes": [o.to_json() for o in self.outcomes],
             "recovered": [o.to_json() for o in self.recovered],
             "jobs": [{"job_id": j, "state": s, "gpus": self.current_gpus.get(j, 0), "target_gpus": self.target(j),
