@@ -194,17 +194,6 @@ def test_a_journal_of_the_column_layout_keeps_its_plans(tmp_path):
     assert len(Journal(path).plans()) == 3          # moved once: a second open finds the shape column
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.t += s
-
-
 def test_a_plan_in_flight_across_the_upgrade_is_finished_with_its_shape(tmp_path):
     from slurm_elastic.cluster.memory import InMemorySlurm
     from slurm_elastic.cluster.model import JobState
@@ -217,9 +206,9 @@ def test_a_plan_in_flight_across_the_upgrade_is_finished_with_its_shape(tmp_path
     slurm.requeue_hold(job_id)   # the old daemon took the hold step, journaled it, and died
     path = tmp_path / "d" / "j.sqlite"
     _column_layout_journal(path, [(job_id, 8, 4, 1, 4, 2, 1536, "running", "hold", "open")])
-    clock = _Clock()
+    now = [0.0]     # the protocol's waits pass on this clock, not the test's
     proto = RequeueProtocol(slurm, Journal(path), ProtocolSettings(ack_timeout_s=5.0, settle_timeout_s=2.0),
-                            clock=clock, sleep=clock.sleep)
+                            clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
     [out] = proto.recover(slurm.snapshot())
     job = slurm.snapshot().job(job_id)
     assert out.status == DONE and not job.held and job.state is JobState.RUNNING
