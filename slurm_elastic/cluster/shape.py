@@ -52,12 +52,14 @@ class RequestShape:
             raise ShapeError(f"a request shape must be an object, got {type(value).__name__}")
         if set(value) != set(_FIELDS):
             raise ShapeError(f"a request shape has the fields {', '.join(_FIELDS)}, got {', '.join(sorted(value))}")
+        sizes: dict[str, int] = {}
         for name in _FIELDS:
             v = value[name]
-            if type(v) is not int or v < (0 if name == "gpus_per_node" else 1):
-                raise ShapeError(f"request shape field {name} must be an integer >= "
-                                 f"{0 if name == 'gpus_per_node' else 1}, got {v!r}")
-        return cls(**{name: int(value[name]) for name in _FIELDS})  # type: ignore[arg-type]
+            least = 0 if name == "gpus_per_node" else 1   # a job without GPUs is submitted without --gres
+            if type(v) is not int or v < least:           # not bool, float or str: the writer wrote ints
+                raise ShapeError(f"request shape field {name} must be an integer >= {least}, got {v!r}")
+            sizes[name] = v
+        return cls(**sizes)
 
     @classmethod
     def loads(cls, text: str) -> RequestShape:
