@@ -13,7 +13,7 @@ from slurm_elastic.allocate.problem import (
     ThroughputModel,
     Unplaceable,
 )
-from slurm_elastic.allocate.shapes import JobShape, shape_of
+from slurm_elastic.allocate.shapes import request_shape, shape_of
 from slurm_elastic.allocate.solver import greedy_baseline, solve
 from slurm_elastic.allocate.throughput import (
     LinearThroughput,
@@ -26,8 +26,8 @@ from slurm_elastic.allocate.throughput import (
 from slurm_elastic.errors import AllocationError
 
 __all__ = [
-    "Allocation", "AllocationError", "AllocationProblem", "JobDecision", "JobRequest", "JobShape",
+    "Allocation", "AllocationError", "AllocationProblem", "JobDecision", "JobRequest",
     "LinearThroughput", "NodeCapacity", "PiecewiseThroughput", "Policy", "ThroughputModel", "Unplaceable",
-    "fit_throughput", "greedy_baseline", "read_metrics", "render_explanation", "shape_of", "solve",
-    "table_throughput", "throughput_from_checkpoints",
+    "fit_throughput", "greedy_baseline", "read_metrics", "render_explanation", "request_shape", "shape_of",
+    "solve", "table_throughput", "throughput_from_checkpoints",
 ]

@@ -1,4 +1,4 @@
-"""Request shapes Slurm understands: a GPU count as nodes x GPUs per node, with CPUs and memory per GPU.
+"""Turning GPU counts into request shapes Slurm understands: nodes x GPUs per node (cluster/shape.py's type).
 
 Slurm's `--gres=gpu:G` is per node, so a job spanning nodes gets the same G on
 every node. The rule used everywhere in the allocator (solver, placement pass,
@@ -13,30 +13,11 @@ brute-force tests):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import AllocationError
-
-
-@dataclass(frozen=True, slots=True)
-class JobShape:
-    """What the controller asks Slurm for: `nodes` x `gpus_per_node`, CPUs and memory per GPU."""
-
-    nodes: int
-    gpus_per_node: int
-    cpus_per_gpu: int
-    mem_per_gpu_mb: int
-    nodelist: tuple[str, ...] = ()
-
-    @property
-    def gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    def sbatch_args(self) -> tuple[str, ...]:
-        """The request as sbatch/scontrol options (`--gres` per node, which every Slurm since 22.05 accepts)."""
-        return (f"--nodes={self.nodes}", f"--gres=gpu:{self.gpus_per_node}",
-                f"--cpus-per-gpu={self.cpus_per_gpu}", f"--mem-per-gpu={self.mem_per_gpu_mb}M")
+from slurm_elastic.spec import ElasticSpec
 
 
 def placement_is_valid_shape(placement: Mapping[str, int], node_gpus: Mapping[str, int],
@@ -53,7 +34,7 @@ def placement_is_valid_shape(placement: Mapping[str, int], node_gpus: Mapping[st
     return True
 
 
-def shape_of(placement: Mapping[str, int], cpus_per_gpu: int, mem_per_gpu_mb: int) -> JobShape | None:
+def shape_of(placement: Mapping[str, int], cpus_per_gpu: int, mem_per_gpu_mb: int) -> RequestShape | None:
     """The Slurm shape of a placement (None for a job that gets nothing)."""
     used = {n: g for n, g in placement.items() if g > 0}
     if not used:
@@ -61,8 +42,8 @@ def shape_of(placement: Mapping[str, int], cpus_per_gpu: int, mem_per_gpu_mb: in
     counts = set(used.values())
     if len(counts) != 1:
         raise AllocationError(f"placement {dict(used)} has unequal GPUs per node; Slurm's --gres is per node")
-    return JobShape(nodes=len(used), gpus_per_node=counts.pop(), cpus_per_gpu=int(cpus_per_gpu),
-                    mem_per_gpu_mb=int(mem_per_gpu_mb), nodelist=tuple(sorted(used)))
+    return RequestShape(nodes=len(used), gpus_per_node=counts.pop(), cpus_per_gpu=int(cpus_per_gpu),
+                        mem_per_gpu_mb=int(mem_per_gpu_mb))
 
 
 def spanning_widths(gpus: int, node_sizes: set[int], whole_nodes_when_spanning: bool) -> list[int]:
@@ -72,3 +53,22 @@ def spanning_widths(gpus: int, node_sizes: set[int], whole_nodes_when_spanning: 
     else:
         widths = [w for w in range(1, gpus // 2 + 1) if gpus % w == 0]
     return sorted(widths, reverse=True)
+
+
+def request_shape(spec: ElasticSpec, gpus: int, placement: Mapping[str, int], node_sizes: set[int]) -> RequestShape:
+    """The shape for `gpus`: the solver's placement, else the narrowest shape Slurm can express."""
+    def shaped(nodes: int, per_node: int) -> RequestShape:
+        return RequestShape(nodes=nodes, gpus_per_node=per_node, cpus_per_gpu=spec.cpus_per_gpu,
+                            mem_per_gpu_mb=spec.mem_per_gpu_mb)
+
+    if placement:
+        s = shape_of(placement, spec.cpus_per_gpu, spec.mem_per_gpu_mb)
+        if s is not None and s.gpus == gpus:
+            return s
+    sizes = {n for n in node_sizes if n > 0} or {gpus}
+    if gpus <= max(sizes):
+        return shaped(1, gpus)
+    widths = spanning_widths(gpus, sizes, True) or spanning_widths(gpus, sizes, False)
+    if widths:
+        return shaped(gpus // widths[0], widths[0])
+    return shaped(1, gpus)  # Slurm will keep it pending and say why

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from slurm_elastic.cluster.model import ClusterState
+from slurm_elastic.cluster.shape import RequestShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,10 +14,7 @@ class SubmitDescription:
     """What to submit, in Slurm's nouns; the backend turns it into sbatch flags or an API call."""
 
     script: str                                # path of the batch script
-    nodes: int
-    gpus_per_node: int
-    cpus_per_gpu: int
-    mem_per_gpu_mb: int
+    shape: RequestShape                        # GPUs per node 0: a job without GPUs (no --gres)
     comment: str = ""                          # the canonical ElasticSpec text for elastic jobs
     job_name: str | None = None
     requeue: bool = True
@@ -47,8 +45,7 @@ class Backend(Protocol):
         """Put a running or finished batch job back in the queue, not held (`scontrol requeue`)."""
         ...
 
-    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
-                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
         """Change a pending (held) job's shape; `start_now` clears the requeue BeginTime delay."""
         ...
 

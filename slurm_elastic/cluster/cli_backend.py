@@ -22,6 +22,7 @@ from slurm_elastic.cluster.model import ClusterState, Job
 from slurm_elastic.cluster.parse_json import (JSON_ERRORS, MissingField, job_from_record, loads, parse_nodes,
                                               version_of)
 from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmParseError, SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
 
@@ -214,10 +215,8 @@ class CliBackend:
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(int(job_id))])
 
-    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
-                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
-        self._run(update_args(self.version, job_id, nodes=nodes, gpus_per_node=gpus_per_node,
-                              cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu_mb, start_now=start_now))
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
+        self._run(update_args(self.version, job_id, shape, start_now=start_now))
 
     def release(self, job_id: int) -> None:
         self._run(["scontrol", "release", str(int(job_id))])
@@ -320,8 +319,7 @@ def gpu_tres(version: SlurmVersion, count: int) -> str:
     return f"gres/gpu:{count}" if version >= TRES_SLASH_SINCE else f"gres:gpu:{count}"
 
 
-def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
-                mem_per_gpu_mb: int, start_now: bool = True) -> list[str]:
+def update_args(version: SlurmVersion, job_id: int, shape: RequestShape, *, start_now: bool = True) -> list[str]:
     """`scontrol update` for a held job's new shape.
 
     TresPerNode/CpusPerTres/MemPerTres take the version's spelling; they change the job the way
@@ -329,14 +327,13 @@ def update_args(version: SlurmVersion, job_id: int, *, nodes: int, gpus_per_node
     job runs with SLURM_GPUS_ON_NODE equal to the new count). StartTime=now clears the ~120 s
     BeginTime Slurm puts on a requeued job.
     """
-    for name, val in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("cpus_per_gpu", cpus_per_gpu),
-                      ("mem_per_gpu_mb", mem_per_gpu_mb)):
+    for name, val in shape.to_json().items():
         if int(val) < 1:
             raise SlurmError(f"set_resources: {name} must be >= 1, got {val}")
-    args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes),
-            f"TresPerNode={gpu_tres(version, int(gpus_per_node))}",
-            f"CpusPerTres={gpu_tres(version, int(cpus_per_gpu))}",
-            f"MemPerTres={gpu_tres(version, int(mem_per_gpu_mb))}"]
+    args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes),
+            f"TresPerNode={gpu_tres(version, int(shape.gpus_per_node))}",
+            f"CpusPerTres={gpu_tres(version, int(shape.cpus_per_gpu))}",
+            f"MemPerTres={gpu_tres(version, int(shape.mem_per_gpu_mb))}"]
     if start_now:
         args.append("StartTime=now")
     return args
@@ -374,14 +371,14 @@ def sbatch_args(d: SubmitDescription, version: SlurmVersion | None = None,
     `version`: the Slurm the job goes to; None (not known) gives the flags every version takes.
     `expedite_enabled`: slurmctld has SlurmctldParameters=enable_expedited_requeue.
     """
-    for name, val in (("nodes", d.nodes), ("gpus_per_node", d.gpus_per_node), ("cpus_per_gpu", d.cpus_per_gpu),
-                      ("mem_per_gpu_mb", d.mem_per_gpu_mb)):
+    shape = d.shape
+    for name, val in shape.to_json().items():
         if int(val) < (0 if name == "gpus_per_node" else 1):
             raise SlurmError(f"submit: {name} must be positive, got {val}")
-    args = ["sbatch", "--parsable", f"--nodes={int(d.nodes)}"]
-    if d.gpus_per_node > 0:
-        args += [f"--gres=gpu:{int(d.gpus_per_node)}", f"--cpus-per-gpu={int(d.cpus_per_gpu)}",
-                 f"--mem-per-gpu={int(d.mem_per_gpu_mb)}M"]
+    args = ["sbatch", "--parsable", f"--nodes={int(shape.nodes)}"]
+    if shape.gpus_per_node > 0:
+        args += [f"--gres=gpu:{int(shape.gpus_per_node)}", f"--cpus-per-gpu={int(shape.cpus_per_gpu)}",
+                 f"--mem-per-gpu={int(shape.mem_per_gpu_mb)}M"]
     if d.comment:
         args.append(f"--comment={d.comment}")
     if d.job_name:

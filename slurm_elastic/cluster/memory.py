@@ -36,6 +36,7 @@ from typing import Callable
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic.train import protocol as shim
@@ -149,7 +150,7 @@ class InMemorySlurm:
 
     def submit(self, description: SubmitDescription) -> int:
         spec = ElasticSpec.from_comment(description.comment) if description.comment else None
-        return self.add_job(spec, nodes=description.nodes, gpus_per_node=description.gpus_per_node,
+        return self.add_job(spec, nodes=description.shape.nodes, gpus_per_node=description.shape.gpus_per_node,
                             run=not description.hold, held=description.hold, name=description.job_name)
 
     def hold(self, job_id: int) -> None:
@@ -182,17 +183,16 @@ class InMemorySlurm:
         self.completing_until[job_id] = self.now + self.completing_s
         self._settle_completing()
 
-    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
-                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
         job = self._job("set_resources", job_id)
         if job.state is JobState.COMPLETING:
             return  # Slurm 22.05 accepts it and drops it: the protocol must check (see RequeueProtocol._resize)
         if job.state is not JobState.PENDING:
             raise SlurmError(f"scontrol update: job {job_id} is no longer pending")
-        self.jobs[job_id] = dataclasses.replace(job, num_nodes=nodes, gpus_per_node=gpus_per_node,
-                                                cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu_mb,
-                                                cpus_per_node=cpus_per_gpu * gpus_per_node,
-                                                mem_per_node_mb=mem_per_gpu_mb * gpus_per_node)
+        self.jobs[job_id] = dataclasses.replace(job, num_nodes=shape.nodes, gpus_per_node=shape.gpus_per_node,
+                                                cpus_per_gpu=shape.cpus_per_gpu, mem_per_gpu_mb=shape.mem_per_gpu_mb,
+                                                cpus_per_node=shape.cpus_per_gpu * shape.gpus_per_node,
+                                                mem_per_node_mb=shape.mem_per_gpu_mb * shape.gpus_per_node)
         if start_now:
             self.begin[job_id] = self.now
 

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend, classify, node_count_fields, update_args
 from slurm_elastic.cluster.model import ClusterState, Job, Node
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
                                                 reason_code, size_mb, spec_from_comment)
@@ -87,15 +88,14 @@ def known_problem(version: SlurmVersion) -> str | None:
     return None
 
 
-def resize_description(module: ModuleType, *, gpus_per_node: int, cpus_per_gpu: int, mem_per_gpu_mb: int,
-                       start_now: bool) -> Any:
+def resize_description(module: ModuleType, shape: RequestShape, *, start_now: bool) -> Any:
     """The JobSubmitDescription of a resize.
 
     GRES as a dict: pyslurm turns {'gpu': N} into 'gres:gpu:N', which every Slurm from 22.05
     takes; begin_time 'now' clears the ~120 s BeginTime of a requeued job.
     """
-    changes: dict[str, Any] = {"gres_per_node": {"gpu": int(gpus_per_node)}, "cpus_per_gpu": int(cpus_per_gpu),
-                               "memory_per_gpu": int(mem_per_gpu_mb)}
+    changes: dict[str, Any] = {"gres_per_node": {"gpu": int(shape.gpus_per_node)},
+                               "cpus_per_gpu": int(shape.cpus_per_gpu), "memory_per_gpu": int(shape.mem_per_gpu_mb)}
     if start_now:
         changes["begin_time"] = "now"
     return module.JobSubmitDescription(**changes)
@@ -108,7 +108,7 @@ def self_check(module: ModuleType) -> str | None:
     pyslurm that would fail a resize (the 24.11 NameError) fails here, and nothing reaches Slurm.
     """
     try:
-        desc = resize_description(module, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, start_now=True)
+        desc = resize_description(module, RequestShape(1, 1, 1, 1), start_now=True)
         build = getattr(desc, "_create_job_submit_desc", None)
         if not callable(build):
             return "pyslurm's JobSubmitDescription has no _create_job_submit_desc, so a resize cannot be checked"
@@ -245,22 +245,21 @@ class PyslurmBackend:
     def requeue(self, job_id: int) -> None:
         self._call("Job.requeue", self._ps.Job(int(job_id)).requeue, hold=False)
 
-    def set_resources(self, job_id: int, *, nodes: int, gpus_per_node: int, cpus_per_gpu: int,
-                      mem_per_gpu_mb: int, start_now: bool = True) -> None:
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
         """All or nothing: the new shape is read back, and any failure restores the old one."""
-        if min(nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb) < 1:
-            raise SlurmError(f"set_resources: every size must be >= 1 (nodes={nodes}, gpus_per_node="
-                             f"{gpus_per_node}, cpus_per_gpu={cpus_per_gpu}, mem_per_gpu_mb={mem_per_gpu_mb})")
+        sizes = shape.to_json()
+        if min(sizes.values()) < 1:
+            raise SlurmError("set_resources: every size must be >= 1 ("
+                             + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")")
         before = self._job(job_id)
-        target = (int(nodes), int(gpus_per_node), int(cpus_per_gpu), int(mem_per_gpu_mb))
+        target = (shape.nodes, shape.gpus_per_node, shape.cpus_per_gpu, shape.mem_per_gpu_mb)
         try:
             # Job.modify first: it is where pyslurm fails (before its RPC when the description does
             # not build), so the commonest failure leaves Slurm untouched.
-            desc = resize_description(self._ps, gpus_per_node=gpus_per_node, cpus_per_gpu=cpus_per_gpu,
-                                      mem_per_gpu_mb=mem_per_gpu_mb, start_now=start_now)
+            desc = resize_description(self._ps, shape, start_now=start_now)
             self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
             # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum).
-            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes)])
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes)])
             after = self._job(job_id)
             if _shape(after) != target:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
@@ -282,8 +281,8 @@ class PyslurmBackend:
             return
         nodes, gpus, cpus, mem = _shape(before)
         if min(gpus, cpus or 0, mem or 0) >= 1:
-            args = update_args(self._cli.version, job_id, nodes=nodes, gpus_per_node=gpus, cpus_per_gpu=cpus or 1,
-                               mem_per_gpu_mb=mem or 1, start_now=False)
+            args = update_args(self._cli.version, job_id, RequestShape(nodes, gpus, cpus or 1, mem or 1),
+                               start_now=False)
         else:  # no per-GPU request to restore: the node count is what this backend changed alone
             args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes)]
         try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from slurm_elastic.cluster.shape import RequestShape, ShapeError
 from slurm_elastic.control.plan import Plan, PlanEntry
 from slurm_elastic.control.state_dir import USER_DIR_MODE, open_private_file, open_state_dir
 from slurm_elastic.errors import ElasticError
@@ -29,16 +30,13 @@ log = logging.getLogger(__name__)
 STEPS = ("open", "signal", "ack", "hold", "resize", "release")
 OPEN, DONE, ROLLED_BACK, ABANDONED = "open", "done", "rolled_back", "abandoned"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS plans (
+_PLANS_TABLE = """
+CREATE TABLE IF NOT EXISTS {table} (
     plan_id        INTEGER PRIMARY KEY AUTOINCREMENT,
     job_id         INTEGER NOT NULL,
     from_gpus      INTEGER NOT NULL,
     to_gpus        INTEGER NOT NULL,
-    nodes          INTEGER NOT NULL,
-    gpus_per_node  INTEGER NOT NULL,
-    cpus_per_gpu   INTEGER NOT NULL,
-    mem_per_gpu_mb INTEGER NOT NULL,
+    shape          TEXT    NOT NULL,
     entry          TEXT    NOT NULL,
     reason         TEXT    NOT NULL,
     user           TEXT    NOT NULL DEFAULT '',
@@ -50,9 +48,10 @@ CREATE TABLE IF NOT EXISTS plans (
     created_at     REAL    NOT NULL,
     updated_at     REAL    NOT NULL,
     note           TEXT    NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS plans_open ON plans(status);
-CREATE INDEX IF NOT EXISTS plans_job ON plans(job_id, created_at);
+)"""
+_PLANS_INDEXES = ("CREATE INDEX IF NOT EXISTS plans_open ON plans(status)",
+                  "CREATE INDEX IF NOT EXISTS plans_job ON plans(job_id, created_at)")
+_SCHEMA = _PLANS_TABLE.format(table="plans") + ";\n" + ";\n".join(_PLANS_INDEXES) + """;
 CREATE TABLE IF NOT EXISTS steps (
     plan_id INTEGER NOT NULL REFERENCES plans(plan_id),
     step    TEXT    NOT NULL,
@@ -79,6 +78,12 @@ CREATE TABLE IF NOT EXISTS drains (
 );
 """
 
+# Journals written before the request shape had one type kept it in these columns; such a journal
+# is rewritten to the `shape` column when opened, so a plan in flight across the upgrade is replayed.
+_OLD_SHAPE_COLUMNS = ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_per_gpu_mb")
+_PLAN_COLUMNS = ("plan_id", "job_id", "from_gpus", "to_gpus", "entry", "reason", "user", "exclude", "forced",
+                 "restarts", "step", "status", "created_at", "updated_at", "note")
+
 
 @dataclass(frozen=True, slots=True)
 class PlanRecord:
@@ -98,10 +103,7 @@ class PlanRecord:
         return self.plan.job_id
 
     def to_json(self) -> dict[str, object]:
-        return {"plan_id": self.plan_id, "job_id": self.job_id, "from_gpus": self.plan.from_gpus,
-                "to_gpus": self.plan.to_gpus, "nodes": self.plan.nodes,
-                "gpus_per_node": self.plan.gpus_per_node, "entry": self.plan.entry.value,
-                "reason": self.plan.reason, "forced": self.plan.forced, "exclude": list(self.plan.exclude),
+        return {"plan_id": self.plan_id, **self.plan.to_json(), "exclude": list(self.plan.exclude),
                 "step": self.step,
                 "status": self.status, "created_at": self.created_at, "updated_at": self.updated_at,
                 "note": self.note}
@@ -128,6 +130,8 @@ class Journal:
                 self._db.execute("ALTER TABLE plans ADD COLUMN user TEXT NOT NULL DEFAULT ''")
             if "exclude" not in columns:   # from before plans acted on a job's lost node
                 self._db.execute("ALTER TABLE plans ADD COLUMN exclude TEXT NOT NULL DEFAULT ''")
+            if "shape" not in columns:
+                self._move_shapes()
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the controller journal {self.path}: {exc}{_full(self.path)}") from None
 
@@ -140,12 +144,10 @@ class Journal:
         at = time.time() if now is None else now
         with self._tx():
             cur = self._db.execute(
-                "INSERT INTO plans (job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu,"
-                " mem_per_gpu_mb, entry, reason, user, exclude, forced, restarts, step, status, created_at,"
-                " updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (plan.job_id, plan.from_gpus, plan.to_gpus, plan.nodes, plan.gpus_per_node,
-                 plan.cpus_per_gpu, plan.mem_per_gpu_mb, plan.entry.value, plan.reason, plan.user,
-                 ",".join(plan.exclude), int(plan.forced), restarts, "open", OPEN, at, at))
+                "INSERT INTO plans (job_id, from_gpus, to_gpus, shape, entry, reason, user, exclude, forced,"
+                " restarts, step, status, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (plan.job_id, plan.from_gpus, plan.to_gpus, plan.shape.dumps(), plan.entry.value, plan.reason,
+                 plan.user, ",".join(plan.exclude), int(plan.forced), restarts, "open", OPEN, at, at))
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, "open", at, json.dumps(plan.describe())))
@@ -256,20 +258,46 @@ class Journal:
     # -- internals -----------------------------------------------------------------------
     def _select(self, where: str, args: tuple[object, ...]) -> list[PlanRecord]:
         rows = self._db.execute(
-            "SELECT plan_id, job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb,"
-            " entry, reason, forced, restarts, step, status, created_at, updated_at, note, user, exclude FROM plans "
-            + where,
+            "SELECT plan_id, job_id, from_gpus, to_gpus, shape, entry, reason, forced, restarts, step, status,"
+            " created_at, updated_at, note, user, exclude FROM plans " + where,
             args).fetchall()
         out = []
         for r in rows:
-            plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), nodes=int(r[4]),
-                        gpus_per_node=int(r[5]), cpus_per_gpu=int(r[6]), mem_per_gpu_mb=int(r[7]),
-                        entry=PlanEntry(r[8]), reason=str(r[9]), forced=bool(r[10]), user=str(r[17]),
-                        exclude=tuple(n for n in str(r[18]).split(",") if n))
-            out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[11]), step=str(r[12]),
-                                  status=str(r[13]), created_at=float(r[14]), updated_at=float(r[15]),
-                                  note=str(r[16])))
+            try:
+                shape = RequestShape.loads(r[4])
+            except ShapeError as exc:
+                raise JournalError(f"the controller journal {self.path} is damaged: plan {r[0]}: {exc}") from None
+            plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), shape=shape,
+                        entry=PlanEntry(r[5]), reason=str(r[6]), forced=bool(r[7]), user=str(r[14]),
+                        exclude=tuple(n for n in str(r[15]).split(",") if n))
+            out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[8]), step=str(r[9]),
+                                  status=str(r[10]), created_at=float(r[11]), updated_at=float(r[12]),
+                                  note=str(r[13])))
         return out
+
+    def _move_shapes(self) -> None:
+        """Rewrite a journal of the column layout (one column per shape field) to the `shape` column.
+
+        One transaction: a crash leaves the old layout, and the next open moves it again. The
+        columns are checked again inside it, as another process may have moved them meanwhile.
+        """
+        with self._tx() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(plans)")}
+            if "shape" in columns:
+                return
+            kept = ", ".join(_PLAN_COLUMNS)
+            rows = db.execute(f"SELECT {kept}, {', '.join(_OLD_SHAPE_COLUMNS)} FROM plans").fetchall()
+            # A new table renamed into place (not the old one renamed away): renaming `plans` would
+            # rewrite the steps' and marks' references to it.
+            db.execute(_PLANS_TABLE.format(table="plans_moved"))
+            width = len(_PLAN_COLUMNS)
+            db.executemany(f"INSERT INTO plans_moved ({kept}, shape) VALUES ({', '.join('?' * (width + 1))})",
+                           [(*r[:width], RequestShape(*(int(v) for v in r[width:])).dumps()) for r in rows])
+            db.execute("DROP TABLE plans")
+            db.execute("ALTER TABLE plans_moved RENAME TO plans")
+            for index in _PLANS_INDEXES:
+                db.execute(index)
+        log.info("journal %s: %d plans moved to the shape column", self.path, len(rows))
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -8,6 +8,8 @@ from typing import Callable, Mapping
 
 from slurm_elastic.allocate.problem import Allocation
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, NodeFlag, NodeState
+from slurm_elastic.cluster.shape import RequestShape
+from slurm_elastic.spec import ElasticSpec
 
 
 class PlanEntry(enum.Enum):
@@ -19,15 +21,12 @@ class PlanEntry(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Change one job to `nodes` x `gpus_per_node` GPUs (to_gpus 0: back to the queue at its minimum)."""
+    """Change one job to `shape` (to_gpus 0: back to the queue at its minimum)."""
 
     job_id: int
     from_gpus: int
     to_gpus: int
-    nodes: int
-    gpus_per_node: int
-    cpus_per_gpu: int
-    mem_per_gpu_mb: int
+    shape: RequestShape
     entry: PlanEntry
     reason: str
     forced: bool = False   # a node it used was lost: hysteresis and the restart budget do not apply
@@ -41,15 +40,20 @@ class Plan:
 
     @property
     def shrinks(self) -> bool:
-        return self.nodes * self.gpus_per_node < self.from_gpus
+        return self.shape.gpus < self.from_gpus
 
     def describe(self) -> str:
         return (f"job {self.job_id}: {self.from_gpus}->{self.to_gpus} GPUs "
-                f"({self.nodes}x{self.gpus_per_node}, {self.entry.value}; {self.reason})")
+                f"({self.shape.describe()}, {self.entry.value}; {self.reason})")
+
+    def to_json(self) -> dict[str, object]:
+        """The plan in status and rebalance --json output (the shape as nodes and GPUs per node)."""
+        return {"job_id": self.job_id, "from_gpus": self.from_gpus, "to_gpus": self.to_gpus,
+                "nodes": self.shape.nodes, "gpus_per_node": self.shape.gpus_per_node, "entry": self.entry.value,
+                "reason": self.reason, "forced": self.forced}
 
 
-Shape = tuple[int, int]                       # (nodes, GPUs per node)
-ShapeFn = Callable[[Job, int, Mapping[str, int]], Shape]
+ShapeFn = Callable[[ElasticSpec, int, Mapping[str, int]], RequestShape]   # spec, GPUs, placement
 
 
 def requeued_by_slurm(job: Job) -> bool:
@@ -118,12 +122,8 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
     if job.held:
         return None  # held by its user or an admin (ours are in the journal): never ours to release
     now = job.gpus
-    if target > 0:
-        nodes, per_node = shape(job, target, placement)
-    else:
-        nodes, per_node = shape(job, spec.min_gpus, {})
-    common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, nodes=nodes, gpus_per_node=per_node,
-                  cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, user=job.user)
+    size = shape(spec, target, placement) if target > 0 else shape(spec, spec.min_gpus, {})
+    common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, shape=size, user=job.user)
     if job.state is JobState.RUNNING:
         if on_dead_node(job, state):
             # Slurm requeues it itself when it marks the node down; it enters at step 3 then.
@@ -148,7 +148,7 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             if target == 0:
                 why += "; no room now, queued at its minimum"
             return Plan(entry=PlanEntry.PENDING, reason=why, forced=True, **common)
-        if target == 0 or (nodes, per_node) == (job.num_nodes, job.gpus_per_node):
+        if target == 0 or (size.nodes, size.gpus_per_node) == (job.num_nodes, job.gpus_per_node):
             return None
         return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
     return None

@@ -267,8 +267,7 @@ class RequeueProtocol:
                     return self._abandon(rec, why, "at hold")
             elif step == "resize":
                 self._resize(plan, rec.plan_id)
-                log.info("job %d: resized to %dx%d GPUs, StartTime=now", plan.job_id, plan.nodes,
-                         plan.gpus_per_node)
+                log.info("job %d: resized to %s GPUs, StartTime=now", plan.job_id, plan.shape.describe())
             else:
                 self._credential_gap(rec.plan_id)
                 self._release(rec.job_id, fresh=crash)
@@ -318,9 +317,7 @@ class RequeueProtocol:
             if plan.entry is PlanEntry.RUNNING or plan.forced:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
-            self._settle(plan.job_id, lambda: self.backend.set_resources(
-                plan.job_id, nodes=plan.nodes, gpus_per_node=plan.gpus_per_node,
-                cpus_per_gpu=plan.cpus_per_gpu, mem_per_gpu_mb=plan.mem_per_gpu_mb, start_now=True))
+            self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True))
             if plan.exclude:
                 # For this job only: Slurm still counts the node as up (until SlurmdTimeout) and would
                 # otherwise start the job there again.
@@ -330,12 +327,12 @@ class RequeueProtocol:
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:
                 raise _Departed(why or "the job is gone from Slurm")
-            if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.gpus_per_node:
+            if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.shape.gpus_per_node:
                 return
             log.info("job %d: update not in effect yet (%s, %d GPUs/node); again", plan.job_id,
                      job.state.value, job.gpus_per_node)
             self._sleep(self.settings.settle_poll_s)
-        raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.nodes}x{plan.gpus_per_node}")
+        raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.shape.describe()}")
 
     def _credential_gap(self, plan_id: int) -> None:
         """Keep a requeued job held until `credential_gap_s` after its requeue.

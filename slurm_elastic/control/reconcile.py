@@ -22,9 +22,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
-from slurm_elastic.allocate.shapes import shape_of, spanning_widths
+from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
-from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
+from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, JobState, NodeFlag, NodeState
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
@@ -125,9 +125,7 @@ class CycleReport:
         alloc = self.allocation
         return {
             "taken_at": self.taken_at, "dry_run": self.dry_run, "cycle_s": round(self.cycle_s, 4),
-            "plans": [{"job_id": p.job_id, "from_gpus": p.from_gpus, "to_gpus": p.to_gpus, "nodes": p.nodes,
-                       "gpus_per_node": p.gpus_per_node, "entry": p.entry.value, "reason": p.reason,
-                       "forced": p.forced} for p in self.plans],
+            "plans": [p.to_json() for p in self.plans],
             "outcomes": [o.to_json() for o in self.outcomes],
             "recovered": [o.to_json() for o in self.recovered],
             "jobs": [{"job_id": j, "state": s, "gpus": self.current_gpus.get(j, 0), "target_gpus": self.target(j),
@@ -237,23 +235,6 @@ def native_stdout_silenced() -> Iterator[None]:
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
-
-
-def request_shape(job: Job, gpus: int, placement: Mapping[str, int], node_sizes: set[int]) -> tuple[int, int]:
-    """(nodes, GPUs per node) for `gpus`: the solver's placement, else the narrowest shape Slurm can express."""
-    spec = job.spec
-    assert spec is not None
-    if placement:
-        s = shape_of(placement, spec.cpus_per_gpu, spec.mem_per_gpu_mb)
-        if s is not None and s.gpus == gpus:
-            return s.nodes, s.gpus_per_node
-    sizes = {n for n in node_sizes if n > 0} or {gpus}
-    if gpus <= max(sizes):
-        return 1, gpus
-    widths = spanning_widths(gpus, sizes, True) or spanning_widths(gpus, sizes, False)
-    if widths:
-        return gpus // widths[0], widths[0]
-    return 1, gpus  # Slurm will keep it pending and say why
 
 
 def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
@@ -409,7 +390,7 @@ class Reconciler:
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
         plans = make_plans(scoped, allocation,
-                           lambda job, g, placement: request_shape(job, g, placement, node_sizes), job_ids=job_ids,
+                           lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()})
         waits = self._waits(scoped, allocation, plans, pinned, stuck, now)
         for job_id, loss in losses.items():

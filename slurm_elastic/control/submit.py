@@ -12,10 +12,12 @@ from typing import Mapping
 
 from slurm_elastic import settings
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
+from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import ElasticSpec, parse_directives, spec_from_options
 from slurm_elastic.train import protocol as shim
@@ -278,7 +280,7 @@ def initial_gpus(spec: ElasticSpec, state: ClusterState, policy: Policy = Policy
     return int(allocation.gpus.get("new", 0)) or spec.min_gpus
 
 
-def describe_submission(request: SubmitRequest, nodes: int, gpus_per_node: int) -> SubmitDescription:
+def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDescription:
     """The submission; the user's options go last so that sbatch's last-wins cannot override ours.
 
     --ignore-pbs: sbatch would otherwise turn #PBS/#BSUB lines into options (`#PBS -t 0-2`
@@ -288,24 +290,18 @@ def describe_submission(request: SubmitRequest, nodes: int, gpus_per_node: int) 
     spec = request.spec
     export = merged_export(request.user_export, request.env)
     extra = (*request.sbatch_args, "--ignore-pbs", *((f"--export={export}",) if export else ()))
-    return SubmitDescription(script=request.script, nodes=nodes, gpus_per_node=gpus_per_node,
-                             cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb,
-                             comment=spec.to_comment(), job_name=request.job_name, requeue=True,
+    return SubmitDescription(script=request.script, shape=shape, comment=spec.to_comment(), job_name=request.job_name, requeue=True,
                              extra_args=extra, script_args=request.script_args)
 
 
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:
     """Choose the initial shape and submit (or only describe it, with `dry_run`)."""
-    from slurm_elastic.control.reconcile import request_shape
-    from slurm_elastic.cluster.model import Job, JobState
-
     state = backend.snapshot()
     gpus = initial_gpus(request.spec, state)
-    probe = Job(job_id=0, user="", name="", state=JobState.PENDING, spec=request.spec)
-    nodes, per_node = request_shape(probe, gpus, {}, {n.gpus for n in state.nodes if n.available})
-    description = describe_submission(request, nodes, per_node)
+    shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes if n.available})
+    description = describe_submission(request, shape)
     if request.dry_run:
         return description, None
     job_id = backend.submit(description)
-    log.info("job %d: submitted elastic %s at %dx%d GPUs", job_id, request.spec.to_comment(), nodes, per_node)
+    log.info("job %d: submitted elastic %s at %s GPUs", job_id, request.spec.to_comment(), shape.describe())
     return description, job_id

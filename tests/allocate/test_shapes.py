@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, shape_of, solve
+from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, request_shape, shape_of, solve
 from slurm_elastic.allocate.shapes import placement_is_valid_shape, spanning_widths
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import AllocationError
+from slurm_elastic.spec import ElasticSpec
 
 
 def test_valid_shapes():
@@ -43,10 +45,22 @@ def test_spanning_job_gets_equal_gpus_per_node(mode):
     assert sorted(alloc.placement["j"].values()) in ([3, 3], [2, 2, 2])
 
 
-def test_shape_of_and_sbatch_args():
-    shape = shape_of({"b": 4, "a": 4}, 8, 32000)
-    assert shape is not None and shape.nodes == 2 and shape.gpus == 8 and shape.nodelist == ("a", "b")
-    assert shape.sbatch_args() == ("--nodes=2", "--gres=gpu:4", "--cpus-per-gpu=8", "--mem-per-gpu=32000M")
+def test_shape_of():
+    shape = shape_of({"b": 4, "a": 4, "c": 0}, 8, 32000)
+    assert shape == RequestShape(nodes=2, gpus_per_node=4, cpus_per_gpu=8, mem_per_gpu_mb=32000)
+    assert shape.gpus == 8
     assert shape_of({}, 1, 1) is None
     with pytest.raises(AllocationError):
         shape_of({"a": 4, "b": 2}, 1, 1)
+
+
+def test_request_shape_from_placement_else_narrowest():
+    spec = ElasticSpec(1, 16, cpus_per_gpu=3, mem_per_gpu_mb=2000)
+    # the solver's placement wins when it gives the count asked for
+    assert request_shape(spec, 4, {"a": 2, "b": 2}, {4}) == RequestShape(2, 2, 3, 2000)
+    # no placement (a job sent back to the queue, a new submission): one node when it fits ...
+    assert request_shape(spec, 3, {}, {4}) == RequestShape(1, 3, 3, 2000)
+    # ... else whole nodes of a size that divides the count
+    assert request_shape(spec, 8, {}, {4}) == RequestShape(2, 4, 3, 2000)
+    # a placement of another count is not this request's shape
+    assert request_shape(spec, 8, {"a": 2}, {4}) == RequestShape(2, 4, 3, 2000)

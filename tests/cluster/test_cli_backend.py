@@ -13,6 +13,7 @@ import pytest
 
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend, classify, sbatch_args, update_args
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
 from slurm_elastic.spec import ElasticSpec
@@ -23,32 +24,31 @@ from tests.cluster.captures import VERSIONS, project_text
 @pytest.mark.parametrize("version,gpu", [(SlurmVersion(22, 5, 8), "gres:gpu"), (SlurmVersion(24, 11, 5), "gres/gpu"),
                                          (SlurmVersion(26, 5, 5), "gres/gpu")])
 def test_update_spelling_follows_the_version(version: SlurmVersion, gpu: str) -> None:
-    args = update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=4000)
+    args = update_args(version, 12, RequestShape(1, 3, 2, 4000))
     assert args == ["scontrol", "update", "JobId=12", "NumNodes=1-1", "NumTasks=1", f"TresPerNode={gpu}:3",
                     f"CpusPerTres={gpu}:2", f"MemPerTres={gpu}:4000", "StartTime=now"]
-    assert "StartTime=now" not in update_args(version, 12, nodes=1, gpus_per_node=3, cpus_per_gpu=2,
-                                              mem_per_gpu_mb=4000, start_now=False)
+    assert "StartTime=now" not in update_args(version, 12, RequestShape(1, 3, 2, 4000), start_now=False)
 
 
 def test_update_refuses_empty_shapes() -> None:
     with pytest.raises(SlurmError, match="gpus_per_node must be >= 1"):
-        update_args(SlurmVersion(22, 5), 1, nodes=1, gpus_per_node=0, cpus_per_gpu=1, mem_per_gpu_mb=1)
+        update_args(SlurmVersion(22, 5), 1, RequestShape(1, 0, 1, 1))
 
 
 def test_sbatch_args() -> None:
     spec = ElasticSpec(2, 8, cpus_per_gpu=2, mem_per_gpu_mb=1000)
-    d = SubmitDescription(script="/x/train.sh", nodes=2, gpus_per_node=2, cpus_per_gpu=2, mem_per_gpu_mb=1000,
+    d = SubmitDescription(script="/x/train.sh", shape=RequestShape(2, 2, 2, 1000),
                           comment=spec.to_comment(), job_name="t", extra_args=("--time=10",), script_args=("--lr", "1"),
                           workdir="/x", env={"A": "1"})
     assert sbatch_args(d) == [
         "sbatch", "--parsable", "--nodes=2", "--gres=gpu:2", "--cpus-per-gpu=2", "--mem-per-gpu=1000M",
         f"--comment={spec.to_comment()}", "--job-name=t", "--requeue", "--chdir=/x", "--export=ALL,A=1",
         "--time=10", "/x/train.sh", "--lr", "1"]
-    held = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, requeue=False,
+    held = SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1), requeue=False,
                              hold=True)
     assert "--no-requeue" in sbatch_args(held) and "--hold" in sbatch_args(held)
     with pytest.raises(SlurmError, match="--export"):
-        sbatch_args(SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1,
+        sbatch_args(SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1),
                                       env={"A": "1,2"}))
 
 
@@ -107,7 +107,7 @@ def test_controller_down_submit_is_not_retried(dead_controller, tmp_path) -> Non
     # The version given: submit would otherwise first ask `scontrol --version` (for --requeue=expedite).
     b = CliBackend(env=dead_controller, retries=3, backoff_s=0.05, version=SlurmVersion(22, 5, 8))
     with pytest.raises(SlurmUnavailable, match="Unable to contact slurm controller"):
-        b.submit(SubmitDescription(script=str(script), nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=10))
+        b.submit(SubmitDescription(script=str(script), shape=RequestShape(1, 1, 1, 10)))
     assert b.calls == 1  # a retried sbatch could submit twice
 
 
@@ -165,7 +165,7 @@ def test_finished_and_unknown_job_errors_as_slurm_words_them(version: str, tmp_p
     with pytest.raises(UnknownJob, match="Invalid job id specified"):
         b.signal(finished, "USR2")
     for action in (b.hold, b.release,
-                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+                   lambda j: b.set_resources(j, RequestShape(1, 1, 1, 100))):
         with pytest.raises(SlurmError, match="Job has already finished") as info:
             action(finished)
         assert type(info.value) is SlurmError
@@ -177,13 +177,13 @@ def test_finished_and_unknown_job_errors_as_slurm_words_them(version: str, tmp_p
     ("24.11.5", "--requeue"), ("25.05.3", "--requeue"),
     ("25.11.0", "--requeue=expedite"), ("25.11.2", "--requeue=expedite"), ("26.05.5", "--requeue=expedite")])
 def test_requeue_is_expedited_where_slurm_has_it(version: str, flag: str) -> None:
-    d = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1)
+    d = SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1))
     args = sbatch_args(d, SlurmVersion.parse(version), expedite_enabled=True)
     assert flag in args and sum(a.startswith("--requeue") for a in args) == 1
     # Not enabled in slurm.conf: 26.05's slurmctld refuses the submission, so plain --requeue.
     assert "--requeue" in sbatch_args(d, SlurmVersion.parse(version), expedite_enabled=False)
     assert "--requeue" in sbatch_args(d)                         # version unknown: what every sbatch takes
-    no = SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1, requeue=False)
+    no = SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1), requeue=False)
     assert "--no-requeue" in sbatch_args(no, SlurmVersion.parse(version))
 
 
@@ -198,7 +198,6 @@ def test_submit_asks_for_the_expedited_requeue_only_where_slurmctld_enables_it(m
     config = f"KillWait                = 30 sec\nSlurmctldParameters     = {params}\n"
     monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args))
                         or (config if args[:3] == ["scontrol", "show", "config"] else "42\n"))
-    assert backend.submit(SubmitDescription(script="s", nodes=1, gpus_per_node=1, cpus_per_gpu=1,
-                                            mem_per_gpu_mb=1)) == 42
+    assert backend.submit(SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1))) == 42
     submitted = [c for c in calls if c[0] == "sbatch"][0]
     assert flag in submitted and sum(a.startswith("--requeue") for a in submitted) == 1

@@ -19,6 +19,7 @@ from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.cluster.pyslurm_backend import PyslurmBackend, known_problem, probe_pyslurm
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.cluster.watch import (JobRequeuedBySlurm, NodeGained, NodeLost, WakeFile, Watcher,
                                          clear_triggers, install_wake_triggers, watch)
@@ -77,8 +78,8 @@ def write_job(tmp_path: Path) -> Path:
 def elastic_job(tmp_path: Path, *, nodes: int, gpus: int, extra: tuple[str, ...] = (),
                 partition: str | None = None) -> SubmitDescription:
     spec = ElasticSpec(1, 8, cpus_per_gpu=1, mem_per_gpu_mb=500)
-    return SubmitDescription(script=str(write_job(tmp_path)), nodes=nodes, gpus_per_node=gpus, cpus_per_gpu=1,
-                             mem_per_gpu_mb=500, comment=spec.to_comment(), job_name="elastic-live",
+    return SubmitDescription(script=str(write_job(tmp_path)), shape=RequestShape(nodes, gpus, 1, 500),
+                             comment=spec.to_comment(), job_name="elastic-live",
                              workdir=str(tmp_path),
                              extra_args=(f"--output={tmp_path}/out-%j.txt",
                                          *((f"--partition={partition}",) if partition else ()), *extra))
@@ -132,7 +133,7 @@ def test_contract_snapshot_and_unknown_jobs(slurm_cluster, backend_name: str) ->
     unknown = 999_999
     for action in (backend.hold, backend.requeue_hold, backend.release, backend.cancel,
                    lambda j: backend.signal(j, "USR2"),
-                   lambda j: backend.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+                   lambda j: backend.set_resources(j, RequestShape(1, 1, 1, 100))):
         with pytest.raises(UnknownJob, match="Invalid job id"):
             action(unknown)
 
@@ -190,7 +191,7 @@ def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
         job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.PENDING and j.held, "held")
         requeued_at = time.monotonic()
         assert job.restarts == 1
-        backend.set_resources(jid, nodes=1, gpus_per_node=3, cpus_per_gpu=1, mem_per_gpu_mb=500)
+        backend.set_resources(jid, RequestShape(1, 3, 1, 500))
         job = job_now()
         assert (job.num_nodes, job.gpus_per_node, job.held) == (1, 3, True)
         # Slurm refuses a launch within the second of the requeue that revoked the job's credential

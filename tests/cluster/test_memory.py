@@ -7,6 +7,7 @@ import pytest
 from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.memory import REQUEUE_BEGIN_DELAY_S, InMemorySlurm
 from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.spec import ElasticSpec
 
@@ -37,7 +38,7 @@ def test_requeue_passes_through_completing_and_drops_updates_made_meanwhile():
     slurm.requeue_hold(j)
     assert slurm.jobs[j].state is JobState.COMPLETING
     assert slurm.snapshot().nodes[0].gpus_alloc == 2            # still holds its node
-    slurm.set_resources(j, nodes=1, gpus_per_node=4, cpus_per_gpu=1, mem_per_gpu_mb=1024)
+    slurm.set_resources(j, RequestShape(1, 4, 1, 1024))
     clock.t = 5.0
     job = slurm.snapshot().job(j)
     assert job.state is JobState.PENDING and job.held and job.gpus_per_node == 2   # the update was lost
@@ -52,7 +53,7 @@ def test_update_with_start_now_clears_begin_time_and_release_starts_it():
     slurm = InMemorySlurm()
     j = slurm.add_job(ElasticSpec(2, 8), nodes=1, gpus_per_node=2)
     slurm.requeue_hold(j)
-    slurm.set_resources(j, nodes=2, gpus_per_node=4, cpus_per_gpu=1, mem_per_gpu_mb=1024, start_now=True)
+    slurm.set_resources(j, RequestShape(2, 4, 1, 1024), start_now=True)
     slurm.release(j)
     job = slurm.snapshot().job(j)
     assert job.state is JobState.RUNNING and job.gpus == 8
@@ -66,7 +67,7 @@ def test_refusals_match_scontrol():
     with pytest.raises(SlurmError):
         slurm.release(j)                   # not held
     with pytest.raises(SlurmError):
-        slurm.set_resources(j, nodes=1, gpus_per_node=4, cpus_per_gpu=1, mem_per_gpu_mb=1024)
+        slurm.set_resources(j, RequestShape(1, 4, 1, 1024))
 
 
 def test_node_failure_requeues_without_hold_and_return_takes_work():

@@ -19,6 +19,7 @@ from slurm_elastic.cluster.model import JobState
 from slurm_elastic.cluster.parse_json import parse_jobs, parse_nodes
 from slurm_elastic.cluster.pyslurm_backend import (FIRST_WORKING, PyslurmBackend, PyslurmUnusable, known_problem,
                                                    per_gpu_requests, probe_pyslurm, pyslurm_version, self_check)
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.errors import SlurmError, SlurmUnavailable, UnknownJob
 
@@ -103,7 +104,7 @@ def test_slurm_version_is_slurms_not_pyslurms() -> None:
 def test_resize_is_applied_and_read_back() -> None:
     b, ps, cli = backend_on(project_load("26.05", "squeue-mem-per-gpu-running.json"))
     b.requeue_hold(1)
-    b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+    b.set_resources(1, RequestShape(1, 3, 2, 700))
     job = {j.job_id: j for j in b.snapshot().jobs}[1]
     assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb, job.mem_per_node_mb,
             job.held) == (1, 3, 2, 700, 2100, True)
@@ -118,7 +119,7 @@ def test_pyslurm_that_cannot_build_the_resize_leaves_the_job_and_is_not_a_slurm_
     b, ps, cli = backend_on(project_load("24.11", "squeue-requeue-held.json"), version="24.11.0")
     before = ps.Job.load(1)
     with pytest.raises(NameError, match="'val' is not defined"):
-        b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+        b.set_resources(1, RequestShape(1, 3, 2, 700))
     after = ps.Job.load(1)
     assert (after.num_nodes, after.gres_per_node) == (before.num_nodes, before.gres_per_node) == (2, {"gres/gpu": 2})
     assert not [r for r in cli.runs if r[:2] == ["scontrol", "update"]]  # the node count was never touched
@@ -128,7 +129,7 @@ def test_failed_node_count_rolls_the_gpus_back() -> None:
     b, ps, cli = backend_on(project_load("24.11", "squeue-requeue-held.json"),
                             fail_numnodes="Requested node configuration is not available")
     with pytest.raises(SlurmError, match="Requested node configuration is not available"):
-        b.set_resources(1, nodes=3, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+        b.set_resources(1, RequestShape(3, 3, 2, 700))
     job = {j.job_id: j for j in b.snapshot().jobs}[1]
     assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
     rollback = [r for r in cli.runs if any(a.startswith("TresPerNode=") for a in r)]
@@ -140,7 +141,7 @@ def test_a_field_slurm_did_not_keep_fails_the_resize_and_rolls_back() -> None:
     b, ps, cli = backend_on(project_load("26.05", "squeue-requeue-held.json"))
     ps.ctld.ignore_memory_updates = True
     with pytest.raises(SlurmError, match="did not take the resize to 1x3 GPUs, 2 CPUs and 700 MB per GPU"):
-        b.set_resources(1, nodes=1, gpus_per_node=3, cpus_per_gpu=2, mem_per_gpu_mb=700)
+        b.set_resources(1, RequestShape(1, 3, 2, 700))
     job = {j.job_id: j for j in b.snapshot().jobs}[1]
     assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
 
@@ -169,12 +170,12 @@ def test_finished_and_unknown_jobs_raise_what_the_cli_backend_raises(version: st
     with pytest.raises(UnknownJob, match="Invalid job id specified"):
         b.signal(2, "USR2")
     for action in (b.hold, b.release,
-                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+                   lambda j: b.set_resources(j, RequestShape(1, 1, 1, 100))):
         with pytest.raises(SlurmError, match="Job has already finished") as info:
             action(2)
         assert type(info.value) is SlurmError
     for action in (b.hold, b.requeue_hold, b.release, lambda j: b.signal(j, "USR2"),
-                   lambda j: b.set_resources(j, nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=100)):
+                   lambda j: b.set_resources(j, RequestShape(1, 1, 1, 100))):
         with pytest.raises(UnknownJob, match="Invalid job id specified"):
             action(999999)
 
@@ -202,7 +203,7 @@ def test_controller_down_is_unavailable() -> None:
     with pytest.raises(SlurmUnavailable, match="Unable to contact"):
         b.snapshot()
     with pytest.raises(SlurmError, match=">= 1"):
-        b.set_resources(1, nodes=0, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1)
+        b.set_resources(1, RequestShape(0, 1, 1, 1))
 
 
 # --- refusing a pyslurm known broken: by version and by the self-check --------------------------------

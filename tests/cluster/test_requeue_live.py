@@ -22,6 +22,7 @@ import pytest
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import REQUEUE_EXPEDITE_SINCE, CliBackend
 from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.devcluster.version import detect_version, find_program
 from slurm_elastic.devcluster.processes import free_port_base
 from slurm_elastic.spec import ElasticSpec
@@ -65,7 +66,7 @@ def test_a_job_whose_node_fails_is_requeued_as_this_slurm_allows(two_nodes):
     script.chmod(0o755)
     spec = ElasticSpec(1, 1, cpus_per_gpu=1, mem_per_gpu_mb=500)
     job_id = backend.submit(SubmitDescription(
-        script=str(script), nodes=1, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500,
+        script=str(script), shape=RequestShape(1, 1, 1, 500),
         comment=spec.to_comment(), job_name="requeue-live", workdir=str(root),
         extra_args=(f"--output={root}/out-%j.txt",)))
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 
 import pytest
 
-from slurm_elastic.control.journal import DONE, ROLLED_BACK, Journal
+from slurm_elastic.cluster.shape import RequestShape
+from slurm_elastic.control.journal import DONE, ROLLED_BACK, Journal, JournalError
 from slurm_elastic.control.plan import Plan, PlanEntry
 
 
 def _plan(job_id: int = 7, entry: PlanEntry = PlanEntry.RUNNING) -> Plan:
-    return Plan(job_id=job_id, from_gpus=8, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=2,
-                mem_per_gpu_mb=2048, entry=entry, reason="shrink")
+    return Plan(job_id=job_id, from_gpus=8, to_gpus=4, shape=RequestShape(1, 4, 2, 2048), entry=entry, reason="shrink")
 
 
 def test_open_plan_survives_reopen_with_its_last_step(tmp_path):
@@ -113,3 +114,112 @@ def test_a_journal_write_on_a_full_disk_is_one_elastic_error(tmp_path):
     with pytest.raises(JournalError, match="cannot write the controller journal"):
         for _ in range(200):
             j.open_plan(_plan(), restarts=0)
+
+
+# -- the request shape: one type, stored once (issue 24, item 5) ----------------------------------------------
+def test_every_field_of_a_plan_and_its_shape_round_trips(tmp_path):
+    plan = Plan(job_id=11, from_gpus=2, to_gpus=12, shape=RequestShape(3, 4, 6, 5000), entry=PlanEntry.PENDING,
+                reason="requeued by Slurm after a node failure", forced=True, user="alice", exclude=("n2", "n5"))
+    j = Journal(tmp_path / "j.sqlite")
+    pid = j.open_plan(plan, restarts=2, now=50.0)
+    j.close()
+    [rec] = Journal(tmp_path / "j.sqlite").open_plans()
+    assert rec.plan == plan and rec.plan_id == pid
+    stored = sqlite3.connect(tmp_path / "j.sqlite").execute("SELECT shape FROM plans").fetchone()[0]
+    assert RequestShape.loads(stored) == plan.shape
+
+
+# The plans table as the journal wrote it before the request shape had one type: a column per field.
+_COLUMN_LAYOUT = """
+CREATE TABLE plans (
+    plan_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_id         INTEGER NOT NULL,
+    from_gpus      INTEGER NOT NULL,
+    to_gpus        INTEGER NOT NULL,
+    nodes          INTEGER NOT NULL,
+    gpus_per_node  INTEGER NOT NULL,
+    cpus_per_gpu   INTEGER NOT NULL,
+    mem_per_gpu_mb INTEGER NOT NULL,
+    entry          TEXT    NOT NULL,
+    reason         TEXT    NOT NULL,
+    user           TEXT    NOT NULL DEFAULT '',
+    exclude        TEXT    NOT NULL DEFAULT '',
+    forced         INTEGER NOT NULL,
+    restarts       INTEGER NOT NULL,
+    step           TEXT    NOT NULL,
+    status         TEXT    NOT NULL,
+    created_at     REAL    NOT NULL,
+    updated_at     REAL    NOT NULL,
+    note           TEXT    NOT NULL DEFAULT ''
+);
+CREATE INDEX plans_open ON plans(status);
+CREATE INDEX plans_job ON plans(job_id, created_at);
+CREATE TABLE steps (
+    plan_id INTEGER NOT NULL REFERENCES plans(plan_id),
+    step    TEXT    NOT NULL,
+    at      REAL    NOT NULL,
+    note    TEXT    NOT NULL DEFAULT ''
+);
+"""
+
+
+def _column_layout_journal(path, rows):
+    """A journal as the previous version left it: (job, from, to, nodes, per node, cpus, mem, entry, step, status)."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(_COLUMN_LAYOUT)
+    for i, (job, g0, g1, nodes, per_node, cpus, mem, entry, step, status) in enumerate(rows):
+        db.execute("INSERT INTO plans (job_id, from_gpus, to_gpus, nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb,"
+                   " entry, reason, user, exclude, forced, restarts, step, status, created_at, updated_at)"
+                   " VALUES (?,?,?,?,?,?,?,?,'shrink','alice','',0,0,?,?,?,?)",
+                   (job, g0, g1, nodes, per_node, cpus, mem, entry, step, status, 10.0 + i, 11.0 + i))
+        db.execute("INSERT INTO steps VALUES (?, 'open', ?, '')", (i + 1, 10.0 + i))
+    db.close()
+    os.chmod(path, 0o600)
+
+
+def test_a_journal_of_the_column_layout_keeps_its_plans(tmp_path):
+    path = tmp_path / "d" / "j.sqlite"
+    _column_layout_journal(path, [(5, 8, 4, 1, 4, 2, 1536, "running", "release", DONE),
+                                  (6, 2, 8, 2, 4, 3, 2048, "running", "hold", "open")])
+    j = Journal(path)
+    [rec] = j.open_plans()
+    assert rec.plan.shape == RequestShape(2, 4, 3, 2048) and rec.step == "hold" and rec.plan.user == "alice"
+    assert [r.plan.shape for r in j.plans()] == [RequestShape(2, 4, 3, 2048), RequestShape(1, 4, 2, 1536)]
+    assert j.last_change_at(5) == 11.0 and [s for s, _, _ in j.steps(2)] == ["open"]
+    assert j.open_plan(_plan(), restarts=0) == 3     # ids go on after the moved plans
+    columns = {row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(plans)")}
+    assert "shape" in columns and "nodes" not in columns
+    j.close()
+    assert len(Journal(path).plans()) == 3          # moved once: a second open finds the shape column
+
+
+def test_a_plan_in_flight_across_the_upgrade_is_finished_with_its_shape(tmp_path):
+    from slurm_elastic.cluster.memory import InMemorySlurm
+    from slurm_elastic.cluster.model import JobState
+    from slurm_elastic.control.protocol import ProtocolSettings, RequeueProtocol
+    from slurm_elastic.spec import ElasticSpec
+
+    slurm = InMemorySlurm()
+    job_id = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4,
+                           user="alice")
+    slurm.requeue_hold(job_id)   # the old daemon took the hold step, journaled it, and died
+    path = tmp_path / "d" / "j.sqlite"
+    _column_layout_journal(path, [(job_id, 8, 4, 1, 4, 2, 1536, "running", "hold", "open")])
+    now = [0.0]     # the protocol's waits pass on this clock, not the test's
+    proto = RequeueProtocol(slurm, Journal(path), ProtocolSettings(ack_timeout_s=5.0, settle_timeout_s=2.0),
+                            clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    [out] = proto.recover(slurm.snapshot())
+    job = slurm.snapshot().job(job_id)
+    assert out.status == DONE and not job.held and job.state is JobState.RUNNING
+    assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (1, 4, 2, 1536)
+
+
+@pytest.mark.parametrize("stored", ['{"nodes": 1}', '{"nodes": 1, "gpus_per_node": 4, "cpus_per_gpu": true, '
+                                    '"mem_per_gpu_mb": 1}', "not json", '[1, 4, 1, 1]'])
+def test_a_damaged_shape_is_one_journal_error(tmp_path, stored):
+    j = Journal(tmp_path / "j.sqlite")
+    j.open_plan(_plan(), restarts=0)
+    sqlite3.connect(tmp_path / "j.sqlite", isolation_level=None).execute("UPDATE plans SET shape=?", (stored,))
+    with pytest.raises(JournalError, match="damaged: plan 1: "):
+        j.open_plans()

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, STEPS, Journal
 from slurm_elastic.control.plan import Plan, PlanEntry
 from slurm_elastic.control.protocol import ProtocolSettings, RequeueProtocol
@@ -43,8 +44,8 @@ def _protocol(slurm: FakeSlurm, journal: Journal, *, crash_after: str | None = N
 
 def _shrink_plan(slurm: FakeSlurm, job_id: int) -> Plan:
     job = slurm.jobs[job_id]
-    return Plan(job_id=job_id, from_gpus=job.gpus, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=1,
-                mem_per_gpu_mb=1024, entry=PlanEntry.RUNNING, reason="shrink", user=job.user)
+    return Plan(job_id=job_id, from_gpus=job.gpus, to_gpus=4, shape=RequestShape(1, 4, 1, 1024),
+                entry=PlanEntry.RUNNING, reason="shrink", user=job.user)
 
 
 @pytest.fixture
@@ -84,8 +85,8 @@ def test_job_requeued_by_slurm_enters_at_hold_and_starts_without_begin_time(setu
     slurm.node_down("n2")
     job = slurm.jobs[job_id]
     assert job.state is JobState.PENDING and job.reason == "BeginTime"
-    plan = Plan(job_id=job_id, from_gpus=8, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=1,
-                mem_per_gpu_mb=1024, entry=PlanEntry.PENDING, reason="requeued", forced=True)
+    plan = Plan(job_id=job_id, from_gpus=8, to_gpus=4, shape=RequestShape(1, 4, 1, 1024), entry=PlanEntry.PENDING,
+                reason="requeued", forced=True)
     [out] = _protocol(slurm, journal).execute([plan], slurm.snapshot())
     assert out.status == DONE
     assert [v for v, _ in slurm.calls] == ["hold", "set_resources", "release"]
@@ -125,8 +126,8 @@ def test_crash_after_each_step_then_recovery_leaves_no_job_held(setup, step, ent
     other = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=2)
     if entry == "requeued":
         slurm.node_down("n1")  # both jobs use n1 (first fit), Slurm requeues them
-        plans = [Plan(job_id=j, from_gpus=slurm.jobs[j].gpus, to_gpus=4, nodes=1, gpus_per_node=4,
-                      cpus_per_gpu=1, mem_per_gpu_mb=1024, entry=PlanEntry.PENDING, reason="requeued",
+        plans = [Plan(job_id=j, from_gpus=slurm.jobs[j].gpus, to_gpus=4, shape=RequestShape(1, 4, 1, 1024),
+                      entry=PlanEntry.PENDING, reason="requeued",
                       forced=True) for j in (job_id, other)]
     else:
         plans = [_shrink_plan(slurm, job_id)]
@@ -206,8 +207,8 @@ def test_a_job_held_or_resized_by_someone_else_before_the_hold_is_left_alone(set
     assert [v for v, _ in slurm.calls] == ["signal", "requeue_hold"]
 
     other = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=2)
-    plan = Plan(job_id=other, from_gpus=2, to_gpus=4, nodes=1, gpus_per_node=4, cpus_per_gpu=1,
-                mem_per_gpu_mb=1024, entry=PlanEntry.RUNNING, reason="grow")
+    plan = Plan(job_id=other, from_gpus=2, to_gpus=4, shape=RequestShape(1, 4, 1, 1024), entry=PlanEntry.RUNNING,
+                reason="grow")
     snap = slurm.snapshot()
     slurm.jobs[other] = dataclasses.replace(slurm.jobs[other], gpus_per_node=1)   # shrunk in place by an admin
     slurm.calls.clear()
@@ -231,8 +232,8 @@ def test_a_queued_job_that_started_before_its_hold_is_not_requeued(setup):
     slurm, job_id, journal = setup
     queued = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=4, run=False)
     slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], reason="Resources")
-    plan = Plan(job_id=queued, from_gpus=4, to_gpus=2, nodes=1, gpus_per_node=2, cpus_per_gpu=1,
-                mem_per_gpu_mb=1024, entry=PlanEntry.PENDING, reason="queued job resized to what fits now")
+    plan = Plan(job_id=queued, from_gpus=4, to_gpus=2, shape=RequestShape(1, 2, 1, 1024), entry=PlanEntry.PENDING,
+                reason="queued job resized to what fits now")
     snap = slurm.snapshot()
     slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], state=JobState.RUNNING, nodes=("n4",))
     [out] = _protocol(slurm, journal).execute([plan], snap)

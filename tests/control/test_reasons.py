@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.plan import Plan, PlanEntry
 from slurm_elastic.control.protocol import ProtocolSettings
@@ -131,8 +132,8 @@ def test_a_spent_restart_budget_says_when_the_next_restart_is_allowed(cluster):
     journal = Journal(_daemon_dir(tmp) / JOURNAL_FILE)
     now = clock()
     for k in range(2):    # two controller restarts, 30 and 20 minutes ago
-        plan = Plan(job_id=job, from_gpus=2, to_gpus=2, nodes=1, gpus_per_node=2, entry=PlanEntry.RUNNING,
-                    reason="grow", cpus_per_gpu=1, mem_per_gpu_mb=1024, user=ME)
+        plan = Plan(job_id=job, from_gpus=2, to_gpus=2, shape=RequestShape(1, 2, 1, 1024), entry=PlanEntry.RUNNING,
+                    reason="grow", user=ME)
         plan_id = journal.open_plan(plan, restarts=k, now=now - 1800 + 600 * k)
         journal.finish(plan_id, "done", now=now - 1800 + 600 * k)
     journal.close()
@@ -148,8 +149,8 @@ def test_an_open_plan_means_waiting_for_the_ack(cluster):
     slurm, _, tmp = cluster
     job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=2, user=ME)
     journal = Journal(_daemon_dir(tmp) / JOURNAL_FILE)
-    journal.open_plan(Plan(job_id=job, from_gpus=2, to_gpus=8, nodes=2, gpus_per_node=4, entry=PlanEntry.RUNNING,
-                           reason="grow", cpus_per_gpu=1, mem_per_gpu_mb=1024, user=ME), restarts=0)
+    journal.open_plan(Plan(job_id=job, from_gpus=2, to_gpus=8, shape=RequestShape(2, 4, 1, 1024),
+                           entry=PlanEntry.RUNNING, reason="grow", user=ME), restarts=0)
     journal.close()
     _announce(tmp, hysteresis_s=0.0, restart_budget_per_hour=6, ack_timeout_s=90.0, signal="USR2")
     why = _admin_why(job) or ""

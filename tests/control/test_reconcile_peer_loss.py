@@ -16,6 +16,7 @@ import pytest
 
 from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import JobState, NodeFlag
+from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.peer_loss import PeerLossReader
 from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings
@@ -348,7 +349,7 @@ def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(t
     job = Job(job_id=7, user="alice", name="j", state=JobState.RUNNING, nodes=("n1", "n3"), num_nodes=2,
               gpus_per_node=1, restarts=1, start_time=t + 12, spec=ElasticSpec(2, 2, ckpt_dir=str(ckpt)))
     journal = Journal(tmp_path / "j.sqlite")
-    plan = Plan(job_id=7, from_gpus=2, to_gpus=2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=1,
+    plan = Plan(job_id=7, from_gpus=2, to_gpus=2, shape=RequestShape(2, 1, 1, 1),
                 entry=PlanEntry.RUNNING, reason="lost", forced=True, user="alice", exclude=("n2",))
     pid = journal.open_plan(plan, restarts=0, now=t + 4)
     for step, at in (("signal", t + 4.1), ("ack", t + 4.2), ("hold", t + 5), ("resize", t + 6), ("release", t + 8)):
