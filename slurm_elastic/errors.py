@@ -46,3 +46,7 @@ class PermissionRefused(ElasticError):
 
 class TraceError(ElasticError):
     """A simulator input (workload trace, application profile, sacct export, failure file) is malformed."""
+
+
+class JobFileRefused(ElasticError, ValueError):
+    """A file in a job's directory is not used as it is (a link, another owner's, too big, malformed)."""

@@ -66,7 +66,7 @@ def controller_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
                       user: str | None = None) -> ControllerConfig:
     from slurm_elastic.errors import SpecError
-    from slurm_elastic.train.protocol import signal_name as normalise
+    from slurm_elastic.jobfiles import signal_name as normalise
 
     try:
         sig = normalise(signal_name)

@@ -41,7 +41,7 @@ from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE
 from slurm_elastic.control.requests import validate_row
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
 

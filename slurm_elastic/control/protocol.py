@@ -24,7 +24,7 @@ from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from slurm_elastic.allocate.problem import Policy
 from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.control.requests import MeasuredRequests, RequestSettings, read_job_metrics
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 ME = getpass.getuser()
 
@@ -116,7 +116,7 @@ def test_only_the_bounded_tail_is_read(tmp_path):
     with open(path, "a") as f:                       # appended rows are read on their own
         f.write(json.dumps(_row(5000, 5000, 4, 2.0)) + "\n" + '{"step": 50')
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096, tail=tail)
-    assert problem == "" and tail.last["step"] == 5000 and tail.partial == b'{"step": 50'
+    assert problem == "" and tail.last["step"] == 5000 and tail.cursor.partial == b'{"step": 50'
 
 
 def test_a_geometry_file_restricts_the_allowed_sizes_to_valid_world_sizes(two):

@@ -30,7 +30,7 @@ import pytest
 
 import slurm_elastic
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 from . import ckpt_writer

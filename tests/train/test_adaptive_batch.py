@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from slurm_elastic.allocate.goodput import GradientNoise, gain
+from slurm_elastic.goodput import GradientNoise, gain
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_directives, spec_from_options
 from slurm_elastic.train import ElasticLoop, protocol
