@@ -20,7 +20,8 @@ from torch import nn
 from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_batch_range
-from slurm_elastic.train import peers, protocol, rendezvous
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train import peers, rendezvous
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
     FinishedSnapshot,
