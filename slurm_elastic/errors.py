@@ -50,3 +50,7 @@ class TraceError(ElasticError):
 
 class SettingError(ElasticError):
     """A setting's environment variable holds a value the setting cannot take (slurm_elastic/settings.py)."""
+
+
+class JobFileRefused(ElasticError, ValueError):
+    """A file in a job's directory is not used as it is (a link, another owner's, too big, malformed)."""

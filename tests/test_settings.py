@@ -112,7 +112,7 @@ def test_a_variable_reaches_the_dry_run_through_the_generated_option(monkeypatch
 
 
 def test_the_shim_reads_the_signal_through_the_table(monkeypatch):
-    from slurm_elastic.train import protocol
+    from slurm_elastic import jobfiles as protocol
 
     monkeypatch.setenv("SLURM_ELASTIC_SIGNAL", "12")
     assert protocol.signal_name() == "USR2"

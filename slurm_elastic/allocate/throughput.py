@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from slurm_elastic.allocate.goodput import GradientNoise, best_batch
+from slurm_elastic.goodput import GradientNoise, best_batch
 from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float
 
 @dataclass(frozen=True, slots=True)
 class GoodputThroughput:
-    """An adaptive-batch job's speed at g GPUs: its goodput at the best batch for g (`allocate.goodput`).
+    """An adaptive-batch job's speed at g GPUs: its goodput at the best batch for g (`slurm_elastic.goodput`).
 
     The rule for batches it never ran at (no optimism beyond what was measured):
     `samples` is its samples/s per GPU count, each at the batch per GPU it was

@@ -51,7 +51,7 @@ def _click_type(setting: settings.Setting[Any]) -> click.ParamType | None:
 def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
                       user: str | None = None) -> ControllerConfig:
     """The ControllerConfig of the options every controller command carries (the signal normalised)."""
-    from slurm_elastic.train.protocol import signal_name as normalise
+    from slurm_elastic.jobfiles import signal_name as normalise
 
     try:
         sig = normalise(signal_name)

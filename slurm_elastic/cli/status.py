@@ -11,7 +11,7 @@ import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
 from slurm_elastic.cluster.model import Job
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 
 def newest_checkpoint_step(job: Job) -> int | None:

@@ -39,7 +39,7 @@ from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeF
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 REQUEUE_BEGIN_DELAY_S = 120.0
 """Slurm's BeginTime after a requeue (unless an update sets StartTime=now)."""

@@ -1,7 +1,7 @@
 """The job's word on a lost node: its peer-lost report, read as its user's data and used for that job only.
 
 The training shim's survivors write `<job dir>/peer-lost-<job id>-<restart>-<step>.json`
-(train/protocol.py, PeerLostReport) within seconds of losing a peer, long before Slurm marks a
+(jobfiles/peer_lost.py, PeerLostReport) within seconds of losing a peer, long before Slurm marks a
 silent node DOWN (SlurmdTimeout, often 300 s). The controller believes such a report only as far
 as it concerns the job that wrote it:
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
-from slurm_elastic.control.user_files import read_user_file
-from slurm_elastic.train import protocol as shim
+from slurm_elastic.jobfiles import LauncherStopped, read_record, read_user_file
+from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +61,20 @@ class PeerLoss:
     owner_uid: int | None = None
 
     def launcher_stopped(self) -> str:
-        """What the batch script said about this step's srun (train/protocol.py, launcher-stopped-J-R-S):
+        """What the batch script said about this step's srun (jobfiles/names.py, launcher-stopped-J-R-S):
         "" nothing (it may still run: the release waits KillWait), STOPPED (SIGKILLed: no cancel of it can
         reach the next incarnation) or IN_PLACE (stopped, and the script relaunches the ranks if the
         running job is shrunk instead of requeued). Read when asked: the script writes it moments after
         the report settles."""
         if not self.launcher_marker or self.owner_uid is None:
             return ""
-        data, _ = read_user_file(self.launcher_marker, owner_uid=self.owner_uid, max_bytes=64, what="a marker")
+        try:
+            data = read_user_file(self.launcher_marker, owner_uid=self.owner_uid, max_bytes=64, what="a marker")
+        except ValueError:
+            return ""
         if data is None:
             return ""
-        return IN_PLACE if data.strip() == shim.RELAUNCHES_IN_PLACE.encode() else STOPPED
+        return IN_PLACE if LauncherStopped.parse_bytes(data).in_place else STOPPED
 
     def marks(self) -> dict[str, float]:
         """The restart's marks this report gives (control/phases.py)."""
@@ -92,13 +95,8 @@ class PeerLoss:
 def read_report(path: str, *, owner_uid: int, max_bytes: int = MAX_REPORT_BYTES
                 ) -> tuple[shim.PeerLostReport | None, str]:
     """The report at `path` if it can be believed as the job user's file, and a problem ("" when none or absent)."""
-    data, problem = read_user_file(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a report")
-    if data is None:
-        return None, problem
-    try:
-        return shim.PeerLostReport.parse(data, where="report"), ""
-    except (ValueError, RecursionError) as exc:
-        return None, str(exc).removeprefix("report: ")
+    return read_record(path, shim.PeerLostReport.from_value, owner_uid=owner_uid, max_bytes=max_bytes,
+                       what="a report")
 
 
 def check_against_job(report: shim.PeerLostReport, job: Job) -> str:

@@ -29,9 +29,7 @@ metrics row comes up to the shim's metrics interval (5 s) after the first step.
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -40,8 +38,8 @@ from slurm_elastic.control.journal import Journal, PlanRecord
 from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE
-from slurm_elastic.control.requests import validate_row
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
+from slurm_elastic.jobfiles import read_metrics
 
 METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
 
@@ -181,35 +179,15 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
 
 def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:
     """The `time` of the first valid metrics row after `after` in the file's last METRICS_TAIL_BYTES."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
+    got = read_metrics(path, owner_uid=owner_uid, max_bytes=METRICS_TAIL_BYTES)
+    if got.absent or got.problem:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner_uid:
-            return None
-        start = max(st.st_size - METRICS_TAIL_BYTES, 0)
-        os.lseek(fd, start, os.SEEK_SET)
-        data = os.read(fd, METRICS_TAIL_BYTES)
-    finally:
-        os.close(fd)
-    lines = data.split(b"\n")
-    if start > 0:
-        lines = lines[1:]             # the first line read is the end of one not read
-    seen_before = start == 0          # a row from before `after` shows the window reaches back far enough
-    for raw in lines:
-        try:
-            row = validate_row(json.loads(raw))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if row is None:
-            continue
-        if float(row["time"]) <= after:
+    seen_before = got.cursor.from_start   # a row from before `after` shows the window reaches back far enough
+    for row in got.rows:
+        if row.time <= after:
             seen_before = True
         elif seen_before:
-            return float(row["time"])
+            return row.time
         else:
             return None               # the rows since the restart outgrew the tail: the first is not known
     return None

@@ -24,8 +24,8 @@ from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
 from slurm_elastic.errors import SlurmError
+from slurm_elastic import jobfiles as shim
 from slurm_elastic.settings import ACK_TIMEOUT, CRASH_AFTER
-from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
 

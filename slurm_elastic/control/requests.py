@@ -32,7 +32,7 @@ batch its learning rate was tuned for) and whose rows carry the batch they ran
 at and the gradient noise (`batch`, `grad_sqr`, `grad_var`) is allocated by
 goodput: its speed at g GPUs is samples/s times statistical efficiency at the
 best batch for g (`allocate.throughput.GoodputThroughput`, arithmetic in
-`allocate.goodput`). The rule for batches never run, stated there: above the
+`slurm_elastic.goodput`). The rule for batches never run, stated there: above the
 batch per GPU measured, per-GPU compute time grows in proportion to the batch
 per GPU (samples/s no higher than measured); below it, a step takes no less
 time than measured (steps/s no higher than measured). Speeds at one GPU count
@@ -83,27 +83,25 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
-import json
 import logging
 import math
 import os
 import pwd
-import stat
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
-from slurm_elastic.allocate.goodput import GradientNoise
+from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
 from slurm_elastic.allocate.shapes import spanning_widths
 from slurm_elastic.allocate.throughput import (GoodputThroughput, LinearThroughput, MeasuredThroughput, concave_hull,
                                                speed_frontier)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
-from slurm_elastic.control.user_files import read_user_file
+from slurm_elastic import jobfiles as shim
+from slurm_elastic.jobfiles import BATCH_FILE, BatchRange, MetricsCursor, MetricsRow, parse_row, read_metrics, read_record
+from slurm_elastic.jobfiles import Geometry as JobGeometry
 from slurm_elastic.settings import HYSTERESIS, SPEED
-from slurm_elastic.train import protocol as shim
 
 log = logging.getLogger(__name__)
 
@@ -176,42 +174,10 @@ class JobMeasurements:
         return statistics.median(recent) if recent else None
 
 
-_MAX_BATCH = 10**8
-_INT_FIELDS = {"step": (0, 10**12), "gpus": (1, 10**5), "nodes": (1, 10**5), "total_steps": (1, 10**12),
-               "batch": (1, _MAX_BATCH)}
-# grad_sqr and grad_var are per-sample squared norms: any finite size a model's gradients can have.
-_FLOAT_FIELDS = {"time": (0.0, 1e11), "steps_per_s": (0.0, 1e7), "samples_per_s": (0.0, 1e12),
-                 "grad_sqr": (0.0, 1e30), "grad_var": (0.0, 1e30)}
-_OPTIONAL = frozenset({"total_steps", "nodes", "samples_per_s", "batch", "grad_sqr", "grad_var"})
-
-
 def validate_row(row: object) -> dict[str, float | int] | None:
-    """The fields a row may carry, typed and in range; None when a required one is missing or bad.
-
-    The gradient statistics come as a pair (`grad_sqr` and `grad_var`) or not at all."""
-    if not isinstance(row, dict):
-        return None
-    out: dict[str, float | int] = {}
-    for name, (lo, hi) in _INT_FIELDS.items():
-        v = row.get(name)
-        if v is None and name in _OPTIONAL:
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            return None
-        out[name] = v
-    for name, (lo, hi) in _FLOAT_FIELDS.items():
-        v = row.get(name)
-        if v is None and name in _OPTIONAL:
-            continue
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
-            return None
-        out[name] = float(v)
-    out.setdefault("nodes", 1)
-    if out["nodes"] > out["gpus"]:
-        return None
-    if ("grad_sqr" in out) != ("grad_var" in out):
-        return None
-    return out
+    """A line's fields as the request source uses them, typed and in range (jobfiles.MetricsRow); None if refused."""
+    parsed = parse_row(row)
+    return parsed.fields() if parsed is not None else None
 
 
 @dataclass(slots=True)
@@ -224,9 +190,7 @@ class MetricsTail:
     noise, and the last row.
     """
 
-    inode: tuple[int, int] = (0, 0)
-    offset: int = 0
-    partial: bytes = b""
+    cursor: MetricsCursor = dataclasses.field(default_factory=MetricsCursor)   # where the file was read up to
     speeds: dict[int, collections.deque[float]] = dataclasses.field(default_factory=dict)
     nodes: dict[int, int] = dataclasses.field(default_factory=dict)
     batch_at: dict[int, int] = dataclasses.field(default_factory=dict)   # gpus -> batch of speeds[gpus]
@@ -236,10 +200,10 @@ class MetricsTail:
     count: int = 0
     bad: int = 0
     first_gpus: int | None = None        # the size of the file's first row (the size the job asked for)
-    from_start: bool = True              # False: the first read skipped the file's beginning
 
-    def add(self, row: dict[str, float | int]) -> None:
-        if self.count == 0 and self.from_start:
+    def add(self, row: MetricsRow | Mapping[str, float | int]) -> None:
+        row = row.fields() if isinstance(row, MetricsRow) else dict(row)
+        if self.count == 0 and self.cursor.from_start:
             self.first_gpus = int(row["gpus"])
         self._add(row)
 
@@ -271,136 +235,34 @@ def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
                      tail: MetricsTail | None = None) -> tuple[MetricsTail, str]:
     """Validated rows of a job's metrics file (appended to `tail`), and a problem ("" when none).
 
-    Opened without following links and without blocking (a FIFO), it must be a
-    regular file owned by `owner_uid`; at most `max_bytes` are read per call
-    (the newest ones); what is kept stays bounded (MetricsTail).
+    The file is read by the contract's reader (jobfiles.read_metrics: no link
+    followed, no FIFO, the owner checked, at most `max_bytes` per call, a
+    partial line bounded); what is kept stays bounded (MetricsTail).
     """
     tail = tail if tail is not None else MetricsTail()
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
+    got = read_metrics(path, owner_uid=owner_uid, max_bytes=max_bytes, cursor=tail.cursor)
+    if got.absent:
         return MetricsTail(), ""
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return tail, "is a symbolic link"
-        return tail, f"cannot be opened ({exc.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return tail, "is not a regular file"
-        if owner_uid is not None and st.st_uid != owner_uid:
-            return tail, f"is owned by uid {st.st_uid}, not the job's user (uid {owner_uid})"
-        if (st.st_dev, st.st_ino) != tail.inode or st.st_size < tail.offset:
-            tail = MetricsTail(inode=(st.st_dev, st.st_ino))      # a new or truncated file: from the start
-        start = tail.offset
-        skipped = False
-        if st.st_size - start > max_bytes:
-            start, skipped = st.st_size - max_bytes, True
-        os.lseek(fd, start, os.SEEK_SET)
-        data = os.read(fd, st.st_size - start)
-    finally:
-        os.close(fd)
-    tail.offset = start + len(data)
-    data = (b"" if skipped else tail.partial) + data
-    lines = data.split(b"\n")
-    tail.partial = lines.pop()          # an unfinished last line waits for the writer
-    if skipped and lines:
-        lines = lines[1:]               # the first line read is the end of one we skipped
-        if tail.count == 0:
-            tail.from_start = False     # its first row is not the size it started at
-    for raw in lines:
-        if not raw.strip():
-            continue
-        try:
-            row = validate_row(json.loads(raw))
-        except (ValueError, UnicodeDecodeError):
-            row = None
-        if row is None:
-            tail.bad += 1
-        else:
-            tail.add(row)
+    if got.problem:
+        return tail, got.problem
+    if got.restarted:
+        tail = MetricsTail(cursor=got.cursor)      # a new or truncated file: what the old one said is void
+    for row in got.rows:
+        tail.add(row)
+    tail.bad += got.bad
     if tail.bad > max(1, tail.count):   # a torn line is normal; mostly garbage is not a shim's file
         return tail, f"has {tail.bad} invalid lines of {tail.bad + tail.count}"
     return tail, ""
 
 
-@dataclass(frozen=True, slots=True)
-class JobGeometry:
-    """What a job's geometry.json says (train/session.py writes it at attach), validated."""
-
-    world_size: int
-    valid_world_sizes: tuple[int, ...]
-
-    @property
-    def stuck(self) -> bool:
-        """The ranks ran at a size the global batch cannot be split over: they exited 87."""
-        return self.world_size not in self.valid_world_sizes
-
-
-_MAX_WORLD = 10**5
-
-
-def _read_job_json(path: str, *, owner_uid: int | None, max_bytes: int, what: str) -> tuple[object, str]:
-    """The JSON of a small file the job's user wrote, and a problem ("" when none; None, "" when there is no file).
-
-    The file lies in the job user's directory: opened without following links or blocking,
-    a regular file owned by `owner_uid`, at most `max_bytes`.
-    """
-    data, problem = read_user_file(path, owner_uid=owner_uid, max_bytes=max_bytes, what=what)
-    if data is None:
-        return None, problem
-    try:
-        return json.loads(data), ""
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None, "is not JSON"
-
-
 def read_job_geometry(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[JobGeometry | None, str]:
-    """A job's geometry.json, validated (`_read_job_json`, then every field), and a problem ("" when none)."""
-    body, problem = _read_job_json(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a geometry")
-    if problem or body is None:
-        return None, problem
-
-    def size(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_WORLD
-
-    if not isinstance(body, dict):
-        return None, "is not a JSON object"
-    world, valid = body.get("world_size"), body.get("valid_world_sizes")
-    if not size(world) or not isinstance(valid, list) or not valid or len(valid) > 4096 \
-            or not all(size(v) for v in valid):
-        return None, "has no valid world_size and valid_world_sizes"
-    return JobGeometry(int(world), tuple(sorted(set(valid)))), ""  # type: ignore[arg-type]
-
-
-BATCH_FILE = "batch.json"   # written by the shim for an adaptive-batch job (its name belongs in train/protocol.py)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchRange:
-    """What an adaptive-batch job's batch.json says, validated: the global batches the shim may choose from,
-    and the batch its learning rate was tuned for."""
-
-    min: int
-    max: int
-    base: int
+    """A job's geometry.json (jobfiles.Geometry, read by the contract's reader), and a problem ("" when none)."""
+    return read_record(path, JobGeometry.parse, owner_uid=owner_uid, max_bytes=max_bytes, what="a geometry")
 
 
 def read_batch_range(path: str, *, owner_uid: int | None, max_bytes: int) -> tuple[BatchRange | None, str]:
-    """A job's batch.json, validated (`_read_job_json`, then every field), and a problem ("" when none)."""
-    body, problem = _read_job_json(path, owner_uid=owner_uid, max_bytes=max_bytes, what="a batch range")
-    if problem or body is None:
-        return None, problem
-    if not isinstance(body, dict):
-        return None, "is not a JSON object"
-    values = [body.get(k) for k in ("min", "max", "base")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= _MAX_BATCH for v in values):
-        return None, f"has no valid min, max and base (integers 1-{_MAX_BATCH})"
-    lo, hi, base = values
-    if lo > hi:  # type: ignore[operator]
-        return None, f"has min {lo} above max {hi}"
-    return BatchRange(lo, hi, base), ""  # type: ignore[arg-type]
+    """A job's batch.json (jobfiles.BatchRange, read by the contract's reader), and a problem ("" when none)."""
+    return read_record(path, BatchRange.parse, owner_uid=owner_uid, max_bytes=max_bytes, what="a batch range")
 
 
 def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings) -> JobMeasurements:

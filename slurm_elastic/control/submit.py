@@ -20,7 +20,7 @@ from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, 
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import ElasticSpec, parse_directives, spec_from_options
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 

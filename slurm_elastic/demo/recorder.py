@@ -14,7 +14,7 @@ from typing import Callable
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.demo.timeline import (Acked, ControllerNote, DemoAction, Event, JobInfo, JobSeen, NodeSeen,
                                          Progress, Timeline, in_time_order)
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from slurm_elastic.sim.jobs import SimJob, packed_placement
 from slurm_elastic.sim.policy import ClusterView, Decision, JobView
 from slurm_elastic.sim.shim import SimulatedShim, write_batch_range
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ class Segment:
     until: float          # work left before the rate changes (inf: never)
     batch: int = 0
     steps_per_s: float = 0.0
-    noise: object = None  # allocate.goodput.GradientNoise, per sample
+    noise: object = None  # goodput.GradientNoise, per sample
 
 
 @runtime_checkable

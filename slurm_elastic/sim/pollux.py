@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from slurm_elastic.allocate import goodput
-from slurm_elastic.allocate.goodput import GradientNoise
+from slurm_elastic import goodput
+from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.errors import TraceError
 from slurm_elastic.sim.jobs import Segment, SimJob, packed_placement
 from slurm_elastic.sim.tables import integer, number, read_rows

@@ -1,7 +1,7 @@
 """What a simulated job's training shim writes: the metrics rows and, for an adaptive job, its batch range.
 
-The rows carry the fields the real shim writes (train/session.py
-`_write_metrics`): step, time, GPUs, nodes, steps/s, samples/s, the global
+The rows are the contract's MetricsRow (jobfiles/metrics.py), as the real
+shim writes them (train/session.py `_write_metrics`): step, time, GPUs, nodes, steps/s, samples/s, the global
 batch and the gradient noise (grad_sqr = |E g|^2, grad_var = the variance
 of ONE sample's gradient), plus the declared total, so the shipped request
 source learns from them exactly as from a real job. A row is written only
@@ -10,19 +10,19 @@ once the job has stepped since its last one, as the shim does.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from slurm_elastic.sim.jobs import Segment, SimJob
 from slurm_elastic.sim.pollux import AdaptiveSpeed, PolluxSpeed
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 
-def _append(path: str, row: dict) -> None:
-    with open(path, "a", encoding="utf-8", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
-        fh.write(json.dumps(row) + "\n")
+def _append(path: str, row: protocol.MetricsRow) -> None:
+    with open(path, "ab", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
+        fh.write(row.to_line())
 
 
 def write_batch_range(ckpt_root: str, key: str, job: SimJob) -> None:
@@ -31,10 +31,9 @@ def write_batch_range(ckpt_root: str, key: str, job: SimJob) -> None:
     if not isinstance(speed, AdaptiveSpeed):
         return
     profile = speed.profile
-    payload = {"min": profile.init_batch, "max": profile.max_batch, "base": profile.init_batch}
-    with open(protocol.batch_path(ckpt_root, key), "w", encoding="utf-8",
-              opener=lambda p, f: os.open(p, f, 0o600)) as fh:
-        json.dump(payload, fh)
+    payload = protocol.BatchRange(min=profile.init_batch, max=profile.max_batch, base=profile.init_batch)
+    with open(protocol.batch_path(ckpt_root, key), "wb", opener=lambda p, f: os.open(p, f, 0o600)) as fh:
+        fh.write(payload.to_bytes())
 
 
 @dataclass(slots=True)
@@ -56,7 +55,7 @@ class SimulatedShim:
         job = self.job
         speed = job.speed
         gpus = sum(per_node)
-        row: dict[str, float | int] = {"time": now, "gpus": gpus, "nodes": len(per_node)}
+        row: dict[str, Any] = {"time": now, "gpus": gpus, "nodes": len(per_node)}
         if isinstance(speed, AdaptiveSpeed) and segment is not None:
             # Work is statistical progress: an optimizer step at the segment's batch makes rate / steps_per_s
             # of it. The step count between rows uses the current segment's ratio (exact within an epoch).
@@ -79,6 +78,6 @@ class SimulatedShim:
         row["step"] = int(step)
         if noise is not None:
             row["grad_sqr"], row["grad_var"] = noise.grad_sqr, noise.grad_var
-        _append(self.path, row)
+        _append(self.path, protocol.MetricsRow(**row))
         self._last = _Progress(done, step)
         return True

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# Lazy exports: the controller imports slurm_elastic.train.protocol, which runs
-# this file, and must not pull in torch.
+# Lazy exports: importing the package (or a torch-free part of it) must not pull in torch.
 _EXPORTS = {
     "ElasticSession": "slurm_elastic.train.session",
     "ElasticLoop": "slurm_elastic.train.prepare",

@@ -21,6 +21,7 @@ one instead). File names are in `protocol`.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import logging
@@ -30,7 +31,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.jobfiles import read_record
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,13 @@ class RunDirectory:
     def publish(self, name: str, body: Mapping[str, Any]) -> None:
         """Replace `name` with `body` (temp name, rename; not fsynced: this is the job's own
         chatter during one incarnation, not state that must survive a crash)."""
+        self.publish_bytes(name, json.dumps(body, allow_nan=False).encode())
+
+    def publish_bytes(self, name: str, data: bytes) -> None:
         tmp = os.path.join(self.path, f".{name}.{os.getpid()}.{threading.get_ident()}")
-        self._write_new(tmp, body)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, os.path.join(self.path, name))
 
     def create_once(self, name: str, body: Mapping[str, Any]) -> bool:
@@ -154,18 +161,18 @@ class Liveness:
 
     def beat(self) -> None:
         self._seq += 1
-        self.run.publish(protocol.heartbeat_file_name(self.rank),
-                         {"seq": self._seq, "rank": self.rank, "node": self.node, "pid": os.getpid(),
-                          "state": self.state})
+        beat = protocol.Heartbeat(seq=self._seq, rank=self.rank, node=self.node, pid=os.getpid(), state=self.state)
+        self.run.publish_bytes(protocol.heartbeat_file_name(self.rank), beat.to_bytes())
 
     def observe(self, ranks: Iterable[int]) -> None:
         """Read the heartbeats of `ranks`; a counter that moved resets that rank's clock."""
         now = time.monotonic()
         for r in ranks:
-            try:
-                body = self.run.read(protocol.heartbeat_file_name(r))
-            except (OSError, ValueError):
-                body = None     # being replaced right now, or not written yet
+            # Refused (being replaced right now, or not a heartbeat) reads as not written yet.
+            beat, _ = read_record(os.path.join(self.run.path, protocol.heartbeat_file_name(r)),
+                                  protocol.Heartbeat.parse, owner_uid=os.geteuid(),
+                                  max_bytes=protocol.HEARTBEAT_MAX_BYTES, what="a heartbeat")
+            body = dataclasses.asdict(beat) if beat is not None else None
             with self._lock:
                 old = self._seen.get(r)
                 if body is None:

@@ -9,7 +9,7 @@ import time
 import torch.distributed as dist
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import JobEnvironment, node_address
 from slurm_elastic.train.peers import RunDirectory
 

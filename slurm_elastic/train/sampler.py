@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slurm_elastic.allocate.goodput import GradientNoise, best_batch, gain
+from slurm_elastic.goodput import GradientNoise, best_batch, gain
 from slurm_elastic.errors import ElasticError
 
 

@@ -18,10 +18,11 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_elastic import settings
-from slurm_elastic.allocate.goodput import GradientNoise
+from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_batch_range
-from slurm_elastic.train import peers, protocol, rendezvous
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train import peers, rendezvous
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
     FinishedSnapshot,
@@ -44,7 +45,7 @@ from slurm_elastic.train.sampler import (
     valid_world_sizes,
 )
 from slurm_elastic.train.incarnation import Incarnation
-from slurm_elastic.train.store import DEFAULT_CHECKSUM, CheckpointStore, atomic_write, make_private_dirs
+from slurm_elastic.train.store import DEFAULT_CHECKSUM, CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ class ElasticSession:
             self.store.claim()
         elif self.env.world_size > 1:
             # Every rank may be first here; each needs the run directory before the group exists.
-            make_private_dirs(self.job_dir)
+            self.store.ensure_job_dir()
         if self.env.world_size > 1:
             self.run_dir.create()
             if self.env.is_main:
@@ -299,12 +300,12 @@ class ElasticSession:
         if not self.env.is_main or global_batch % max(micro_batch, 1):
             return
         valid = valid if valid is not None else valid_world_sizes(global_batch, micro_batch)
-        body = {"global_batch": global_batch, "micro_batch": micro_batch, "world_size": self.world_size,
-                "valid_world_sizes": list(valid),
-                # the controller takes this as the job's GPU step when the current size does not divide
-                "nearest_valid_world_size": min(valid, key=lambda w: (abs(w - self.world_size), w))}
-        make_private_dirs(self.job_dir)
-        atomic_write(protocol.geometry_path(self.ckpt_root, self.job_key), json.dumps(body).encode())
+        body = protocol.Geometry(
+            world_size=self.world_size, valid_world_sizes=tuple(valid), global_batch=global_batch,
+            micro_batch=micro_batch,
+            # the controller takes this as the job's GPU step when the current size does not divide
+            nearest_valid_world_size=min(valid, key=lambda w: (abs(w - self.world_size), w)))
+        self.store.write_job_file(protocol.GEOMETRY_FILE, body.to_bytes())
 
     def _write_batch_range(self, base_batch: int) -> None:
         assert self.batch_range is not None
@@ -312,9 +313,7 @@ class ElasticSession:
         if not lo <= base_batch <= hi:
             raise ElasticError(f"the base batch {base_batch} (global_batch=) is outside the adaptive range {lo}-{hi}")
         if self.env.is_main:
-            make_private_dirs(self.job_dir)
-            atomic_write(protocol.batch_path(self.ckpt_root, self.job_key),
-                         json.dumps({"min": lo, "max": hi, "base": base_batch}).encode())
+            self.store.write_job_file(protocol.BATCH_FILE, protocol.BatchRange(lo, hi, base_batch).to_bytes())
 
     def _choose_batch(self, micro_batch: int) -> None:
         """Adaptive: this start's global batch and LR gain, from the restored noise (the same on every rank)."""
@@ -709,17 +708,16 @@ class ElasticSession:
             agreed_step=decision["step"] if decision["committer"] is not None else None, commit=commit,
             committed_step=committed_step, reason=reason or decision["reason"])
         name = protocol.peer_lost_file_name(self.env.job_id, self.env.restart_count, self.env.step_id)
-        atomic_write(os.path.join(self.job_dir, name), json.dumps(report.to_json()).encode())
+        self.store.write_job_file(name, report.to_bytes())
 
     def _finish_signalled_stop(self) -> None:
         assert self._ckpt is not None
         self._settle(block=True)
         if self.env.is_main:
             armed = self._armed_meta[-1]["step"] if self._armed_meta else None
-            ack = {"step": self.last_committed_step, "time": time.time(),
-                   "committed": self.last_committed_step == armed, "world_size": self.world_size}
-            atomic_write(protocol.ack_path(self.ckpt_root, self.job_key, self.env.job_id, self.env.restart_count),
-                         json.dumps(ack).encode())
+            ack = protocol.Ack(step=self.last_committed_step, time=time.time(),
+                               committed=self.last_committed_step == armed, world_size=self.world_size)
+            self.store.write_job_file(protocol.ack_file_name(self.env.job_id, self.env.restart_count), ack.to_bytes())
         if self.world_size > 1:
             dist.barrier()   # nobody leaves before the acknowledgement exists
         log.info("rank %d: checkpoint of step %s committed; exiting with %d (requeue expected)", self.rank,
@@ -735,15 +733,17 @@ class ElasticSession:
         if now - t0 < self.metrics_every_s or self.step == s0:
             return
         steps_per_s = (self.step - s0) / max(now - t0, 1e-9)
-        row: dict[str, Any] = {"step": self.step, "time": time.time(), "gpus": self.world_size,
-                               "nodes": self.env.num_nodes, "steps_per_s": steps_per_s,
-                               "samples_per_s": steps_per_s * self.geometry.global_batch,
-                               "batch": self.geometry.global_batch}
         noise = self.noise.estimate() if self.noise is not None else None
-        if noise is not None:
-            row["grad_sqr"], row["grad_var"] = noise.grad_sqr, noise.grad_var
         try:
+            row = protocol.MetricsRow(step=self.step, time=time.time(), gpus=self.world_size,
+                                      nodes=self.env.num_nodes, steps_per_s=steps_per_s,
+                                      samples_per_s=steps_per_s * self.geometry.global_batch,
+                                      batch=self.geometry.global_batch,
+                                      grad_sqr=noise.grad_sqr if noise is not None else None,
+                                      grad_var=noise.grad_var if noise is not None else None)
             self.store.append_metrics(row)
+        except ValueError as exc:
+            log.warning("metrics row not written: %s", exc)
         except OSError as exc:
             log.warning("cannot append to %s: %s", protocol.METRICS_FILE, exc)
         self._metrics_mark = (now, self.step)

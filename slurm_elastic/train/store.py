@@ -33,7 +33,8 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.jobfiles import MetricsRow
 from slurm_elastic.train.incarnation import OWNER_FILE, Incarnation, StaleWriter, check_still_writer, claim
 from slurm_elastic.train.jobdir import (
     DIR_MODE,
@@ -58,7 +59,7 @@ from slurm_elastic.train.manifest import (
 )
 
 __all__ = ["CHECKSUMS", "DEFAULT_CHECKSUM", "DIR_MODE", "FORMAT", "CheckpointStore", "CompleteStep", "FileRecord",
-           "Incarnation", "StaleWriter", "TensorSource", "UnsafeJobDir", "atomic_write", "check_file_name",
+           "Incarnation", "StaleWriter", "TensorSource", "UnsafeJobDir", "check_file_name",
            "fsync_dir", "make_private_dirs", "validate_manifest", "write_safetensors"]
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,9 @@ class CheckpointStore:
         self._rename_into_place(jd, step, writing, body)
         self._writing.discard(step)
         self._last_commit = step if self._last_commit is None else max(self._last_commit, step)
+        # LATEST is moved only by the current writer: a committer frozen after the check above and woken
+        # once the next incarnation took over stops here, instead of pointing LATEST back at its older step.
+        self._check_writer(jd, f"point {protocol.LATEST_FILE} at step {step}")
         # LATEST's directory fsync also makes the step's rename durable.
         jd.write_atomic(jd.fd, protocol.LATEST_FILE, (protocol.step_dir_name(step) + "\n").encode())
         self.apply_retention()
@@ -356,8 +360,18 @@ class CheckpointStore:
             return int(restart) < me.restart_count
         return time.time() - st.st_mtime > ABANDONED_AFTER_S
 
-    def append_metrics(self, row: Mapping[str, Any]) -> None:
-        line = (json.dumps(dict(row), sort_keys=True) + "\n").encode()
+    def write_job_file(self, name: str, data: bytes) -> None:
+        """Replace `name` in the job directory with `data` through the verified handle (temp name, fsync,
+        rename; a link at `name` is replaced, never followed): the job's word to the controller (geometry,
+        batch range, peer-lost report, ACK). Any rank may write these; no writer check (they are not state)."""
+        if not name or "/" in name or name in (".", ".."):
+            raise CheckpointError(f"{name!r} is not a file name in the job directory")
+        jd = self._job(create=True)
+        assert jd is not None
+        jd.write_atomic(jd.fd, name, data)
+
+    def append_metrics(self, row: MetricsRow) -> None:
+        line = row.to_line()
         jd = self._job(create=True)
         assert jd is not None
         # 0600 like every other file of the job: the umask would leave it readable by others.
@@ -558,20 +572,6 @@ def make_private_dirs(path: str) -> None:
     """mkdir -p with 0700 on every directory this call creates; the last one must be this user's
     own and not writable by others (UnsafeJobDir otherwise: it is never used as it is)."""
     open_private_dir(path)
-
-
-def atomic_write(path: str, data: bytes, *, sync_dir: bool = True) -> None:
-    """temp name, write, fsync, rename, (fsync the directory): readers see all or nothing.
-
-    The temp name is created exclusively and the rename replaces a link at `path`
-    rather than writing through it.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        write_atomic_at(dfd, name, data, sync_dir=sync_dir)
-    finally:
-        os.close(dfd)
 
 
 class TensorSource:

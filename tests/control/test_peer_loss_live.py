@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
 

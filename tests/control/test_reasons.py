@@ -29,7 +29,7 @@ from slurm_elastic.control.protocol import ProtocolSettings
 from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
 from slurm_elastic.control.state_dir import JOURNAL_FILE, open_state_dir, read_heartbeat, write_heartbeat
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 ME = getpass.getuser()
 

@@ -22,7 +22,7 @@ from slurm_elastic.control.peer_loss import PeerLossReader
 from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings
 from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 
 class ExcludingSlurm(InMemorySlurm):

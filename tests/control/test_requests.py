@@ -12,7 +12,7 @@ from slurm_elastic.allocate.problem import Policy
 from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.control.requests import MeasuredRequests, RequestSettings, read_job_metrics
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 ME = getpass.getuser()
 
@@ -116,7 +116,7 @@ def test_only_the_bounded_tail_is_read(tmp_path):
     with open(path, "a") as f:                       # appended rows are read on their own
         f.write(json.dumps(_row(5000, 5000, 4, 2.0)) + "\n" + '{"step": 50')
     tail, problem = read_job_metrics(str(path), owner_uid=os.getuid(), max_bytes=4096, tail=tail)
-    assert problem == "" and tail.last["step"] == 5000 and tail.partial == b'{"step": 50'
+    assert problem == "" and tail.last["step"] == 5000 and tail.cursor.partial == b'{"step": 50'
 
 
 def test_a_geometry_file_restricts_the_allowed_sizes_to_valid_world_sizes(two):
@@ -273,3 +273,40 @@ def test_the_size_asked_for_is_the_size_submitted_not_the_size_it_was_started_at
     req = next(r for r in fresh.requests(later.snapshot(), 2000.0, Policy()) if r.key == str(a))
     assert min(req.allowed_gpus) == 2 and "asked 2" in fresh.basis()[str(a)]
 
+
+
+def test_a_deeply_nested_line_in_a_metrics_file_is_one_bad_line(two):
+    """#25 item 1: `print('['*100000)` appended to a job's own metrics file raised RecursionError in the daemon."""
+    slurm, ckpt, a, _ = two
+    path = shim.metrics_path(ckpt, str(a))
+    _rows(path, [_row(100, 1000, 2, 1.0), _row(110, 1010, 2, 1.0), _row(120, 1020, 2, 1.0)])
+    src = MeasuredRequests()
+    src.requests(slurm.snapshot(), 0.0, Policy())
+    with open(path, "a") as f:
+        f.write("[" * 100000 + "\n")
+    for _ in range(2):
+        reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    assert "measured" in src.basis()[str(a)] and reqs[str(a)].throughput(2) == pytest.approx(1.0)
+
+
+def test_a_metrics_line_that_never_ends_keeps_the_readers_memory_bounded(two, caplog):
+    """#25 item 2: 60 appends of 900 KiB without a newline held 52.7 MiB for one job."""
+    from slurm_elastic.jobfiles.metrics import MAX_LINE_BYTES
+
+    slurm, ckpt, a, _ = two
+    path = shim.metrics_path(ckpt, str(a))
+    _rows(path, [_row(100, 1000, 2, 1.0)])
+    tail, _ = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20)
+    src = MeasuredRequests()
+    for _ in range(60):
+        with open(path, "a") as f:
+            f.write("x" * (900 << 10))
+        tail, problem = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20, tail=tail)
+        assert problem == "" and len(tail.cursor.partial) <= MAX_LINE_BYTES
+        src.requests(slurm.snapshot(), 0.0, Policy())
+    with open(path, "a") as f:
+        f.write("\n" + json.dumps(_row(110, 1010, 2, 1.0)) + "\n")
+    tail, problem = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20, tail=tail)
+    assert problem == "" and tail.count == 2 and tail.bad == 1
+    src.requests(slurm.snapshot(), 0.0, Policy())
+    assert "measured" in src.basis()[str(a)]

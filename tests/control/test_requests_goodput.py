@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from slurm_elastic.allocate import goodput
+from slurm_elastic import goodput
 from slurm_elastic.allocate.problem import Policy
 from slurm_elastic.allocate.throughput import GoodputThroughput, MeasuredThroughput, concave_hull
 from slurm_elastic.cluster.memory import InMemorySlurm
@@ -19,7 +19,7 @@ from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
 from slurm_elastic.control.requests import (BATCH_FILE, MeasuredRequests, RequestSettings, read_batch_range,
                                             validate_row)
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 ME = getpass.getuser()
 RANGE = {"min": 32, "max": 1024, "base": 128}

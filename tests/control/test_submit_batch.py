@@ -8,7 +8,7 @@ import pytest
 
 from slurm_elastic.control.submit import parse_command_line
 from slurm_elastic.errors import SpecError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 
 def _script(tmp_path: Path, *lines: str) -> str:

@@ -30,7 +30,7 @@ from slurm_elastic.cli import main
 from slurm_elastic.cluster.slurm_values import spec_from_comment
 from slurm_elastic.errors import CheckpointError, SpecError
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 SLURM_COMMANDS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo", "strigger", "sacctmgr", "srun", "salloc")

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.store import CheckpointStore
 
 from . import ckpt_writer

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 from . import ckpt_writer

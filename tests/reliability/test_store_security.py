@@ -30,7 +30,7 @@ import pytest
 
 import slurm_elastic
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore
 
 from . import ckpt_writer
@@ -510,3 +510,28 @@ def test_a_step_whose_data_is_larger_than_listed_is_refused_unread(tmp_path: Pat
     with pytest.raises(CheckpointError, match="more than the"):
         store.read_tensors(2, rec)
     assert store.newest_complete(model_fingerprint="fp").step == 1   # type: ignore[union-attr]
+
+
+def test_a_committer_woken_after_the_next_incarnation_took_over_does_not_move_latest_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#25 item 6: frozen between its writer check and LATEST, the old committer wakes after the new
+    incarnation committed step 8; LATEST must still name step 8, and the old one stops as stale."""
+    from slurm_elastic.train.incarnation import StaleWriter
+    from slurm_elastic.train.store import CheckpointStore
+
+    job = tmp_path / "job"
+    old = _writer_store(job, "7", 0, "a" * 16)
+    new = _writer_store(job, "7", 1, "b" * 16)
+    _commit(old, 4)
+    rename = CheckpointStore._rename_into_place
+
+    def freeze_then_wake(self, jd, step, writing, body):   # the old committer's step 5 renames, then it sleeps
+        rename(self, jd, step, writing, body)
+        if self is old:
+            _commit(new, 8)                                  # meanwhile the next incarnation commits step 8
+
+    monkeypatch.setattr(CheckpointStore, "_rename_into_place", freeze_then_wake)
+    old.begin_step(5)
+    with pytest.raises(StaleWriter, match="stale"):
+        _commit(old, 5)
+    assert new.latest_pointer() == 8

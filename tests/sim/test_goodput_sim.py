@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from slurm_elastic.allocate import goodput
+from slurm_elastic import goodput
 from slurm_elastic.control.requests import validate_row
 from slurm_elastic.sim import SimConfig, Simulation, parse_cluster
 from slurm_elastic.sim.controller import ControllerPolicy
@@ -15,7 +15,7 @@ from slurm_elastic.sim.jobs import SimJob
 from slurm_elastic.sim.pollux import AdaptiveSpeed, ApplicationProfile, PolluxSpeed, load_workload
 from slurm_elastic.sim.shim import SimulatedShim, write_batch_range
 from slurm_elastic.sim.tiresias import TiresiasPolicy
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 
 def _adaptive(pollux, app="cifar10", gpus=4, submit=0.0, key="a"):

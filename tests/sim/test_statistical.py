@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from slurm_elastic.allocate import goodput
+from slurm_elastic import goodput
 from slurm_elastic.sim.jobs import packed_placement
 from slurm_elastic.sim.optimus import OptimusOracle
 from slurm_elastic.sim.pollux import AdaptiveSpeed, ApplicationProfile, PolluxSpeed

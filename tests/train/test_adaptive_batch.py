@@ -12,10 +12,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from slurm_elastic.allocate.goodput import GradientNoise, gain
+from slurm_elastic.goodput import GradientNoise, gain
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_directives, spec_from_options
-from slurm_elastic.train import ElasticLoop, protocol
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train import ElasticLoop
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.sampler import BatchGeometryError, ElasticSampler, adaptive_batches, choose_batch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import (
     JobEnvironment,
     first_hostname,
@@ -92,10 +92,13 @@ def test_peer_lost_report_round_trips_and_refuses_nonsense() -> None:
         protocol.PeerLostReport.parse(b"{")
 
 
-def test_protocol_module_does_not_import_torch() -> None:
+def test_contract_package_imports_only_the_stdlib() -> None:
     import subprocess
     import sys
 
-    code = "import sys, slurm_elastic.train.protocol; print('torch' in sys.modules)"
+    code = ("import sys, slurm_elastic.jobfiles; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'highspy', 'scipy') "
+            "or m.startswith(('slurm_elastic.train', 'slurm_elastic.allocate', 'slurm_elastic.control', "
+            "'slurm_elastic.cluster'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "[]"

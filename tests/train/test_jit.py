@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.checkpointer import state_digest
 from slurm_elastic.train.store import CheckpointStore
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 from .launch import start_ranks, wait_ranks
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from slurm_elastic.train import peers, protocol
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train import peers
 
 
 def _status(rank: int, step: int, digest: str = "d", *, replica: bool = True, clean: bool = True) -> dict:

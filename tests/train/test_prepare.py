@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.train import ElasticLoop, protocol
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train import ElasticLoop
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.sampler import ElasticSampler
 

@@ -24,7 +24,7 @@ from typing import TypeVar
 import pytest
 import torch
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 from .launch import run_ranks
 from .test_prepare import TUTORIAL, _resumes_at

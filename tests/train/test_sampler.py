@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.sampler import (
     BatchGeometry,
     BatchGeometryError,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.session import ElasticSession
 

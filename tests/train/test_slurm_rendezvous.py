@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
 TRAIN = [sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "30", "--step-sleep", "0.2"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 
 from .launch import run_ranks
 from .test_exact_resume import _final, _flat, _losses

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from slurm_elastic.errors import CheckpointError
-from slurm_elastic.train import protocol
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.incarnation import OWNER_FILE
 from slurm_elastic.train.store import CHECKSUMS, CheckpointStore, check_file_name
 

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurm_elastic import jobfiles as protocol
 from slurm_elastic import settings
-from slurm_elastic.train import protocol
 from slurm_elastic.train.session import ElasticSession
 
 log = logging.getLogger(__name__)
