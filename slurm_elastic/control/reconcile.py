@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
-from slurm_elastic.allocate.from_state import capacity_from_state
+from slurm_elastic.allocate.from_state import capacity_from_state, job_request
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
@@ -379,7 +379,7 @@ class Reconciler:
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         # Its request is made as if it held only its surviving nodes: the rules that keep a running
         # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
-        requests = self.requests.requests(holding_only_survivors(scoped, acting), now, self.config.policy)
+        requests = self._requests(holding_only_survivors(scoped, acting), now)
         stuck = self.requests.bad_geometry()
         pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
@@ -412,6 +412,15 @@ class Reconciler:
                 waits[job_id] = (f"{loss.describe()}: waiting for its just-in-time commit "
                                  f"(restarted without {','.join(loss.lost_nodes)} in {left:.0f}s at the latest)")
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
+
+    def _requests(self, state: ClusterState, now: float) -> tuple[JobRequest, ...]:
+        """The request source's requests; when the source itself fails (a source that does not isolate
+        its jobs), every job is decided with the default model this cycle, and the cycle goes on."""
+        try:
+            return self.requests.requests(state, now, self.config.policy)
+        except Exception:
+            log.exception("the request source failed; every job is decided with the default model this cycle")
+            return tuple(job_request(j) for j in state.elastic_jobs)
 
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
                pinned: Mapping[int, str], stuck: Mapping[int, str], now: float) -> dict[int, str]:

@@ -299,6 +299,45 @@ def test_a_report_the_job_cannot_vouch_for_is_ignored(cluster, tmp_path, hostile
     assert slurm.jobs[a].restarts == 0 and slurm.jobs[b].restarts == 0 and slurm.excluded == {}
 
 
+@pytest.mark.parametrize("body", ["foreign nodes", "other job and its nodes"])
+def test_a_report_naming_nodes_the_job_does_not_run_on_is_dropped_with_one_log_line(cluster, tmp_path, caplog,
+                                                                                  body):
+    slurm, a, b, ckpt = cluster
+    rec, _ = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    path = _write(ckpt, a, _report(a, lost=("n3",)) if body == "foreign nodes" else _report(b, lost=("n3",)))
+    for _ in range(3):
+        report = rec.cycle()
+        assert report.plans == () and report.peer_losses == {}
+    said = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert len(said) == 1 and "ignored" in said[0].getMessage() and said[0].levelname == "WARNING"
+
+
+def test_a_report_reader_that_raises_for_one_job_costs_only_that_job_its_report(tmp_path, monkeypatch, caplog):
+    slurm = ExcludingSlurm(nodes=6)     # room for c to restart without n4
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    c = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    rec, _ = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a, lost=("n2",), surviving=("n1",)))
+    _write(ckpt, c, _report(c, lost=("n4",), surviving=("n3",)))
+    from slurm_elastic.control import peer_loss
+    real = peer_loss.read_report
+
+    def deep(path, **kw):
+        if f"{os.sep}{a}{os.sep}" in path:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(path, **kw)
+
+    monkeypatch.setattr(peer_loss, "read_report", deep)
+    report = rec.cycle()
+    assert set(report.peer_losses) == {c}
+    assert slurm.jobs[c].restarts == 1 and "n4" not in slurm.jobs[c].nodes
+    assert slurm.jobs[a].restarts == 0
+    assert sum(f"job {a}" in r.getMessage() and "RecursionError" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_drain_on_peer_loss_is_off_by_default_bounded_per_user_and_never_in_user_mode(tmp_path):
     ckpt = tmp_path / "ckpt"
 
