@@ -303,6 +303,7 @@ class Reconciler:
         """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
         t0 = time.monotonic()
         state = self.backend.snapshot()
+        self.reviver.observe(state, self._clock())
         recovered: list[Outcome] = []
         if not dry_run and self.journal.open_plans():
             recovered = self.protocol.recover(state)
@@ -554,4 +555,6 @@ class Reconciler:
                    for n in lost):
             return state
         self._sleep(self.config.node_confirm_s)
-        return self.backend.snapshot()
+        state = self.backend.snapshot()
+        self.reviver.observe(state, self._clock())
+        return state
