@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.from_state import capacity_from_state, job_request
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
+from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
+                                            Policy)
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
-from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState
+from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
+                                         Resources)
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
@@ -272,6 +274,37 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
 
+def without_kept_jobs(problem: AllocationProblem, kept: Mapping[int, Job]) -> AllocationProblem:
+    """`problem` without the jobs kept in place, their nodes' capacity less what they use there."""
+    if not kept:
+        return problem
+    used: dict[str, Resources] = {}
+    for job in kept.values():
+        for name in job.nodes:
+            used[name] = used.get(name, Resources()) + job.uses_per_node
+    nodes = tuple(n if n.name not in used else
+                  NodeCapacity(n.name, max(n.gpus - used[n.name].gpus, 0), max(n.cpus - used[n.name].cpus, 0),
+                               max(n.mem_mb - used[n.name].mem_mb, 0))
+                  for n in problem.nodes)
+    keys = {str(j) for j in kept}
+    return dataclasses.replace(problem, jobs=tuple(r for r in problem.jobs if r.key not in keys), nodes=nodes)
+
+
+def with_kept_jobs(allocation: Allocation, kept: Mapping[int, Job], why: Mapping[int, str]) -> Allocation:
+    """`allocation` with each kept job at its current GPUs on its current nodes."""
+    if not kept:
+        return allocation
+    gpus = dict(allocation.gpus)
+    placement = dict(allocation.placement)
+    decisions = list(allocation.decisions)
+    for job_id, job in sorted(kept.items()):
+        gpus[str(job_id)] = job.gpus
+        placement[str(job_id)] = {n: job.gpus_per_node for n in job.nodes}
+        decisions.append(JobDecision(str(job_id), job.gpus, job.gpus, f"kept where it runs: {why.get(job_id, '')}",
+                                     "pinned"))
+    return dataclasses.replace(allocation, gpus=gpus, placement=placement, decisions=tuple(decisions))
+
+
 class Reconciler:
     """Observe -> requests -> solve -> plans -> act; a missed event is corrected the next cycle."""
 
@@ -394,12 +427,18 @@ class Reconciler:
         policy = self.config.policy
         capacity = without_reported_losses(capacity_from_state(scoped), scoped, acting)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
-        if problem == self._last_solved[0] and self._last_solved[1] is not None:
+        # A pinned job stays where it is: its current placement is always an answer for it, even one
+        # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
+        # jobs), so a pin can never turn into "no room". The others are solved around it.
+        kept = {j.job_id: j for j in scoped.elastic_jobs if j.job_id in pins}
+        solved = without_kept_jobs(problem, kept)
+        if solved == self._last_solved[0] and self._last_solved[1] is not None:
             allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
         else:
             with native_stdout_silenced():
-                allocation = self.allocator(problem)
-            self._last_solved = (problem, allocation)
+                allocation = self.allocator(solved)
+            self._last_solved = (solved, allocation)
+        allocation = with_kept_jobs(allocation, kept, pinned)
         allocation = with_basis(allocation, self.requests.basis())
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
