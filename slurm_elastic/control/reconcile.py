@@ -54,6 +54,7 @@ class ControllerConfig:
     recent_plan_s: float = 10.0            # our own requeue explains a BeginTime reason for this long
     measured_speed: bool = True            # False: the default speed model (see RequestSettings.measured_speed)
     drain_on_peer_loss: bool = False       # admin mode: drain a node a job reported lost (control/peer_loss.py)
+    drain_expiry_s: float = HOUR_S         # such a drain is resumed this long after it was made
 
     def settings(self) -> dict[str, float | int | str]:
         """The settings a running controller announces (in the daemon heartbeat), so that `status`,
@@ -106,6 +107,7 @@ class CycleReport:
     waits: Mapping[int, str] = field(default_factory=dict)
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)
     drained: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()   # nodes whose drain on a job's report expired and was ended
     revived: tuple[int, ...] = ()   # jobs requeued after a kill meant for their previous incarnation
     gpus_total: int = 0
     gpus_elastic: int = 0
@@ -136,7 +138,7 @@ class CycleReport:
                              "commit": x.commit, "committed_step": x.committed_step,
                              "detected_at": x.detected_at, "seen_at": x.seen_at}
                             for j, x in sorted(self.peer_losses.items())],
-            "drained": list(self.drained), "revived": list(self.revived),
+            "drained": list(self.drained), "resumed": list(self.resumed), "revived": list(self.revived),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
             "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
                                                   "objective": alloc.objective, "mip_gap": alloc.mip_gap,
@@ -274,6 +276,12 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
 
+def _same_reason(seen: str, ours: str) -> bool:
+    """Slurm shows a drain reason as it was set, less repeated blanks, cut at 200 characters (cli_backend)."""
+    a, b = " ".join(seen.split()), " ".join(ours.split())[:200]
+    return bool(a) and (a == b or a.startswith(b) or b.startswith(a))
+
+
 def without_kept_jobs(problem: AllocationProblem, kept: Mapping[int, Job]) -> AllocationProblem:
     """`problem` without the jobs kept in place, their nodes' capacity less what they use there."""
     if not kept:
@@ -380,6 +388,7 @@ class Reconciler:
                 for name, at in loss.marks().items():
                     self.journal.mark(outcome.plan_id, name, at)
         drained = self._drain_lost(plans, outcomes) if not dry_run else ()
+        resumed = self._expire_drains(state) if not dry_run else ()
         elastic = decision.scoped.elastic_jobs
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
@@ -389,7 +398,7 @@ class Reconciler:
             pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
-            peer_losses=decision.peer_losses, drained=drained, revived=revived,
+            peer_losses=decision.peer_losses, drained=drained, resumed=resumed, revived=revived,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report
@@ -539,10 +548,40 @@ class Reconciler:
                 except SlurmError as exc:
                     log.error("job %d: cannot drain %s: %s", plan.job_id, node, exc)
                     continue
-                self.journal.record_drain(node, user=plan.user, job_id=plan.job_id, reason=reason, now=now)
+                self.journal.record_drain(node, user=plan.user, job_id=plan.job_id, reason=reason,
+                                          until=now + self.config.drain_expiry_s, now=now)
                 log.warning("drained %s: %s", node, reason)
                 drained.append(node)
         return tuple(drained)
+
+    def _expire_drains(self, state: ClusterState) -> tuple[str, ...]:
+        """Resume each node drained on a job's report once its `drain_expiry_s` is over (admin mode), so
+        one user's false reports cannot keep nodes out for longer. A node whose drain is no longer ours
+        (resumed by hand, drained again with another reason) is left as it is; the drain ends either way."""
+        if self.config.user is not None or not self._can_exclude:
+            return ()
+        now = self._clock()
+        nodes = {n.name: n for n in state.nodes}
+        resumed: list[str] = []
+        for drain in self.journal.drains():
+            if drain.until > now:
+                continue
+            node = nodes.get(drain.node)
+            if node is None or NodeFlag.DRAIN not in node.flags or not _same_reason(node.reason, drain.reason):
+                self.journal.end_drain(drain.drain_id, "expired; no longer drained by us, left as it is", now)
+                log.info("drain of %s on job %d's report expired; the node is no longer drained by us: left as it is",
+                         drain.node, drain.job_id)
+                continue
+            try:
+                self.backend.resume(drain.node)  # type: ignore[attr-defined]
+            except SlurmError as exc:
+                log.error("cannot resume %s after its drain expired (tried again next cycle): %s", drain.node, exc)
+                continue
+            self.journal.end_drain(drain.drain_id, "expired; resumed", now)
+            log.warning("resumed %s: its drain on job %d's report (%s) expired after %gs", drain.node, drain.job_id,
+                        drain.user, drain.until - drain.at)
+            resumed.append(drain.node)
+        return tuple(resumed)
 
     # -- hysteresis and the restart budget ----------------------------------------------------
     def _pins(self, state: ClusterState, now: float,
