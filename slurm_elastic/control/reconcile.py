@@ -27,6 +27,7 @@ from slurm_elastic.allocate.shapes import shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
+from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
@@ -335,6 +336,7 @@ class Reconciler:
         self._said: dict[int, str] = {}
         self.peer_losses = PeerLossReader(clock=clock)
         self.reviver = Reviver(backend, journal)
+        self.job_dirs = JobDirGuard()
         self._can_exclude = isinstance(backend, NodeExcludingBackend)
         if not self._can_exclude:
             log.info("the %s backend cannot exclude nodes from a job: jobs' peer-lost reports are not acted on",
@@ -350,6 +352,8 @@ class Reconciler:
             recovered = self.protocol.recover(state)
             state = self.backend.snapshot()
         revived: tuple[int, ...] = ()
+        if not dry_run and self.config.user is None:
+            self.job_dirs.guard(state, self._clock())
         if not dry_run:
             revived = self.reviver.revive(scope_state(state, self.config.user)[0], self._clock())
             if revived:
