@@ -48,7 +48,10 @@ FIRST_WORKING = SlurmVersion(25, 11, 1)
 # turned into (retryable) SlurmErrors.
 PROGRAMMING_ERRORS = (TypeError, NameError, AttributeError)
 
-PROBE_TIMEOUT_S = 60.0
+# Longer than libslurm's own wait: it retries an unreadable slurm.conf for 60 s ("retrying in 1sec up to
+# 60sec") before fatal(), and the probe must see that end, not cut it short.
+LIBSLURM_CONF_RETRY_S = 60.0
+PROBE_TIMEOUT_S = LIBSLURM_CONF_RETRY_S + 30.0
 # Run by `sys.executable -c` in a child process: prints one JSON line, whatever happens.
 _PROBE = """\
 import json
@@ -212,7 +215,8 @@ class PyslurmBackend:
         return job_from_pyslurm(raw, self._per_gpu_requests([raw]).get(int(raw.id)))
 
     def _per_gpu_requests(self, jobs: list[Any]) -> dict[int, tuple[int | None, int | None]]:
-        """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call.
+        """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call
+        (`--states=all`: the finished jobs slurmctld still keeps are listed too).
 
         pyslurm's cpus_per_gpu is None whenever Slurm also sets cpus_per_task (24.11 and 26.05
         set 1 on every job of the captures), and memory_per_gpu is None whenever Slurm sets a
@@ -307,6 +311,25 @@ class PyslurmBackend:
         name = name if name.isdigit() or name.startswith("SIG") else f"SIG{name}"
         self._call("Job.send_signal", self._ps.Job(int(job_id)).send_signal,
                    int(name) if name.isdigit() else name, steps="all")
+
+    # --- a job's report of a lost node (NodeExcludingBackend) -------------------------------------------
+    # pyslurm's Job.modify cannot shrink a running job to some of its nodes, and its description has no
+    # excluded-node list; scontrol does all of these on every version, so they go through the CLI backend
+    # (one Slurm command each), and the controller acts on peer-lost reports with this backend too.
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self._cli.keep_nodes(job_id, nodes)
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self._cli.exclude_nodes(job_id, nodes)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._cli.drain(node, reason)
+
+    def resume(self, node: str) -> None:
+        self._cli.resume(node)
+
+    def kill_wait_s(self) -> float:
+        return self._cli.kill_wait_s()
 
     def cancel(self, job_id: int) -> None:
         """Cancel; an unknown or finished job is an error, as `scancel --verbose` reports it.
@@ -403,8 +426,9 @@ def _allocated_mem_per_node(j: Any) -> int | None:
 
 
 def _lacks_per_gpu(j: Any) -> bool:
-    """A live job with GPUs whose per-GPU CPUs or memory pyslurm does not give."""
-    return (not job_state(str(j.state)).finished and bool(_gpu_count(j.gres_per_node))
+    """A job with GPUs whose per-GPU CPUs or memory pyslurm does not give (a finished one too: its memory
+    per node is G x M only when M is known, and the CLI backend's parse gives both)."""
+    return (bool(_gpu_count(j.gres_per_node))
             and (_accessor(j, "cpus_per_gpu") is None or _accessor(j, "memory_per_gpu") is None))
 
 
