@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend, classify, node_count_fields, update_args
-from slurm_elastic.cluster.model import ClusterState, Job, Node
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
                                                 reason_code, size_mb, spec_from_comment)
@@ -255,7 +255,10 @@ class PyslurmBackend:
         if min(nodes, gpus_per_node, cpus_per_gpu, mem_per_gpu_mb) < 1:
             raise SlurmError(f"set_resources: every size must be >= 1 (nodes={nodes}, gpus_per_node="
                              f"{gpus_per_node}, cpus_per_gpu={cpus_per_gpu}, mem_per_gpu_mb={mem_per_gpu_mb})")
-        before = self._job(job_id)
+        raw = self._call("Job.load", self._ps.Job.load, int(job_id))
+        before = job_from_pyslurm(raw, self._per_gpu_requests([raw]).get(int(raw.id)))
+        # The resize's begin_time 'now' clears a BeginTime; a failed resize must put it back.
+        begin = _begin_time(raw, before) if start_now else None
         target = (int(nodes), int(gpus_per_node), int(cpus_per_gpu), int(mem_per_gpu_mb))
         try:
             # Job.modify first: it is where pyslurm fails (before its RPC when the description does
@@ -270,8 +273,23 @@ class PyslurmBackend:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
                                  f"{_show(_shape(after))}")
         except Exception as exc:
-            self._roll_back(job_id, before, exc)
+            try:
+                self._roll_back(job_id, before, exc)
+            finally:
+                if begin is not None:
+                    self._restore_begin(job_id, begin, exc)
             raise
+
+    def _restore_begin(self, job_id: int, begin: float, cause: BaseException) -> None:
+        """Put back the BeginTime the failed resize cleared (a job requeued moments ago must not start now)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))
+        try:
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"StartTime={when}"])
+        except SlurmError as exc:
+            log.error("job %d: resize failed (%s) and its begin time %s could not be put back: %s", job_id, cause,
+                      when, exc)
+            return
+        log.warning("job %d: resize failed; its begin time %s put back", job_id, when)
 
     def _roll_back(self, job_id: int, before: Job, cause: BaseException) -> None:
         """Put back the shape `before` had (through scontrol, which takes every spelling on every version)."""
@@ -342,6 +360,18 @@ class PyslurmBackend:
             raise SlurmError(f"pyslurm Job.cancel: job {job_id} is {job.state.value}: "
                              "Job/step already completing or completed", command=("pyslurm", "Job.cancel"))
         self._call("Job.cancel", self._ps.Job(int(job_id)).cancel)
+
+
+def _begin_time(raw: Any, job: Job) -> float | None:
+    """A pending job's BeginTime still ahead (epoch seconds), else None. Slurm reports it as the job's
+    eligible time, and as its start time while it waits for it (24.11 and 26.05 captures alike)."""
+    if job.state is not JobState.PENDING or job.reason != "BeginTime":
+        return None
+    for name in ("eligible_time", "start_time"):
+        value = getattr(raw, name, None)
+        if value:
+            return float(value) if float(value) > time.time() else None
+    return None
 
 
 def _shape(job: Job) -> tuple[int, int, int | None, int | None]:

@@ -401,3 +401,23 @@ def test_the_live_tests_probe_pyslurm_with_the_test_clusters_slurm_conf() -> Non
     env = probe_env({"PATH": "/usr/bin", "SLURM_ELASTIC_TEST_CLUSTER": "/etc/slurm-test/slurm.conf"})
     assert env["SLURM_CONF"] == "/etc/slurm-test/slurm.conf"
     assert probe_env({"SLURM_CONF": "/a.conf", "SLURM_ELASTIC_TEST_CLUSTER": "/b.conf"})["SLURM_CONF"] == "/a.conf"
+
+
+def test_a_failed_resize_puts_back_the_begin_time_it_cleared() -> None:
+    """Job 2 of the 26.05 capture was requeued (PENDING, BeginTime): the resize's begin_time 'now' clears
+    that, so when the node count then fails, the roll-back must set it again."""
+    import dataclasses
+    import time
+
+    b, ps, cli = backend_on(load("26.05", "squeue.json"), fail_numnodes="Requested node configuration is not available")
+    begin = int(time.time()) + 100
+    ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=begin)   # its BeginTime still ahead
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+    assert cli.runs[-1] == ["scontrol", "update", "JobId=2",
+                            "StartTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))]
+    cli.runs.clear()
+    ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=int(time.time()) - 5)   # already past
+    with pytest.raises(SlurmError):
+        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+    assert not any(a.startswith("StartTime=") for r in cli.runs for a in r)
