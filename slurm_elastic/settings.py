@@ -132,6 +132,9 @@ DRAIN_ON_PEER_LOSS: Setting[bool] = Setting(
     "drain_on_peer_loss", False, "Also drain a node that a job reports its ranks lost on (with the job and user "
     "as the reason; at most 2 nodes per user per hour). Off: only that job avoids the node.", CONTROLLER,
     kind="flag", option="--drain-on-peer-loss", commands=(DAEMON,))
+DRAIN_EXPIRY: Setting[float] = Setting(
+    "drain_expiry", 3600.0, "Seconds after which a drain made on a job's report is resumed (if still ours).",
+    CONTROLLER, kind="float", option="--drain-expiry", commands=(DAEMON,), minimum=0, maximum=1e7)
 NODE_CONFIRM_S: Setting[float] = Setting(
     "node_confirm_s", 1.0, "Seconds to wait before reading a node's state again, before acting on a node "
     "that just went away.", CONTROLLER, kind="float", minimum=0)
@@ -194,7 +197,7 @@ CRASH_AFTER: Setting[str | None] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED,
-    DRAIN_ON_PEER_LOSS, NODE_CONFIRM_S, RECENT_PLAN_S,
+    DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, NODE_CONFIRM_S, RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
     CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S,
     CLUSTER_DIR, PORT_SEARCH_START,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,11 @@ def admin_status(as_json: bool) -> None:
                      "nodes": list(job.nodes), "restarts": job.restarts,
                      "last_restart": _last_restart(job, reconciler.journal)})
     daemon = None if beat is None else {"pid": beat.pid, "host": beat.host, "at": beat.at, "fresh": beat.fresh()}
+    # Drains made on jobs' reports (--drain-on-peer-loss), from the daemon's journal where it is readable.
+    drains = [d.to_json() for d in reconciler.journal.drains()]
     payload = {"nodes": nodes, "jobs": rows, "malformed": report.to_json()["malformed"], "daemon": daemon,
-               "plans": report.to_json()["plans"], "settings": reconciler.config.settings(), "deciding": deciding}
+               "plans": report.to_json()["plans"], "settings": reconciler.config.settings(), "deciding": deciding,
+               "drains": drains}
     if as_json:
         echo_json(payload)
         return
@@ -151,6 +155,9 @@ def admin_status(as_json: bool) -> None:
             click.echo(f"job {r['job_id']}: last restart: {r['last_restart']['line']}")
     for m in payload["malformed"]:  # type: ignore[union-attr]
         click.echo(f"job {m['job_id']}: malformed elastic spec, never touched: {m['error']}")
+    for d in drains:
+        until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(d["until"])))  # type: ignore[arg-type]
+        click.echo(f"node {d['node']}: drained on job {d['job_id']}'s report ({d['user']}) until {until}")
     if daemon is None:
         click.echo("daemon: not running (no heartbeat)")
     else:
@@ -260,7 +267,7 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
                  metrics_port: int | None, metrics_addr: str, speed: str, drain_on_peer_loss: bool,
-                 max_cycles: int | None) -> None:
+                 drain_expiry: float, max_cycles: int | None) -> None:
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
@@ -283,7 +290,8 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
 
     why = check_may_act("admin daemon")
     config = dataclasses.replace(controller_config(ack_timeout, hysteresis, restart_budget, signal_name),
-                                 measured_speed=speed == "measured", drain_on_peer_loss=drain_on_peer_loss)
+                                 measured_speed=speed == "measured", drain_on_peer_loss=drain_on_peer_loss,
+                                 drain_expiry_s=drain_expiry)
     backend = select_backend()
     directory = daemon_dir()
     with InstanceLock(directory, "slurm-elastic controller (admin daemon or rebalance)"):

@@ -78,6 +78,10 @@ class NodeExcludingBackend(Backend, Protocol):
         """Drain a node with a reason (no new jobs; running ones go on)."""
         ...
 
+    def resume(self, node: str) -> None:
+        """End a drain this controller set (State=RESUME): the node takes new jobs again."""
+        ...
+
     def kill_wait_s(self) -> float:
         """Slurm's KillWait: how long a step's srun waits for a node that does not answer."""
         ...

@@ -246,6 +246,9 @@ class CliBackend:
         text = " ".join(str(reason).split())[:200] or "slurm-elastic"
         self._run(["scontrol", "update", f"NodeName={_node_list((node,))}", "State=DRAIN", f"Reason={text}"])
 
+    def resume(self, node: str) -> None:
+        self._run(["scontrol", "update", f"NodeName={_node_list((node,))}", "State=RESUME"])
+
     def _expedite_enabled(self) -> bool:
         """Read once, and only where the version has it (older Slurms need no config read)."""
         if self.version is None or self.version < REQUEUE_EXPEDITE_SINCE:

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend, classify, node_count_fields, update_args
-from slurm_elastic.cluster.model import ClusterState, Job, Node
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
@@ -49,7 +49,10 @@ FIRST_WORKING = SlurmVersion(25, 11, 1)
 # turned into (retryable) SlurmErrors.
 PROGRAMMING_ERRORS = (TypeError, NameError, AttributeError)
 
-PROBE_TIMEOUT_S = 60.0
+# Longer than libslurm's own wait: it retries an unreadable slurm.conf for 60 s ("retrying in 1sec up to
+# 60sec") before fatal(), and the probe must see that end, not cut it short.
+LIBSLURM_CONF_RETRY_S = 60.0
+PROBE_TIMEOUT_S = LIBSLURM_CONF_RETRY_S + 30.0
 # Run by `sys.executable -c` in a child process: prints one JSON line, whatever happens.
 _PROBE = """\
 import json
@@ -212,7 +215,8 @@ class PyslurmBackend:
         return job_from_pyslurm(raw, self._per_gpu_requests([raw]).get(int(raw.id)))
 
     def _per_gpu_requests(self, jobs: list[Any]) -> dict[int, tuple[int | None, int | None]]:
-        """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call.
+        """CPUs and memory per GPU of the jobs pyslurm leaves them out for, from one `squeue -O` call
+        (`--states=all`: the finished jobs slurmctld still keeps are listed too).
 
         pyslurm's cpus_per_gpu is None whenever Slurm also sets cpus_per_task (24.11 and 26.05
         set 1 on every job of the captures), and memory_per_gpu is None whenever Slurm sets a
@@ -251,7 +255,10 @@ class PyslurmBackend:
         if min(sizes.values()) < 1:
             raise SlurmError("set_resources: every size must be >= 1 ("
                              + ", ".join(f"{k}={v}" for k, v in sizes.items()) + ")")
-        before = self._job(job_id)
+        raw = self._call("Job.load", self._ps.Job.load, int(job_id))
+        before = job_from_pyslurm(raw, self._per_gpu_requests([raw]).get(int(raw.id)))
+        # The resize's begin_time 'now' clears a BeginTime; a failed resize must put it back.
+        begin = _begin_time(raw, before) if start_now else None
         target = (shape.nodes, shape.gpus_per_node, shape.cpus_per_gpu, shape.mem_per_gpu_mb)
         try:
             # Job.modify first: it is where pyslurm fails (before its RPC when the description does
@@ -265,8 +272,23 @@ class PyslurmBackend:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
                                  f"{_show(_shape(after))}")
         except Exception as exc:
-            self._roll_back(job_id, before, exc)
+            try:
+                self._roll_back(job_id, before, exc)
+            finally:
+                if begin is not None:
+                    self._restore_begin(job_id, begin, exc)
             raise
+
+    def _restore_begin(self, job_id: int, begin: float, cause: BaseException) -> None:
+        """Put back the BeginTime the failed resize cleared (a job requeued moments ago must not start now)."""
+        when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))
+        try:
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", f"StartTime={when}"])
+        except SlurmError as exc:
+            log.error("job %d: resize failed (%s) and its begin time %s could not be put back: %s", job_id, cause,
+                      when, exc)
+            return
+        log.warning("job %d: resize failed; its begin time %s put back", job_id, when)
 
     def _roll_back(self, job_id: int, before: Job, cause: BaseException) -> None:
         """Put back the shape `before` had (through scontrol, which takes every spelling on every version)."""
@@ -307,6 +329,25 @@ class PyslurmBackend:
         self._call("Job.send_signal", self._ps.Job(int(job_id)).send_signal,
                    int(name) if name.isdigit() else name, steps="all")
 
+    # --- a job's report of a lost node (NodeExcludingBackend) -------------------------------------------
+    # pyslurm's Job.modify cannot shrink a running job to some of its nodes, and its description has no
+    # excluded-node list; scontrol does all of these on every version, so they go through the CLI backend
+    # (one Slurm command each), and the controller acts on peer-lost reports with this backend too.
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self._cli.keep_nodes(job_id, nodes)
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        self._cli.exclude_nodes(job_id, nodes)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._cli.drain(node, reason)
+
+    def resume(self, node: str) -> None:
+        self._cli.resume(node)
+
+    def kill_wait_s(self) -> float:
+        return self._cli.kill_wait_s()
+
     def cancel(self, job_id: int) -> None:
         """Cancel; an unknown or finished job is an error, as `scancel --verbose` reports it.
 
@@ -318,6 +359,18 @@ class PyslurmBackend:
             raise SlurmError(f"pyslurm Job.cancel: job {job_id} is {job.state.value}: "
                              "Job/step already completing or completed", command=("pyslurm", "Job.cancel"))
         self._call("Job.cancel", self._ps.Job(int(job_id)).cancel)
+
+
+def _begin_time(raw: Any, job: Job) -> float | None:
+    """A pending job's BeginTime still ahead (epoch seconds), else None. Slurm reports it as the job's
+    eligible time, and as its start time while it waits for it (24.11 and 26.05 captures alike)."""
+    if job.state is not JobState.PENDING or job.reason != "BeginTime":
+        return None
+    for name in ("eligible_time", "start_time"):
+        value = getattr(raw, name, None)
+        if value:
+            return float(value) if float(value) > time.time() else None
+    return None
 
 
 def _shape(job: Job) -> tuple[int, int, int | None, int | None]:
@@ -402,8 +455,9 @@ def _allocated_mem_per_node(j: Any) -> int | None:
 
 
 def _lacks_per_gpu(j: Any) -> bool:
-    """A live job with GPUs whose per-GPU CPUs or memory pyslurm does not give."""
-    return (not job_state(str(j.state)).finished and bool(_gpu_count(j.gres_per_node))
+    """A job with GPUs whose per-GPU CPUs or memory pyslurm does not give (a finished one too: its memory
+    per node is G x M only when M is known, and the CLI backend's parse gives both)."""
+    return (bool(_gpu_count(j.gres_per_node))
             and (_accessor(j, "cpus_per_gpu") is None or _accessor(j, "memory_per_gpu") is None))
 
 

@@ -95,6 +95,12 @@ class Loop:
             log.error("cycle failed: %s", exc)
             if self.metrics is not None:
                 self.metrics.cycle_errors.inc()
+        except Exception:
+            # Anything else is a defect, not a reason to stop the root daemon: every job would lose its
+            # controller. The traceback goes to the log once per cycle; the next cycle starts afresh.
+            log.exception("cycle failed with an internal error; trying again next cycle")
+            if self.metrics is not None:
+                self.metrics.cycle_errors.inc()
         self.cycles += 1
         return report
 

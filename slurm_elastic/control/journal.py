@@ -77,6 +77,27 @@ CREATE TABLE IF NOT EXISTS drains (
     reason  TEXT    NOT NULL
 );
 """
+# Drains journaled before drains expired get an hour, the default of ControllerConfig.drain_expiry_s.
+_DRAINS_BEFORE_EXPIRY_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRecord:
+    """A node drained on a job's report of losing it, until when, and how the drain ended (if it has)."""
+
+    drain_id: int
+    node: str
+    user: str
+    job_id: int
+    at: float
+    reason: str
+    until: float
+    ended_at: float | None = None
+    end_note: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "user": self.user, "job_id": self.job_id, "at": self.at, "reason": self.reason,
+                "until": self.until, "ended_at": self.ended_at, "end_note": self.end_note}
 
 # Journals written before the request shape had one type kept it in these columns; such a journal
 # is rewritten to the `shape` column when opened, so a plan in flight across the upgrade is replayed.
@@ -132,6 +153,12 @@ class Journal:
                 self._db.execute("ALTER TABLE plans ADD COLUMN exclude TEXT NOT NULL DEFAULT ''")
             if "shape" not in columns:
                 self._move_shapes()
+            drain_columns = {row[1] for row in self._db.execute("PRAGMA table_info(drains)")}
+            if "until" not in drain_columns:   # from before drains expired
+                self._db.execute("ALTER TABLE drains ADD COLUMN until REAL")
+                self._db.execute("ALTER TABLE drains ADD COLUMN ended_at REAL")
+                self._db.execute("ALTER TABLE drains ADD COLUMN end_note TEXT NOT NULL DEFAULT ''")
+                self._db.execute("UPDATE drains SET until = at + ? WHERE until IS NULL", (_DRAINS_BEFORE_EXPIRY_S,))
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the controller journal {self.path}: {exc}{_full(self.path)}") from None
 
@@ -184,12 +211,21 @@ class Journal:
         rows = self._db.execute("SELECT name, at FROM marks WHERE plan_id=? ORDER BY rowid", (plan_id,)).fetchall()
         return {str(n): float(a) for n, a in rows}
 
-    def record_drain(self, node: str, *, user: str, job_id: int, reason: str, now: float | None = None) -> None:
-        """A node drained on a job's report of losing it (admin daemon --drain-on-peer-loss)."""
+    def record_drain(self, node: str, *, user: str, job_id: int, reason: str, until: float,
+                     now: float | None = None) -> None:
+        """A node drained on a job's report of losing it (admin daemon --drain-on-peer-loss), to be
+        resumed at `until`."""
         at = time.time() if now is None else now
         with self._tx():
-            self._db.execute("INSERT INTO drains (node, user, job_id, at, reason) VALUES (?,?,?,?,?)",
-                             (node, user, job_id, at, reason))
+            self._db.execute("INSERT INTO drains (node, user, job_id, at, reason, until) VALUES (?,?,?,?,?,?)",
+                             (node, user, job_id, at, reason, until))
+
+    def end_drain(self, drain_id: int, note: str, now: float | None = None) -> None:
+        """The drain is over (resumed on expiry, or no longer ours to resume)."""
+        at = time.time() if now is None else now
+        with self._tx():
+            self._db.execute("UPDATE drains SET ended_at=?, end_note=? WHERE rowid=? AND ended_at IS NULL",
+                             (at, note, drain_id))
 
     def claim_revival(self, job_id: int, restarts: int, *, per_hour: int, now: float | None = None) -> bool:
         """Whether this incarnation (job, restart count) may be requeued by control/revive.py: not claimed
@@ -216,6 +252,15 @@ class Journal:
         """Nodes drained on the word of this user's jobs since `since` (the bound on what one user can drain)."""
         row = self._db.execute("SELECT COUNT(*) FROM drains WHERE user=? AND at>=?", (user, since)).fetchone()
         return int(row[0])
+
+    def drains(self, *, active: bool = True, limit: int = 100) -> list[DrainRecord]:
+        """The drains made on jobs' reports, oldest first: those not ended yet (`active`), or the latest `limit`."""
+        where = "WHERE ended_at IS NULL ORDER BY rowid" if active else "ORDER BY rowid DESC LIMIT ?"
+        rows = self._db.execute("SELECT rowid, node, user, job_id, at, reason, until, ended_at, end_note FROM drains "
+                                + where, () if active else (limit,)).fetchall()
+        out = [DrainRecord(int(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4]), str(r[5]), float(r[6]),
+                           None if r[7] is None else float(r[7]), str(r[8])) for r in rows]
+        return out if active else out[::-1]
 
     def open_plans(self) -> list[PlanRecord]:
         return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))

@@ -131,49 +131,64 @@ class PeerLossReader:
         out: dict[int, PeerLoss] = {}
         live: set[tuple[int, int, int]] = set()
         for job in state.elastic_jobs:
-            spec = job.spec
-            if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir or len(job.nodes) < 2:
-                continue   # a single-node job has no other node to restart on without the lost one
-            uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
-            if uid is None:
-                continue   # the owner cannot be checked here, so the file is not read
             try:
-                directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
-            except ValueError:
+                loss = self._loss(job, live)
+            except Exception as exc:
+                # The files are the job user's input: whatever reading them raises costs this job its
+                # report this cycle, never the cycle.
+                self._say(f"job {job.job_id}", f"job {job.job_id}: its peer-lost reports could not be read "
+                          f"({exc!r:.200}); ignored")
                 continue
-            for step in range(self._steps):
-                path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
-                report, problem = read_report(path, owner_uid=uid)
-                if report is not None and report.restart_count == job.restarts \
-                        and not set(report.lost_nodes) & set(job.nodes):
-                    continue   # an earlier step's loss, its nodes already given up by a shrink in place
-                if report is not None:
-                    problem = check_against_job(report, job)
-                if problem:
-                    self._say(path, f"job {job.job_id}: peer-lost report {path} {problem}; ignored")
-                    continue
-                if report is None:
-                    continue
-                key = (job.job_id, job.restarts, step)
-                live.add(key)
-                seen = self._seen.setdefault(key, self._clock())
-                run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, job.restarts, step))
-                stopped = [owned_mtime(os.path.join(run_dir, shim.status_file_name(r)), uid)
-                           for r in range(min(report.world_size, 4096))]
-                out[job.job_id] = PeerLoss(
-                    job_id=job.job_id, user=job.user, restarts=job.restarts, step_id=step,
-                    lost_nodes=tuple(sorted(set(report.lost_nodes))),
-                    surviving_nodes=tuple(n for n in job.nodes if n not in report.lost_nodes),
-                    commit=report.commit, committed_step=report.committed_step,
-                    detected_at=report.detected_at, seen_at=seen, path=path,
-                    stopped_at=max((m for m in stopped if m is not None), default=None),
-                    committed_at=owned_mtime(path, uid) if report.commit == "done" else None,
-                    launcher_marker=os.path.join(directory,
-                                                 shim.launcher_stopped_file_name(job.job_id, job.restarts, step)),
-                    owner_uid=uid)
-                break   # the first step with a report: the incarnation is over either way
+            if loss is not None:
+                out[job.job_id] = loss
         self._seen = {k: v for k, v in self._seen.items() if k in live}
         return out
+
+    def _loss(self, job: Job, live: set[tuple[int, int, int]]) -> PeerLoss | None:
+        """The loss `job`'s ranks reported for its current incarnation (its key added to `live`), or None."""
+        spec = job.spec
+        if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir or len(job.nodes) < 2:
+            return None   # a single-node job has no other node to restart on without the lost one
+        uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
+        if uid is None:
+            return None   # the owner cannot be checked here, so the file is not read
+        try:
+            directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+        except ValueError:
+            return None
+        for step in range(self._steps):
+            path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
+            report, problem = read_report(path, owner_uid=uid)
+            if report is not None:
+                problem = check_against_job(report, job)
+                if problem and report.job_id == str(job.job_id) and report.restart_count == job.restarts \
+                        and not set(report.lost_nodes) & set(job.nodes):
+                    # An earlier step's loss whose nodes a shrink in place already gave up, or nodes the
+                    # job never ran on: either way nothing to act on, and said once.
+                    problem = f"names only nodes the job does not run on now ({','.join(report.lost_nodes)})"
+            if problem:
+                self._say(path, f"job {job.job_id}: peer-lost report {path} {problem}; ignored")
+                continue
+            if report is None:
+                continue
+            key = (job.job_id, job.restarts, step)
+            live.add(key)
+            seen = self._seen.setdefault(key, self._clock())
+            run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, job.restarts, step))
+            stopped = [owned_mtime(os.path.join(run_dir, shim.status_file_name(r)), uid)
+                       for r in range(min(report.world_size, 4096))]
+            return PeerLoss(
+                job_id=job.job_id, user=job.user, restarts=job.restarts, step_id=step,
+                lost_nodes=tuple(sorted(set(report.lost_nodes))),
+                surviving_nodes=tuple(n for n in job.nodes if n not in report.lost_nodes),
+                commit=report.commit, committed_step=report.committed_step,
+                detected_at=report.detected_at, seen_at=seen, path=path,
+                stopped_at=max((m for m in stopped if m is not None), default=None),
+                committed_at=owned_mtime(path, uid) if report.commit == "done" else None,
+                launcher_marker=os.path.join(directory,
+                                             shim.launcher_stopped_file_name(job.job_id, job.restarts, step)),
+                owner_uid=uid)   # the first step with a report: the incarnation is over either way
+        return None
 
     def _say(self, path: str, line: str) -> None:
         if self._said.get(path) != line:      # once per problem, not every cycle

@@ -23,7 +23,7 @@ from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
-from slurm_elastic.errors import SlurmError
+from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.settings import ACK_TIMEOUT, CRASH_AFTER
 
@@ -102,6 +102,25 @@ class RequeueProtocol:
             records.append(self._record(plan_id))
         finished: dict[int, Outcome] = {}
         held: set[int] = set()      # plans whose hold step has been taken
+        try:
+            return self._carry(records, finished, held, state)
+        except ElasticError:
+            raise     # Slurm unreachable: the plans stay open and the next cycle's recovery finishes them
+        except Exception:
+            # A defect outside any one plan's steps: no job this cycle held stays held (each is
+            # released now, its plan rolled back), then the error surfaces to the daemon's loop.
+            for rec in records:
+                if rec.plan_id in held and rec.plan_id not in finished:
+                    try:
+                        self._roll_back(rec, "the cycle ended early")
+                    except Exception:
+                        log.exception("job %d: plan %d: cannot release it; left to recovery", rec.job_id,
+                                      rec.plan_id)
+            raise
+
+    def _carry(self, records: list[PlanRecord], finished: dict[int, Outcome], held: set[int],
+               state: ClusterState) -> list[Outcome]:
+        """Steps 1-5 for the opened `records` (see `execute`)."""
         # Queued jobs are held first: GPUs that a shrinking job frees below must not let Slurm start
         # one of them at its old size between our hold and our update.
         queued = [r for r in records if r.plan.entry is PlanEntry.PENDING]
@@ -127,6 +146,9 @@ class RequeueProtocol:
             except SlurmError as exc:
                 # A job that just ended or was requeued by Slurm cannot be signalled; the hold step sorts it out.
                 log.warning("job %d: could not signal (%s); continuing", rec.job_id, exc)
+            except Exception:
+                log.exception("job %d: internal error signalling it (plan %d); continuing without its ACK",
+                              rec.job_id, rec.plan_id)
             self._maybe_crash("signal")
         acked = self._wait_for_acks(running, state)
         for rec in running:
@@ -279,10 +301,10 @@ class RequeueProtocol:
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")
         except Exception as exc:
-            # A programming error is not a Slurm outage: release the job first (never leave it held
-            # until the next recovery), then let it surface.
-            self._roll_back(rec, f"internal error: {exc!r}")
-            raise
+            # A programming error is not a Slurm outage, but it is this plan's alone: its job is
+            # released (never left held until the next recovery) and the other plans go on.
+            log.exception("job %d: plan %d: internal error at %s", rec.job_id, rec.plan_id, step)
+            return self._roll_back(rec, f"internal error at {step}: {exc!r}")
         return None
 
     def _hold(self, rec: PlanRecord, *, fresh: bool) -> str | None:

@@ -20,11 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
-from slurm_elastic.allocate.shapes import request_shape
+from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, job_request, reserve_for_rigid
+from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
+                                            Policy)
+from slurm_elastic.allocate.shapes import request_shape, shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
-from slurm_elastic.cluster.model import UNAVAILABLE_FLAGS, ClusterState, JobState, NodeFlag, NodeState
+from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
+                                         Resources)
+from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
@@ -32,8 +35,8 @@ from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeuePro
 from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
 from slurm_elastic.control.revive import Reviver
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S, RECENT_PLAN_S,
-                                    RESTART_BUDGET, SIGNAL, SPEED, Setting)
+from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_EXPIRY, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S,
+                                    RECENT_PLAN_S, RESTART_BUDGET, SIGNAL, SPEED, Setting)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class ControllerConfig:
     recent_plan_s: float = RECENT_PLAN_S.default              # our own requeue explains a BeginTime reason
     measured_speed: bool = SPEED.default == "measured"        # False: the default speed model
     drain_on_peer_loss: bool = DRAIN_ON_PEER_LOSS.default     # admin mode: drain a node a job reported lost
+    drain_expiry_s: float = DRAIN_EXPIRY.default              # such a drain is resumed this long after it was made
     rigid: RigidPolicy = RigidPolicy()     # giving borrowed GPUs back to pending rigid jobs (allocate/from_state.py)
 
     def settings(self) -> dict[str, float | int | str]:
@@ -109,6 +113,7 @@ class CycleReport:
     waits: Mapping[int, str] = field(default_factory=dict)
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)
     drained: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()   # nodes whose drain on a job's report expired and was ended
     revived: tuple[int, ...] = ()   # jobs requeued after a kill meant for their previous incarnation
     gpus_total: int = 0
     gpus_elastic: int = 0
@@ -137,7 +142,7 @@ class CycleReport:
                              "commit": x.commit, "committed_step": x.committed_step,
                              "detected_at": x.detected_at, "seen_at": x.seen_at}
                             for j, x in sorted(self.peer_losses.items())],
-            "drained": list(self.drained), "revived": list(self.revived),
+            "drained": list(self.drained), "resumed": list(self.resumed), "revived": list(self.revived),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
             "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
                                                   "objective": alloc.objective, "mip_gap": alloc.mip_gap,
@@ -258,6 +263,43 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
 
+def _same_reason(seen: str, ours: str) -> bool:
+    """Slurm shows a drain reason as it was set, less repeated blanks, cut at 200 characters (cli_backend)."""
+    a, b = " ".join(seen.split()), " ".join(ours.split())[:200]
+    return bool(a) and (a == b or a.startswith(b) or b.startswith(a))
+
+
+def without_kept_jobs(problem: AllocationProblem, kept: Mapping[int, Job]) -> AllocationProblem:
+    """`problem` without the jobs kept in place, their nodes' capacity less what they use there."""
+    if not kept:
+        return problem
+    used: dict[str, Resources] = {}
+    for job in kept.values():
+        for name in job.nodes:
+            used[name] = used.get(name, Resources()) + job.uses_per_node
+    nodes = tuple(n if n.name not in used else
+                  NodeCapacity(n.name, max(n.gpus - used[n.name].gpus, 0), max(n.cpus - used[n.name].cpus, 0),
+                               max(n.mem_mb - used[n.name].mem_mb, 0))
+                  for n in problem.nodes)
+    keys = {str(j) for j in kept}
+    return dataclasses.replace(problem, jobs=tuple(r for r in problem.jobs if r.key not in keys), nodes=nodes)
+
+
+def with_kept_jobs(allocation: Allocation, kept: Mapping[int, Job], why: Mapping[int, str]) -> Allocation:
+    """`allocation` with each kept job at its current GPUs on its current nodes."""
+    if not kept:
+        return allocation
+    gpus = dict(allocation.gpus)
+    placement = dict(allocation.placement)
+    decisions = list(allocation.decisions)
+    for job_id, job in sorted(kept.items()):
+        gpus[str(job_id)] = job.gpus
+        placement[str(job_id)] = {n: job.gpus_per_node for n in job.nodes}
+        decisions.append(JobDecision(str(job_id), job.gpus, job.gpus, f"kept where it runs: {why.get(job_id, '')}",
+                                     "pinned"))
+    return dataclasses.replace(allocation, gpus=gpus, placement=placement, decisions=tuple(decisions))
+
+
 class Reconciler:
     """Observe -> requests -> solve -> plans -> act; a missed event is corrected the next cycle."""
 
@@ -280,6 +322,7 @@ class Reconciler:
         self._said: dict[int, str] = {}
         self.peer_losses = PeerLossReader(clock=clock)
         self.reviver = Reviver(backend, journal)
+        self.job_dirs = JobDirGuard()
         self._can_exclude = isinstance(backend, NodeExcludingBackend)
         if not self._can_exclude:
             log.info("the %s backend cannot exclude nodes from a job: jobs' peer-lost reports are not acted on",
@@ -289,11 +332,14 @@ class Reconciler:
         """One cycle; `job_ids` limits the plans acted on (the solve still sees every elastic job)."""
         t0 = time.monotonic()
         state = self.backend.snapshot()
+        self.reviver.observe(state, self._clock())
         recovered: list[Outcome] = []
         if not dry_run and self.journal.open_plans():
             recovered = self.protocol.recover(state)
             state = self.backend.snapshot()
         revived: tuple[int, ...] = ()
+        if not dry_run and self.config.user is None:
+            self.job_dirs.guard(state, self._clock())
         if not dry_run:
             revived = self.reviver.revive(scope_state(state, self.config.user)[0], self._clock())
             if revived:
@@ -332,6 +378,7 @@ class Reconciler:
                 for name, at in loss.marks().items():
                     self.journal.mark(outcome.plan_id, name, at)
         drained = self._drain_lost(plans, outcomes) if not dry_run else ()
+        resumed = self._expire_drains(state) if not dry_run else ()
         elastic = decision.scoped.elastic_jobs
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
@@ -341,7 +388,7 @@ class Reconciler:
             pinned=decision.pinned, malformed=decision.malformed, nodes_lost=lost, nodes_gained=gained,
             job_states={j.job_id: j.state.value for j in elastic},
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
-            peer_losses=decision.peer_losses, drained=drained, revived=revived,
+            peer_losses=decision.peer_losses, drained=drained, resumed=resumed, revived=revived,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
             gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
         return report
@@ -365,7 +412,7 @@ class Reconciler:
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         # Its request is made as if it held only its surviving nodes: the rules that keep a running
         # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
-        requests = self.requests.requests(holding_only_survivors(scoped, acting), now, self.config.policy)
+        requests = self._requests(holding_only_survivors(scoped, acting), now)
         stuck = self.requests.bad_geometry()
         pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
@@ -380,12 +427,18 @@ class Reconciler:
         rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
-        if problem == self._last_solved[0] and self._last_solved[1] is not None:
+        # A pinned job stays where it is: its current placement is always an answer for it, even one
+        # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
+        # jobs), so a pin can never turn into "no room". The others are solved around it.
+        kept = {j.job_id: j for j in scoped.elastic_jobs if j.job_id in pins}
+        solved = without_kept_jobs(problem, kept)
+        if solved == self._last_solved[0] and self._last_solved[1] is not None:
             allocation = self._last_solved[1]       # the same problem as last cycle: the same answer
         else:
             with native_stdout_silenced():
-                allocation = self.allocator(problem)
-            self._last_solved = (problem, allocation)
+                allocation = self.allocator(solved)
+            self._last_solved = (solved, allocation)
+        allocation = with_kept_jobs(allocation, kept, pinned)
         allocation = with_basis(allocation, self.requests.basis())
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
@@ -404,6 +457,15 @@ class Reconciler:
         for job_id, why in rigid.waiting:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
+
+    def _requests(self, state: ClusterState, now: float) -> tuple[JobRequest, ...]:
+        """The request source's requests; when the source itself fails (a source that does not isolate
+        its jobs), every job is decided with the default model this cycle, and the cycle goes on."""
+        try:
+            return self.requests.requests(state, now, self.config.policy)
+        except Exception:
+            log.exception("the request source failed; every job is decided with the default model this cycle")
+            return tuple(job_request(j) for j in state.elastic_jobs)
 
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
                pinned: Mapping[int, str], stuck: Mapping[int, str], now: float) -> dict[int, str]:
@@ -482,10 +544,40 @@ class Reconciler:
                 except SlurmError as exc:
                     log.error("job %d: cannot drain %s: %s", plan.job_id, node, exc)
                     continue
-                self.journal.record_drain(node, user=plan.user, job_id=plan.job_id, reason=reason, now=now)
+                self.journal.record_drain(node, user=plan.user, job_id=plan.job_id, reason=reason,
+                                          until=now + self.config.drain_expiry_s, now=now)
                 log.warning("drained %s: %s", node, reason)
                 drained.append(node)
         return tuple(drained)
+
+    def _expire_drains(self, state: ClusterState) -> tuple[str, ...]:
+        """Resume each node drained on a job's report once its `drain_expiry_s` is over (admin mode), so
+        one user's false reports cannot keep nodes out for longer. A node whose drain is no longer ours
+        (resumed by hand, drained again with another reason) is left as it is; the drain ends either way."""
+        if self.config.user is not None or not self._can_exclude:
+            return ()
+        now = self._clock()
+        nodes = {n.name: n for n in state.nodes}
+        resumed: list[str] = []
+        for drain in self.journal.drains():
+            if drain.until > now:
+                continue
+            node = nodes.get(drain.node)
+            if node is None or NodeFlag.DRAIN not in node.flags or not _same_reason(node.reason, drain.reason):
+                self.journal.end_drain(drain.drain_id, "expired; no longer drained by us, left as it is", now)
+                log.info("drain of %s on job %d's report expired; the node is no longer drained by us: left as it is",
+                         drain.node, drain.job_id)
+                continue
+            try:
+                self.backend.resume(drain.node)  # type: ignore[attr-defined]
+            except SlurmError as exc:
+                log.error("cannot resume %s after its drain expired (tried again next cycle): %s", drain.node, exc)
+                continue
+            self.journal.end_drain(drain.drain_id, "expired; resumed", now)
+            log.warning("resumed %s: its drain on job %d's report (%s) expired after %gs", drain.node, drain.job_id,
+                        drain.user, drain.until - drain.at)
+            resumed.append(drain.node)
+        return tuple(resumed)
 
     # -- hysteresis and the restart budget ----------------------------------------------------
     def _pins(self, state: ClusterState, now: float,
@@ -537,4 +629,6 @@ class Reconciler:
                    for n in lost):
             return state
         self._sleep(self.config.node_confirm_s)
-        return self.backend.snapshot()
+        state = self.backend.snapshot()
+        self.reviver.observe(state, self._clock())
+        return state

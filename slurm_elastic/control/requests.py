@@ -326,7 +326,13 @@ class MeasuredRequests:
                 self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
                                                min(now, job.submit_time))
             self._running[job.job_id] = running
-            req, why = self._request(job, now, policy, node_sizes, biggest, shares.get(job.job_id, 0))
+            try:
+                req, why = self._request(job, now, policy, node_sizes, biggest, shares.get(job.job_id, 0))
+            except Exception as exc:
+                # The job's own files are its user's input: whatever reading them raises (deep JSON, a
+                # defect a crafted file finds), only this job falls back to the default model.
+                req, why = job_request(job), f"default model: its files could not be used ({exc!r})"
+                self._report(job, "its job directory", f"raised {type(exc).__name__} while read ({exc!r:.200})")
             out.append(req)
             basis[req.key] = why
         self._basis = basis

@@ -192,6 +192,22 @@ def test_admin_rebalance_acts_and_reports_json(slurm):
     assert {n["name"] for n in status["nodes"]} == {"n1", "n2", "n3", "n4"}
 
 
+def test_admin_status_shows_the_drains_made_on_jobs_reports_until_they_expire(slurm, tmp_path):
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.state_dir import JOURNAL_FILE, daemon_dir
+
+    daemon_dir().mkdir(mode=0o711, parents=True)
+    journal = Journal(daemon_dir() / JOURNAL_FILE)
+    journal.record_drain("n2", user="alice", job_id=7, reason="slurm-elastic: job 7 (alice) reported its ranks "
+                         "here lost", until=4102488000.0, now=4102484400.0)
+    journal.close()
+    status = json.loads(run("admin", "status", "--json").output)
+    [drain] = status["drains"]
+    assert (drain["node"], drain["user"], drain["job_id"], drain["until"]) == ("n2", "alice", 7, 4102488000.0)
+    text = run("admin", "status").output
+    assert "node n2: drained on job 7's report (alice) until 2100-01-01" in text
+
+
 def test_install_plugin_prints_and_applies_its_changes(tmp_path):
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nJobSubmitPlugins=pbs\n")

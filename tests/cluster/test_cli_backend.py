@@ -201,3 +201,14 @@ def test_submit_asks_for_the_expedited_requeue_only_where_slurmctld_enables_it(m
     assert backend.submit(SubmitDescription(script="s", shape=RequestShape(1, 1, 1, 1))) == 42
     submitted = [c for c in calls if c[0] == "sbatch"][0]
     assert flag in submitted and sum(a.startswith("--requeue") for a in submitted) == 1
+
+
+def test_a_drain_and_its_end_are_scontrol_updates_of_the_node(monkeypatch) -> None:
+    calls: list[list[str]] = []
+    backend = CliBackend(version=SlurmVersion(24, 11, 5))
+    monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args)) or "")
+    backend.drain("n2", "slurm-elastic: job 7 (alice)   reported\nits ranks here lost")
+    backend.resume("n2")
+    assert calls == [["scontrol", "update", "NodeName=n2", "State=DRAIN",
+                      "Reason=slurm-elastic: job 7 (alice) reported its ranks here lost"],
+                     ["scontrol", "update", "NodeName=n2", "State=RESUME"]]

@@ -6,12 +6,13 @@ Marked `slurm`; they use the session fixture `slurm_cluster` (tests/conftest.py)
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import pytest
 
@@ -25,6 +26,8 @@ from slurm_elastic.cluster.watch import (JobRequeuedBySlurm, NodeGained, NodeLos
                                          clear_triggers, install_wake_triggers, watch)
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
+
+from tests.conftest import TEST_CLUSTER_ENV
 
 pytestmark = pytest.mark.slurm
 
@@ -50,7 +53,7 @@ def backends() -> list:
     """cli, and pyslurm where it is usable; probed in a child process (at collection, SLURM_CONF may be unset,
     and libslurm then ends the process that imports pyslurm)."""
     params = [pytest.param("cli", id="cli")]
-    probe = probe_pyslurm()
+    probe = probe_pyslurm(probe_env())
     problem = probe.problem if probe.version is None else (
         known_problem(SlurmVersion.parse(probe.version)) or probe.problem)
     if problem is None:
@@ -59,6 +62,15 @@ def backends() -> list:
         params.append(pytest.param("pyslurm", id="pyslurm", marks=pytest.mark.skip(
             reason=f"pyslurm is not usable here: {problem}")))
     return params
+
+
+def probe_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the pyslurm probe runs with at collection: SLURM_CONF is set only later, by the
+    session's cluster fixture, so an existing cluster named by SLURM_ELASTIC_TEST_CLUSTER gives it now."""
+    env = dict(os.environ if environ is None else environ)
+    if not env.get("SLURM_CONF") and env.get(TEST_CLUSTER_ENV):
+        env["SLURM_CONF"] = env[TEST_CLUSTER_ENV]
+    return env
 
 
 def make_backend(name: str) -> Backend:

@@ -69,9 +69,9 @@ def test_per_gpu_jobs_reasons_and_holds_equal_the_cli_parse(version: str, name: 
         assert (jobs[1].reason, jobs[1].held) == ("JobHeldUser", True)
     if name == "squeue-held-then-cancelled.json":
         assert (jobs[2].state, jobs[2].held) == (JobState.CANCELLED, False)
-    live_gpu_jobs = [j for j in jobs.values() if j.gpus_per_node and not j.state.finished]
+    gpu_jobs = [j for j in jobs.values() if j.gpus_per_node]   # finished ones too (their memory is G x M)
     assert len(cli.runs) == 1 and cli.runs[0][0] == "squeue"  # one call for all of them
-    assert cli.runs[0][3] == "--jobs=" + ",".join(str(j.job_id) for j in live_gpu_jobs)
+    assert cli.runs[0][3] == "--jobs=" + ",".join(str(j.job_id) for j in gpu_jobs)
 
 
 @pytest.mark.parametrize("version", NEW_VERSIONS)
@@ -304,13 +304,33 @@ def test_probe_never_imports_a_pyslurm_planted_in_the_current_directory(tmp_path
     assert probe.version != "99.1.1" and not (planted / "ran").exists()
 
 
+# A finder ahead of all others: `import pyslurm` fails as it does where none is installed.
+HIDE_PYSLURM = """\
+import sys
+
+class _NoPyslurm:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "pyslurm" or name.startswith("pyslurm."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoPyslurm())
+"""
+
+
 def test_probe_without_pyslurm(tmp_path: Path) -> None:
+    """Holds where a pyslurm is installed too (here: one on the child's path), hidden by a sitecustomize."""
+    site = fake_pyslurm_package(tmp_path / "site")
+    (site / "sitecustomize.py").write_text(HIDE_PYSLURM)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(tmp_path)  # no pyslurm there, and none is installed here
+    env["PYTHONPATH"] = str(site)
     probe = probe_pyslurm(env)
-    if probe.version is not None:
-        pytest.skip("a real pyslurm is installed here")
-    assert "No module named 'pyslurm'" in probe.problem
+    assert probe.version is None and "No module named 'pyslurm'" in probe.problem, probe
+
+
+def test_the_probe_outwaits_libslurms_own_retry_of_an_unreadable_slurm_conf() -> None:
+    assert pyslurm_backend.PROBE_TIMEOUT_S > pyslurm_backend.LIBSLURM_CONF_RETRY_S == 60.0
 
 
 def test_collecting_the_live_tests_survives_a_fatal_pyslurm(tmp_path: Path) -> None:
@@ -345,7 +365,60 @@ def test_the_ending_signal_equals_the_cli_parse(version: str, sig: int, status: 
     b, _, _ = backend_on(doc)
     (job,) = b.snapshot().jobs
     cli = parse_jobs(doc)[0]
-    # (the per-GPU fields of a finished job are not looked up: nothing sizes a finished job)
-    fields = ("state", "exit_signal", "start_time", "end_time", "restarts", "requeue")
-    assert {f: getattr(job, f) for f in fields} == {f: getattr(cli, f) for f in fields}
+    assert job == cli         # the per-GPU requests and the memory per node (G x M) of a finished job too
     assert job.exit_signal == (sig or None) and job.end_time is not None
+    assert job.mem_per_gpu_mb == 500 and job.mem_per_node_mb == 500 * job.gpus_per_node
+
+
+def test_a_job_that_lost_a_node_is_acted_on_through_scontrol(monkeypatch) -> None:
+    from slurm_elastic.cluster.backend import NodeExcludingBackend
+    from slurm_elastic.cluster.cli_backend import CliBackend
+
+    calls: list[list[str]] = []
+    cli = CliBackend(version=SlurmVersion(26, 5, 5))
+    monkeypatch.setattr(cli, "_run", lambda argv, **kw: calls.append(list(argv)) or (
+        "JobId=1 ExcNodeList=(null)\n" if argv[:3] == ["scontrol", "-o", "show"] else
+        "KillWait                = 30 sec\n" if argv[:3] == ["scontrol", "show", "config"] else ""))
+    ctld = FakeSlurmctld(project_load("26.05", "squeue-mem-per-gpu-running.json"))
+    b = PyslurmBackend(FakePyslurm(ctld), cli=cli)  # type: ignore[arg-type]
+    assert isinstance(b, NodeExcludingBackend)
+    b.keep_nodes(1, ("n1",))
+    b.exclude_nodes(1, ("n2",))
+    b.drain("n2", "slurm-elastic: job 1 (alice) reported its ranks here lost")
+    b.resume("n2")
+    assert b.kill_wait_s() == 30.0
+    updates = [c for c in calls if c[:2] == ["scontrol", "update"]]
+    assert updates[0][:3] == ["scontrol", "update", "JobId=1"] and "NodeList=n1" in updates[0]
+    assert "ExcNodeList=n2" in updates[1]
+    assert updates[2][2:4] == ["NodeName=n2", "State=DRAIN"] and updates[3] == ["scontrol", "update", "NodeName=n2",
+                                                                               "State=RESUME"]
+
+
+def test_the_live_tests_probe_pyslurm_with_the_test_clusters_slurm_conf() -> None:
+    """At collection SLURM_CONF is unset; with only SLURM_ELASTIC_TEST_CLUSTER set, libslurm would end the
+    probe and every pyslurm live test would be skipped."""
+    from tests.cluster.test_live import probe_env
+
+    env = probe_env({"PATH": "/usr/bin", "SLURM_ELASTIC_TEST_CLUSTER": "/etc/slurm-test/slurm.conf"})
+    assert env["SLURM_CONF"] == "/etc/slurm-test/slurm.conf"
+    assert probe_env({"SLURM_CONF": "/a.conf", "SLURM_ELASTIC_TEST_CLUSTER": "/b.conf"})["SLURM_CONF"] == "/a.conf"
+
+
+def test_a_failed_resize_puts_back_the_begin_time_it_cleared() -> None:
+    """Job 2 of the 26.05 capture was requeued (PENDING, BeginTime): the resize's begin_time 'now' clears
+    that, so when the node count then fails, the roll-back must set it again."""
+    import dataclasses
+    import time
+
+    b, ps, cli = backend_on(load("26.05", "squeue.json"), fail_numnodes="Requested node configuration is not available")
+    begin = int(time.time()) + 100
+    ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=begin)   # its BeginTime still ahead
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+    assert cli.runs[-1] == ["scontrol", "update", "JobId=2",
+                            "StartTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))]
+    cli.runs.clear()
+    ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=int(time.time()) - 5)   # already past
+    with pytest.raises(SlurmError):
+        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+    assert not any(a.startswith("StartTime=") for r in cli.runs for a in r)

@@ -223,3 +223,20 @@ def test_a_damaged_shape_is_one_journal_error(tmp_path, stored):
     sqlite3.connect(tmp_path / "j.sqlite", isolation_level=None).execute("UPDATE plans SET shape=?", (stored,))
     with pytest.raises(JournalError, match="damaged: plan 1: "):
         j.open_plans()
+
+
+def test_a_journal_from_before_drains_expired_gives_its_drains_the_default_hour(tmp_path):
+    path = tmp_path / "j.sqlite"
+    old = sqlite3.connect(path)
+    old.execute("CREATE TABLE drains (node TEXT NOT NULL, user TEXT NOT NULL, job_id INTEGER NOT NULL,"
+                " at REAL NOT NULL, reason TEXT NOT NULL)")
+    old.execute("INSERT INTO drains VALUES ('n2', 'alice', 7, 1000.0, 'slurm-elastic: job 7')")
+    old.commit()
+    old.close()
+    j = Journal(path)
+    [drain] = j.drains()
+    assert (drain.node, drain.until, drain.ended_at) == ("n2", 4600.0, None)
+    j.record_drain("n3", user="bob", job_id=8, reason="r", until=2000.0, now=1500.0)
+    j.end_drain(drain.drain_id, "expired; resumed", now=4601.0)
+    assert [d.node for d in j.drains()] == ["n3"]
+    assert [(d.node, d.end_note) for d in j.drains(active=False)] == [("n2", "expired; resumed"), ("n3", "")]

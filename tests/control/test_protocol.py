@@ -103,16 +103,39 @@ def test_a_refused_resize_rolls_back_and_leaves_the_job_released(setup):
     assert journal.open_plans() == []
 
 
-def test_a_programming_error_in_a_step_releases_the_job_then_surfaces(setup, monkeypatch):
+def test_a_programming_error_in_one_plan_releases_its_job_and_the_other_plans_go_on(setup, monkeypatch):
     slurm, job_id, journal = setup
+    other = slurm.add_job(ElasticSpec(4, 8, gpu_step=4), nodes=2, gpus_per_node=4)
+    real = slurm.set_resources
 
-    def broken(*args, **kwargs):
-        raise NameError("name 'val' is not defined")   # as pyslurm 24.11's memory_per_gpu setter
+    def broken(job, **kwargs):
+        if job == job_id:
+            raise NameError("name 'val' is not defined")   # as pyslurm 24.11's memory_per_gpu setter
+        return real(job, **kwargs)
 
     monkeypatch.setattr(slurm, "set_resources", broken)
-    with pytest.raises(NameError):
-        _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
-    assert not slurm.jobs[job_id].held, "a crash in the resize step must not leave the job held"
+    outcomes = _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id), _shrink_plan(slurm, other)],
+                                                 slurm.snapshot())
+    by_job = {o.job_id: o for o in outcomes}
+    assert by_job[job_id].status == ROLLED_BACK and "internal error at resize" in by_job[job_id].note
+    assert by_job[other].status == DONE
+    assert not slurm.jobs[job_id].held and not slurm.jobs[other].held, "no job of the cycle may stay held"
+    assert slurm.jobs[other].gpus == 4
+    assert journal.open_plans() == []
+
+
+def test_a_defect_outside_the_steps_releases_every_job_the_cycle_held_then_surfaces(setup, monkeypatch):
+    slurm, job_id, journal = setup
+    protocol = _protocol(slurm, journal)
+
+    def broken(records, finished, held, *, before):
+        if before == "release":
+            raise KeyError("phase")     # after the hold, outside any one plan's step
+
+    monkeypatch.setattr(protocol, "_recheck", broken)
+    with pytest.raises(KeyError):
+        protocol.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert not slurm.jobs[job_id].held, "a defect between phases must not leave the job held"
     assert journal.open_plans() == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -131,3 +132,44 @@ def test_the_decision_step_alone_touches_nothing_and_record_applied_feeds_hyster
     rec.record_applied(decision)                      # another simulator carried the plan out
     again = rec.decide(state, clock() + 10)
     assert job in again.pinned and again.plans == ()  # hysteresis sees it
+
+
+def _on_slurms_clock(slurm: FakeSlurm, tmp_path) -> Reconciler:
+    """A reconciler whose clock is the in-memory Slurm's (its start times): a job just started is pinned."""
+    cfg = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.1, settle_timeout_s=0.5), node_confirm_s=0,
+                           min_resize_interval_s=300)
+
+    def sleep(s: float) -> None:
+        slurm.now += s
+
+    return Reconciler(slurm, Journal(tmp_path / "j.sqlite"), cfg, clock=lambda: slurm.now, sleep=sleep)
+
+
+def test_a_pinned_job_spanning_nodes_stays_where_it_runs_when_another_users_job_lands_beside_it(tmp_path):
+    """Issue 25 item 3: 2 x 4 GPUs on two 8-GPU nodes is no whole-node shape once bob's job takes 2 GPUs of
+    each node, so the pin (8 GPUs, hysteresis) had no placement and the plan was "8->0 no room"."""
+    slurm = FakeSlurm(nodes=2, gpus_per_node=8)
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4), nodes=2, gpus_per_node=4, user="alice")
+    rec = _on_slurms_clock(slurm, tmp_path)
+    assert rec.cycle().plans == ()
+    slurm.add_job(None, nodes=2, gpus_per_node=2, user="bob")          # lands on n1 and n2 beside it
+    for _ in range(2):
+        report = rec.cycle()
+        assert report.plans == () and report.target(a) == 8 and a in report.pinned
+    assert slurm.jobs[a].state is JobState.RUNNING and slurm.jobs[a].nodes == ("n1", "n2")
+    assert slurm.jobs[a].restarts == 0
+    assert report.allocation is not None and report.allocation.placement[str(a)] == {"n1": 4, "n2": 4}
+
+
+def test_the_others_are_solved_around_a_pinned_job(tmp_path):
+    slurm = FakeSlurm(nodes=2, gpus_per_node=8)
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4), nodes=2, gpus_per_node=4, user="alice")
+    rec = _on_slurms_clock(slurm, tmp_path)
+    rec.cycle()
+    b = slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=1, user="bob")
+    slurm.jobs[b] = dataclasses.replace(slurm.jobs[b], start_time=slurm.now - 1000)   # past its hysteresis
+    report = rec.cycle()
+    assert a in report.pinned
+    assert slurm.jobs[a].nodes == ("n1", "n2") and slurm.jobs[a].restarts == 0
+    # b gets what a leaves (4 GPUs of each node, a whole-node shape now), never GPUs a holds
+    assert report.target(b) == 8 and report.allocation.placement[str(b)] == {"n1": 4, "n2": 4}

@@ -48,7 +48,13 @@ class ExcludingSlurm(InMemorySlurm):
 
     def drain(self, node: str, reason: str) -> None:
         self.drained[node] = reason
-        self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN})
+        self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN},
+                                               reason=reason)
+
+    def resume(self, node: str) -> None:
+        self.calls.append(("resume", node))   # type: ignore[arg-type]
+        self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags - {NodeFlag.DRAIN},
+                                               reason="")
 
     def _fit(self, job, *args, **kwargs):
         # Slurm honours ExcNodeList when it places the job.
@@ -300,6 +306,45 @@ def test_a_report_the_job_cannot_vouch_for_is_ignored(cluster, tmp_path, hostile
     assert slurm.jobs[a].restarts == 0 and slurm.jobs[b].restarts == 0 and slurm.excluded == {}
 
 
+@pytest.mark.parametrize("body", ["foreign nodes", "other job and its nodes"])
+def test_a_report_naming_nodes_the_job_does_not_run_on_is_dropped_with_one_log_line(cluster, tmp_path, caplog,
+                                                                                  body):
+    slurm, a, b, ckpt = cluster
+    rec, _ = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    path = _write(ckpt, a, _report(a, lost=("n3",)) if body == "foreign nodes" else _report(b, lost=("n3",)))
+    for _ in range(3):
+        report = rec.cycle()
+        assert report.plans == () and report.peer_losses == {}
+    said = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert len(said) == 1 and "ignored" in said[0].getMessage() and said[0].levelname == "WARNING"
+
+
+def test_a_report_reader_that_raises_for_one_job_costs_only_that_job_its_report(tmp_path, monkeypatch, caplog):
+    slurm = ExcludingSlurm(nodes=6)     # room for c to restart without n4
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    c = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4)
+    rec, _ = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a, lost=("n2",), surviving=("n1",)))
+    _write(ckpt, c, _report(c, lost=("n4",), surviving=("n3",)))
+    from slurm_elastic.control import peer_loss
+    real = peer_loss.read_report
+
+    def deep(path, **kw):
+        if f"{os.sep}{a}{os.sep}" in path:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(path, **kw)
+
+    monkeypatch.setattr(peer_loss, "read_report", deep)
+    report = rec.cycle()
+    assert set(report.peer_losses) == {c}
+    assert slurm.jobs[c].restarts == 1 and "n4" not in slurm.jobs[c].nodes
+    assert slurm.jobs[a].restarts == 0
+    assert sum(f"job {a}" in r.getMessage() and "RecursionError" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_drain_on_peer_loss_is_off_by_default_bounded_per_user_and_never_in_user_mode(tmp_path):
     ckpt = tmp_path / "ckpt"
 
@@ -327,6 +372,50 @@ def test_drain_on_peer_loss_is_off_by_default_bounded_per_user_and_never_in_user
     assert len(drained) == DRAINS_PER_USER_PER_HOUR
     assert all("reported its ranks here lost" in r and "(alice)" in r for r in drained.values())
     assert run(drain_on_peer_loss=True, user="alice").drained == {}
+
+
+def _drained_on_a_report(tmp_path: Path, **config) -> tuple[ExcludingSlurm, Reconciler, Clock, str]:
+    slurm = ExcludingSlurm(nodes=6)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    rec, clock = _reconciler(slurm, tmp_path, drain_on_peer_loss=True, **config)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    assert rec.cycle().drained == ("n2",)
+    return slurm, rec, clock, "n2"
+
+
+def test_a_drain_on_a_report_is_resumed_when_it_expires_and_shown_until_then(tmp_path):
+    slurm, rec, clock, node = _drained_on_a_report(tmp_path, drain_expiry_s=600)
+    [drain] = rec.journal.drains()
+    assert drain.node == node and drain.user == "alice" and drain.until == pytest.approx(drain.at + 600)
+    clock.skipped += 599
+    assert rec.cycle().resumed == () and NodeFlag.DRAIN in slurm.nodes[node].flags
+    clock.skipped += 2
+    assert rec.cycle().resumed == (node,)
+    assert NodeFlag.DRAIN not in slurm.nodes[node].flags and rec.journal.drains() == []
+    [ended] = rec.journal.drains(active=False)
+    assert ended.end_note == "expired; resumed" and ended.ended_at is not None
+    assert rec.cycle().resumed == ()                          # once
+
+
+def test_an_expired_drain_that_is_no_longer_ours_is_left_as_it_is(tmp_path):
+    slurm, rec, clock, node = _drained_on_a_report(tmp_path, drain_expiry_s=600)
+    slurm.drain(node, "admin: bad DIMM")                      # an admin drained it again, for a reason of theirs
+    clock.skipped += 601
+    assert rec.cycle().resumed == ()
+    assert NodeFlag.DRAIN in slurm.nodes[node].flags and ("resume", node) not in slurm.calls
+    assert rec.journal.drains() == []
+
+
+def test_drains_expire_in_a_daemon_restarted_without_drain_on_peer_loss(tmp_path):
+    slurm, rec, clock, node = _drained_on_a_report(tmp_path)
+    [drain] = rec.journal.drains()
+    assert drain.until == pytest.approx(drain.at + 3600)       # the default: an hour
+    rec.journal.close()
+    again, later = _reconciler(slurm, tmp_path)               # the same journal, the flag off
+    later.skipped = clock.skipped + 3601
+    assert again.cycle().resumed == (node,)
 
 
 def test_a_backend_that_cannot_exclude_nodes_never_acts_on_reports(tmp_path):
