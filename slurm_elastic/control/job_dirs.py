@@ -20,7 +20,7 @@ import stat
 from typing import Callable
 
 from slurm_elastic.cluster.model import ClusterState, JobState
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 

@@ -414,11 +414,11 @@ def test_a_failed_resize_puts_back_the_begin_time_it_cleared() -> None:
     begin = int(time.time()) + 100
     ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=begin)   # its BeginTime still ahead
     with pytest.raises(SlurmError, match="Requested node configuration is not available"):
-        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+        b.set_resources(2, RequestShape(2, 1, 1, 500))
     assert cli.runs[-1] == ["scontrol", "update", "JobId=2",
                             "StartTime=" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(begin))]
     cli.runs.clear()
     ps.ctld.jobs[2] = dataclasses.replace(ps.ctld.jobs[2], start_time=int(time.time()) - 5)   # already past
     with pytest.raises(SlurmError):
-        b.set_resources(2, nodes=2, gpus_per_node=1, cpus_per_gpu=1, mem_per_gpu_mb=500)
+        b.set_resources(2, RequestShape(2, 1, 1, 500))
     assert not any(a.startswith("StartTime=") for r in cli.runs for a in r)

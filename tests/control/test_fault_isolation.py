@@ -18,7 +18,7 @@ from slurm_elastic.control.metrics import ControllerMetrics
 from slurm_elastic.control.protocol import ProtocolSettings
 from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
 from slurm_elastic.spec import ElasticSpec
-from slurm_elastic.train import protocol as shim
+from slurm_elastic import jobfiles as shim
 
 ME = getpass.getuser()
 

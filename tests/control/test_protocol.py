@@ -108,10 +108,10 @@ def test_a_programming_error_in_one_plan_releases_its_job_and_the_other_plans_go
     other = slurm.add_job(ElasticSpec(4, 8, gpu_step=4), nodes=2, gpus_per_node=4)
     real = slurm.set_resources
 
-    def broken(job, **kwargs):
+    def broken(job, *args, **kwargs):
         if job == job_id:
             raise NameError("name 'val' is not defined")   # as pyslurm 24.11's memory_per_gpu setter
-        return real(job, **kwargs)
+        return real(job, *args, **kwargs)
 
     monkeypatch.setattr(slurm, "set_resources", broken)
     outcomes = _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id), _shrink_plan(slurm, other)],
