@@ -135,6 +135,20 @@ DRAIN_ON_PEER_LOSS: Setting[bool] = Setting(
 DRAIN_EXPIRY: Setting[float] = Setting(
     "drain_expiry", 3600.0, "Seconds after which a drain made on a job's report is resumed (if still ours).",
     CONTROLLER, kind="float", option="--drain-expiry", commands=(DAEMON,), minimum=0, maximum=1e7)
+# The site's rules for pending rigid jobs (allocate/from_state.py RigidPolicy; docs/admin.md).
+RIGID_PARTITIONS: Setting[str] = Setting(
+    "rigid_partitions", "", "Comma-separated partitions whose pending rigid jobs elastic jobs give borrowed GPUs "
+    "back to (empty: every partition).", CONTROLLER, env="SLURM_ELASTIC_RIGID_PARTITIONS",
+    option="--rigid-partitions", commands=(DAEMON,))
+RIGID_YIELD_AFTER: Setting[float] = Setting(
+    "rigid_yield_after", 0.0, "Seconds a pending rigid job waits before elastic jobs give GPUs back to it.",
+    CONTROLLER, kind="float", env="SLURM_ELASTIC_RIGID_YIELD_AFTER", option="--rigid-yield-after",
+    commands=(DAEMON,), minimum=0, maximum=1e7)
+ELASTIC_MINIMUM: Setting[str] = Setting(
+    "elastic_minimum", "protected", "An elastic job's minimum: kept from pending rigid jobs (protected), or given "
+    "to a rigid job of higher Slurm priority (by-priority).", CONTROLLER, kind="choice",
+    env="SLURM_ELASTIC_MINIMUM", option="--elastic-minimum", commands=(DAEMON,),
+    choices=("protected", "by-priority"))
 NODE_CONFIRM_S: Setting[float] = Setting(
     "node_confirm_s", 1.0, "Seconds to wait before reading a node's state again, before acting on a node "
     "that just went away.", CONTROLLER, kind="float", minimum=0)
@@ -197,7 +211,8 @@ CRASH_AFTER: Setting[str | None] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED,
-    DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, NODE_CONFIRM_S, RECENT_PLAN_S,
+    DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
+    RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
     CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S,
     CLUSTER_DIR, PORT_SEARCH_START,

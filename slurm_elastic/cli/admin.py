@@ -12,7 +12,7 @@ import click
 
 from slurm_elastic import settings
 from slurm_elastic.cli._common import echo_json, elastic_errors
-from slurm_elastic.cli.controller_options import controller_config, controller_options
+from slurm_elastic.cli.controller_options import controller_config, controller_options, rigid_policy
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.errors import SpecError
 
@@ -267,7 +267,8 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
 @elastic_errors
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
                  metrics_port: int | None, metrics_addr: str, speed: str, drain_on_peer_loss: bool,
-                 drain_expiry: float, max_cycles: int | None) -> None:
+                 drain_expiry: float, rigid_partitions: str, rigid_yield_after: float, elastic_minimum: str,
+                 max_cycles: int | None) -> None:
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
@@ -291,7 +292,8 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
     why = check_may_act("admin daemon")
     config = dataclasses.replace(controller_config(ack_timeout, hysteresis, restart_budget, signal_name),
                                  measured_speed=speed == "measured", drain_on_peer_loss=drain_on_peer_loss,
-                                 drain_expiry_s=drain_expiry)
+                                 drain_expiry_s=drain_expiry,
+                                 rigid=rigid_policy(rigid_partitions, rigid_yield_after, elastic_minimum))
     backend = select_backend()
     directory = daemon_dir()
     with InstanceLock(directory, "slurm-elastic controller (admin daemon or rebalance)"):

@@ -6,7 +6,10 @@ from typing import Any, Callable, TypeVar
 
 import click
 
+import re
+
 from slurm_elastic import settings
+from slurm_elastic.allocate.from_state import RigidPolicy
 from slurm_elastic.control.protocol import ProtocolSettings
 from slurm_elastic.control.reconcile import ControllerConfig
 from slurm_elastic.errors import SpecError
@@ -59,3 +62,15 @@ def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int
         raise SpecError(str(exc)) from None
     return ControllerConfig(protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
                             min_resize_interval_s=hysteresis, restart_budget_per_hour=restart_budget, user=user)
+
+
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def rigid_policy(partitions: str, yield_after_s: float, minimum: str) -> RigidPolicy:
+    """The site's rules for pending rigid jobs from the daemon's options (a bad partition name: one line)."""
+    names = tuple(name.strip() for name in partitions.split(",") if name.strip())
+    for name in names:
+        if not _PARTITION.fullmatch(name):
+            raise SpecError(f"{settings.RIGID_PARTITIONS.option}: {name!r} is not a partition name")
+    return RigidPolicy(partitions=names, yield_after_s=yield_after_s, protect_minimum=minimum == "protected")
