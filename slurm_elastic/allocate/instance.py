@@ -7,12 +7,14 @@ same thing everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from slurm_elastic.allocate import commitments
 from slurm_elastic.allocate import throughput as tp
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, Unplaceable
 from slurm_elastic.allocate.shapes import placement_is_valid_shape, spanning_widths
@@ -70,6 +72,27 @@ class Instance:
             if not terms.candidates and j.key not in unplaceable:
                 unplaceable[j.key] = Unplaceable(j.key, why)
         self.unplaceable = tuple(unplaceable.values())
+
+    # -- commitments -----------------------------------------------------------------------
+    def commitment_ranks(self) -> list[int]:
+        """Each job's must-run rank (0: need not run, or cannot be placed at all)."""
+        return [commitments.rank(j.must_run, j.commitment) if self.terms[i].candidates else 0
+                for i, j in enumerate(self.jobs)]
+
+    def min_demand(self) -> np.ndarray:
+        """Resources (gpu, cpu, mem) of each job at its smallest placeable count (0 when none)."""
+        smallest = np.array([t.candidates[0] if t.candidates else 0 for t in self.terms], dtype=float)
+        return self.rho * smallest[:, None]
+
+    def usable(self) -> np.ndarray:
+        """Aggregate capacity of the nodes with GPUs (CPUs or memory on a GPU-less node serve no job)."""
+        return self.cap[self.cap[:, 0] > 0].sum(axis=0) if len(self.nodes) else np.zeros(3)
+
+    def give_up(self, indices: Sequence[int]) -> None:
+        """Drop the must-run requirement of these jobs (their terms do not depend on it)."""
+        drop = set(indices)
+        self.jobs = tuple(dataclasses.replace(j, must_run=False, commitment=0) if i in drop else j
+                          for i, j in enumerate(self.jobs))
 
     # -- construction -------------------------------------------------------------------
     def _job_terms(self, i: int, job: JobRequest) -> tuple[JobTerms, str]:

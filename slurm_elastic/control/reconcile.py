@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
+from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import capacity_from_state
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.allocate.shapes import shape_of, spanning_widths
@@ -265,9 +266,10 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
         job_id = int(req.key) if req.key.isdigit() else None
         g = pins.get(job_id) if job_id is not None else None
         if g:
-            req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True)
+            req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True,
+                                      commitment=Commitment.HELD)
         elif job_id in must_run:
-            req = dataclasses.replace(req, must_run=True)
+            req = dataclasses.replace(req, must_run=True, commitment=max(req.commitment, Commitment.NODE_LOST))
         jobs.append(req)
     return dataclasses.replace(problem, jobs=tuple(jobs))
 

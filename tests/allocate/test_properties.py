@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve, table_throughput
+from slurm_elastic.allocate import commitments
 from slurm_elastic.allocate.instance import Instance
 from slurm_elastic.allocate.shapes import placement_is_valid_shape
 
@@ -88,8 +89,12 @@ def brute_force(problem: AllocationProblem) -> float:
                 if np.all(use <= inst.cap + 1e-9):
                     rows.append((row, use))
         options.append([(inst.job_objective(i, r), use, bool(r)) for r, use in rows])
-    # must-run jobs (that can run at all) run, unless they cannot all run at once: then the rule is dropped
-    must = [job.must_run and len(options[i]) > 1 for i, job in enumerate(problem.jobs)]
+    # must-run jobs (that can run at all) run; when their minimums cannot all fit the cluster in all, the
+    # stated order (allocate/commitments.py) gives up the fewest, lowest-ranked ones; when the rest still
+    # cannot all run on the nodes, the rule is dropped (one rank here)
+    kept, _ = commitments.feasible_subset(inst.commitment_ranks(), inst.min_demand(), inst.usable(),
+                                          [j.key for j in problem.jobs])
+    must = [i in kept and len(options[i]) > 1 for i in range(len(problem.jobs))]
     best = {True: -np.inf, False: -np.inf}
 
     def dfs(j: int, free: np.ndarray, acc: float, ok: bool) -> None:
