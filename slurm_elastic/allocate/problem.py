@@ -209,8 +209,12 @@ class Allocation:
     """The solver's answer.
 
     `gpus[key]` is g_j (0 = not running); `placement[key]` maps node name ->
-    GPUs of the job there. `method` is "milp", "milp-time-limit" (HiGHS's
-    incumbent at its time limit) or "greedy" (no incumbent: fallback).
+    GPUs of the job there. `method` is "milp", "milp-work-limit" (HiGHS's
+    incumbent at its node limit: repeatable), "milp-time-limit" (at the
+    wall-clock cap: not repeatable) or "greedy" (no incumbent: fallback).
+    `status` says what the final answer is certified to be
+    (allocate/solver.py `_certified`, docs/allocator.md): never "within gap"
+    when `mip_gap`, the final gap after packing, is above the gap asked for.
     """
 
     gpus: Mapping[str, int]
