@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, runtime_checkable
 
+from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.errors import AllocationError
 
 
@@ -98,8 +99,11 @@ class JobRequest:
                 not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in self.current.values()):
             raise AllocationError(f"job {self.key}: current GPUs per node must be whole numbers >= 0, "
                                   f"got {self.current!r}")
-        if not isinstance(self.commitment, int) or isinstance(self.commitment, bool) or self.commitment < 0:
-            raise AllocationError(f"job {self.key}: commitment must be a whole number >= 0, got {self.commitment!r}")
+        if (not isinstance(self.commitment, int) or isinstance(self.commitment, bool)
+                or self.commitment not in set(Commitment)):
+            raise AllocationError(f"job {self.key}: commitment must be one of "
+                                  f"{', '.join(f'{c.value} ({c.name.lower()})' for c in Commitment)}, "
+                                  f"got {self.commitment!r}")
         if self.allowed_gpus is not None and any(not isinstance(g, int) for g in self.allowed_gpus):
             raise AllocationError(f"job {self.key}: allowed GPU counts must be whole numbers, got {self.allowed_gpus!r}")
         if self.throughput is not None and not (callable(self.throughput) or isinstance(self.throughput, Mapping)):

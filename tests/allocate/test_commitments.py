@@ -7,6 +7,7 @@ import pytest
 
 from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, solve
 from slurm_elastic.allocate.commitments import Commitment, feasible_subset
+from slurm_elastic.errors import AllocationError
 
 NODES = (NodeCapacity("n0", 4, 32, 128_000), NodeCapacity("n1", 4, 32, 128_000))
 
@@ -44,3 +45,9 @@ def test_the_keep_order_is_rank_then_size_then_key():
     kept, given_up = feasible_subset(ranks, demand, np.array([6.0, 0, 0]), list("abcde"))
     # held (4) first, then the smaller floor (1), the larger floor (3) does not fit, the starving one (1) does
     assert kept == [1, 3, 0] and given_up == [2]
+
+
+@pytest.mark.parametrize("bad", [-1, 6, True, 2.0, "held"])
+def test_an_unknown_commitment_rank_is_refused(bad):
+    with pytest.raises(AllocationError, match="commitment must be one of"):
+        solve(AllocationProblem((JobRequest("a", 1, 4, must_run=True, commitment=bad),), NODES))
