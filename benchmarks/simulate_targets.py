@@ -14,7 +14,10 @@ then prints one row per run and the targets of issues 15 and 18 side by side
 (measured, target, met), all in one run:
 
     .venv/bin/python benchmarks/simulate_targets.py [--workloads 1 2 3 4] [--policy controller ...]
-        [--modes fixed adaptive mixed] [--json]
+        [--modes fixed adaptive mixed] [--json | --jcts]
+
+`--jcts` prints every job's JCT (full precision) and restarts per run and
+nothing measured in wall time, so the outputs of two branches can be diffed.
 
 Elastic ranges: fixed-batch jobs declare 1 .. 2x their requested GPUs (the
 simulator's default `--max-scale 2`); in the adaptive and mixed modes every
@@ -94,6 +97,9 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         "restarts": s["restarts"], "restart_loss_share": round(float(s["restart_loss_share"]), 4),
         "node_failures": s["node_failures"], "simulate_s": round(wall, 1),
     }
+    # per job, for --jcts: what two branches are diffed on (no wall-clock figure among them)
+    row["job_jct_s"] = {k: mine[k] for k in sorted(mine)}
+    row["job_restarts"] = {j.key: j.restarts for j in sorted(result.jobs, key=lambda j: j.key)}
     row["vs_ref_pollux_makespan_ratio"] = round(float(s["makespan_s"]) / float(row["ref_pollux_makespan_s"]), 4)
     if policy in ("tiresias", "optimus"):
         # calibration: the same policy in the original simulator, job by job
@@ -191,6 +197,9 @@ def main() -> int:
     parser.add_argument("--failures", default=None, help="node failures for every run, as simulate's --failures "
                         "(e.g. every:7200:600); the reference has none, so only 'still ahead' is comparable")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows (runs, then targets)")
+    parser.add_argument("--jcts", action="store_true",
+                        help="print only every job's JCT and restarts, one tab-separated line per job and run "
+                             "(workload, policy, mode, job, JCT s, restarts): two branches' outputs diff cleanly")
     args = parser.parse_args()
     ref_path = TRACES / "reference" / "jct.csv"
     if not ref_path.exists():
@@ -203,8 +212,15 @@ def main() -> int:
         for policy in args.policy or ["tiresias", "optimus", "controller"]:
             for mode in (args.modes if policy == "controller" else ["fixed"]):
                 rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures))
-                print(_line(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
+                print(_line(rows[-1]), file=sys.stderr if args.json or args.jcts else sys.stdout, flush=True)
+                if args.jcts:
+                    r = rows[-1]
+                    for key, jct in r["job_jct_s"].items():  # type: ignore[union-attr]
+                        print(f"{r['workload']}\t{r['policy']}\t{r['mode']}\t{key}\t{jct!r}\t"
+                              f"{r['job_restarts'][key]}", flush=True)  # type: ignore[index]
     goals = targets(rows, [f"workload-{w}" for w in args.workloads])
+    if args.jcts:
+        return 0
     if args.json:
         print(json.dumps(rows + goals, indent=1))
     else:

@@ -127,12 +127,12 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
 
 
 def exact_vs_two_stage(policy: Policy) -> list[dict[str, object]]:
-    """Where the exact per-node model stops paying: both modes on growing clusters (EXACT_MAX_PAIRS)."""
+    """Where the exact per-node model stops paying: both modes, and what auto picks, on growing clusters."""
     rows = []
     for jobs, nodes in ((10, 8), (20, 16), (40, 24), (60, 40), (100, 64)):
         problem = make_problem(jobs, nodes, 8, False, seed=2, policy=policy)
         row: dict[str, object] = {"jobs": jobs, "nodes": nodes, "pairs": jobs * nodes}
-        for mode in ("exact", "two-stage"):
+        for mode in ("exact", "two-stage", "auto"):
             a = solve(problem, mode=mode)
             row[f"{mode}_solve_s"] = round(a.solve_s, 3)
             row[f"{mode}_objective"] = round(a.objective, 4)
@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     ap.add_argument("--runs", type=int, default=3, help="solves per case (median reported)")
-    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--time-limit", type=float, default=10.0, help="wall-clock cap, s (0: none)")
+    ap.add_argument("--max-nodes", type=int, default=Policy().max_nodes,
+                    help="branch-and-bound node limit (the repeatable stop)")
     ap.add_argument("--gap", type=float, default=0.01)
     ap.add_argument("--no-lp-certificate", action="store_true",
                     help="always run branch-and-bound on the counts MILP (Policy.lp_certificate=False)")
@@ -154,17 +156,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="compare the exact per-node model with the two-stage method on small clusters")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    policy = Policy(time_limit_s=args.time_limit, mip_rel_gap=args.gap, lp_certificate=not args.no_lp_certificate)
+    policy = Policy(time_limit_s=args.time_limit or None, max_nodes=args.max_nodes, mip_rel_gap=args.gap,
+                    lp_certificate=not args.no_lp_certificate)
     if args.exact_vs_two_stage:
         rows = exact_vs_two_stage(policy)
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            print(f"{'jobs x nodes':<14} {'pairs':>6}  {'exact':<40} {'two-stage':<40}")
+            print(f"{'jobs x nodes':<14} {'pairs':>6}  {'exact':<44} {'two-stage':<44} {'auto':<44}")
             for r in rows:
                 cells = [f"{r[m + '_solve_s']:.2f}s obj {r[m + '_objective']:.3f} gap {r[m + '_gap']:.2%} "
-                         f"{r[m + '_status']}" for m in ("exact", "two-stage")]
-                print(f"{str(r['jobs']) + ' x ' + str(r['nodes']):<14} {r['pairs']:>6}  {cells[0]:<40} {cells[1]:<40}")
+                         f"{r[m + '_status']}" for m in ("exact", "two-stage", "auto")]
+                print(f"{str(r['jobs']) + ' x ' + str(r['nodes']):<14} {r['pairs']:>6}  {cells[0]:<44} {cells[1]:<44} "
+                      f"{cells[2]:<44}")
         return 0
     rows = []
     header = (f"{'case':<7} {'jobs x nodes x GPUs':<22} {'free':>6} {'status':<22} {'solve_s':>8} {'cpu_s':>7} "

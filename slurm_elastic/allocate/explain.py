@@ -82,13 +82,13 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
         return "capacity", _capacity_reason(inst, lay, i, nxt)
     base = inst.job_objective(i, row)
     gain_s = inst.throughput_value(i, nxt) - (inst.throughput_value(i, g) if g else 0.0)
-    gain_d = inst.terms[i].demand_cost * (nxt - g)
     t = inst.terms[i]
+    gain_d = t.objective.per_gpu * (nxt - g)
     cur = inst.current[i]
     moved_new = sum(abs(new.get(n, 0) - cur.get(n, 0)) for n in set(new) | set(cur))
     moved_old = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
-    restart = inst.policy.beta * t.kappa * (moved_new - moved_old)
-    nodes = inst.policy.gamma * (len(new) - len(row))
+    restart = t.objective.per_moved_gpu * (moved_new - moved_old)
+    nodes = t.objective.per_node * (len(new) - len(row))
     total = inst.job_objective(i, new) - base
     if total <= 0 and restart > 0 and restart >= gain_s + gain_d - nodes:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would add {gain_s + gain_d:.4g} "

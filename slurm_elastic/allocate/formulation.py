@@ -73,16 +73,16 @@ class Formulation:
     # -- building ---------------------------------------------------------------------------
     def _build(self) -> None:
         inst, mdl = self.inst, self.model
-        beta = inst.policy.beta
         for i, job in enumerate(inst.jobs):
             t = inst.terms[i]
-            mdl.offset -= t.demand_cost * job.max_gpus   # -alpha * sum_r rho (gmax - g)/Cap_r, constant part
+            obj = t.objective
+            mdl.offset += obj.constant                  # -d_j gmax: the demand term's constant part
             if not t.candidates:
-                mdl.offset -= beta * t.kappa * sum(inst.current[i].values())
+                mdl.offset -= obj.per_moved_gpu * sum(inst.current[i].values())
                 continue
             c = self.cols[i]
             top = t.candidates[-1]
-            c.g = mdl.add_col(cost=t.demand_cost, lo=0, hi=top)
+            c.g = mdl.add_col(cost=obj.per_gpu, lo=0, hi=top)
             c.runs = runs(t.candidates)
             c.b = mdl.add_cols(len(c.runs), lo=0, hi=1, integer=True)
             link_cols, link_vals = [c.g], [1.0]                # g - sum_k (s_k b_k + d_k m_k) = 0
@@ -103,7 +103,7 @@ class Formulation:
                 mdl.add_row(c.b, [1.0] * len(c.b), lo=lo, hi=1)   # one run at most: one count, or not running
             # throughput epigraph: t <= a_k g + c_k for every hull segment (exact at integer g: hull is concave)
             smax = tp.evaluate_curve(t.hull, top)
-            c.t = mdl.add_col(cost=t.weight / t.norm, lo=0, hi=smax)
+            c.t = mdl.add_col(cost=obj.per_speed, lo=0, hi=smax)
             for (a, b0), (g0, _) in zip(tp.segments(t.hull), t.hull):
                 if g0 < top:
                     mdl.add_row([c.t, c.g], [1.0, -a], hi=b0)
@@ -124,12 +124,12 @@ class Formulation:
             lost = sum(g for n, g in inst.current[i].items() if not inst.hosts(i, n))
             g0 = sum(inst.current[i].values()) - lost
             c.g0_alive = g0
-            mdl.offset -= inst.policy.beta * t.kappa * lost
-            c.d = mdl.add_col(cost=-inst.policy.beta * t.kappa, lo=0)
+            mdl.offset -= t.objective.per_moved_gpu * lost
+            c.d = mdl.add_col(cost=-t.objective.per_moved_gpu, lo=0)
             mdl.add_row([c.d, c.g], [1.0, -1.0], lo=-g0)      # d >= g - g0
             mdl.add_row([c.d, c.g], [1.0, 1.0], lo=g0)        # d >= g0 - g
         # nodes spanned >= 1 when running and >= g / (largest node): a lower bound of the true count
-        c.n = mdl.add_col(cost=-inst.policy.gamma, lo=0)
+        c.n = mdl.add_col(cost=-t.objective.per_node, lo=0)
         mdl.add_row([c.n] + c.b, [1.0] + [-1.0] * len(c.b), lo=0)
         mdl.add_row([c.n, c.g], [1.0, -1.0 / max(inst.max_node_gpus, 1)], lo=0)
 
@@ -149,19 +149,19 @@ class Formulation:
 
     def _exact_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
-        beta, gamma = inst.policy.beta, inst.policy.gamma
+        per_moved, per_node = t.objective.per_moved_gpu, t.objective.per_node
         ub_all = np.minimum(inst.max_per_node(i), t.candidates[-1])
         nodes = [int(n) for n in np.nonzero(ub_all >= 1)[0]]
         cur = inst.current[i]
         for n, g0 in cur.items():
             if n not in nodes:
-                mdl.offset -= beta * t.kappa * g0           # GPUs on a node that cannot host the job are lost
+                mdl.offset -= per_moved * g0                # GPUs on a node that cannot host the job are lost
         k = len(nodes)
         ubs = [float(ub_all[n]) for n in nodes]
         # restart cost on the allocation matrix: |x - x0| is x itself on nodes the job does not hold now
-        xcost = [(-beta * t.kappa if cur.get(n, 0) == 0 else 0.0) if t.kappa > 0 else 0.0 for n in nodes]
+        xcost = [(-per_moved if cur.get(n, 0) == 0 else 0.0) if t.kappa > 0 else 0.0 for n in nodes]
         xs = mdl.add_cols(k, cost=xcost, lo=0, hi=ubs, integer=True)
-        us = mdl.add_cols(k, cost=-gamma, lo=0, hi=1, integer=True)
+        us = mdl.add_cols(k, cost=-per_node, lo=0, hi=1, integer=True)
         c.x = dict(zip(nodes, xs))
         c.u = dict(zip(nodes, us))
         mdl.add_row(xs + [c.g], [1.0] * k + [-1.0], 0, 0)       # sum_n x = g
@@ -171,7 +171,7 @@ class Formulation:
             for x, n in zip(xs, nodes):
                 g0 = cur.get(n, 0)
                 if g0 > 0:
-                    e = mdl.add_col(cost=-beta * t.kappa, lo=0)
+                    e = mdl.add_col(cost=-per_moved, lo=0)
                     c.e[n] = e
                     mdl.add_row([e, x], [1.0, -1.0], lo=-g0)   # e >= x - x0
                     mdl.add_row([e, x], [1.0, 1.0], lo=g0)     # e >= x0 - x

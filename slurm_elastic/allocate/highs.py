@@ -134,13 +134,36 @@ def _new_highs() -> highspy.Highs:
 @dataclass(frozen=True, slots=True)
 class MilpResult:
     x: np.ndarray | None           # None when HiGHS has no feasible point
-    status: str                    # HiGHS's model status, e.g. "Optimal", "Time limit reached"
+    status: str                    # HiGHS's model status, e.g. "Optimal", "Solution limit reached"
     objective: float
     bound: float                   # dual bound (LP bound of the MIP)
     mip_gap: float
     solve_s: float
     optimal: bool
-    time_limited: bool
+    time_limited: bool             # stopped by the wall-clock cap (not repeatable)
+    work_limited: bool = False     # stopped by a node or iteration limit (repeatable)
+
+
+# HiGHS's model statuses for its deterministic limits: mip_max_nodes / mip_max_leaves /
+# mip_max_improving_sols end in "Solution limit reached", simplex_iteration_limit in "Iteration limit reached".
+WORK_LIMIT_STATUSES = frozenset({"Solution limit reached", "Iteration limit reached"})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Where HiGHS stops: work (repeatable: the same answer on any machine, at any load) and a wall-clock cap.
+
+    `max_nodes` bounds branch-and-bound nodes, `max_iterations` simplex
+    iterations; with one thread and a fixed seed HiGHS then follows the same
+    path on every run. `time_limit_s` (None: none) is a safety cap for a live
+    controller; a solve it stops depends on the machine's load.
+    """
+
+    time_limit_s: float | None = None
+    max_nodes: int | None = None
+    max_iterations: int | None = None
+    threads: int | None = None
+    seed: int = 0
 
 
 _scheduler_threads: int | None = None
@@ -161,15 +184,21 @@ def _use_threads(h: highspy.Highs, threads: int) -> None:
     h.setOptionValue("threads", threads)
 
 
-def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int | None = None,
-          warm: np.ndarray | None = None, relax: bool = False) -> MilpResult:
+def solve(model: Model, *, limits: Limits, mip_rel_gap: float, warm: np.ndarray | None = None,
+          relax: bool = False) -> MilpResult:
     """Pass the model in one call, warm-start it if a point is given, and solve (`relax`: its LP relaxation)."""
     h = _new_highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
+    if limits.time_limit_s is not None:
+        h.setOptionValue("time_limit", float(max(limits.time_limit_s, 0.01)))
+    if limits.max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(limits.max_nodes))
+    if limits.max_iterations is not None:
+        h.setOptionValue("simplex_iteration_limit", int(limits.max_iterations))
+    h.setOptionValue("random_seed", int(limits.seed))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-    if threads:
-        _use_threads(h, int(threads))
+    if limits.threads:
+        _use_threads(h, int(limits.threads))
     lp = highspy.HighsLp()
     lp.num_col_ = model.ncol
     lp.num_row_ = model.nrow
@@ -208,4 +237,4 @@ def solve(model: Model, *, time_limit_s: float, mip_rel_gap: float, threads: int
     log.debug("HiGHS %s in %.3fs: obj %.6g bound %.6g gap %.3g (%d cols, %d rows)",
               status, solve_s, objective, bound, gap, model.ncol, model.nrow)
     return MilpResult(x, status, objective, bound, gap, solve_s, status == "Optimal",
-                      status == "Time limit reached")
+                      status == "Time limit reached", status in WORK_LIMIT_STATUSES)

@@ -7,13 +7,16 @@ same thing everywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from slurm_elastic.allocate import commitments
 from slurm_elastic.allocate import throughput as tp
+from slurm_elastic.allocate.objective import JobObjective
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, Unplaceable
 from slurm_elastic.allocate.shapes import placement_is_valid_shape, spanning_widths
 from slurm_elastic.errors import AllocationError
@@ -29,9 +32,8 @@ class JobTerms:
     candidates: tuple[int, ...]        # allowed non-zero counts that some shape can place on the empty cluster
     hull: tuple[tuple[float, float], ...]
     norm: float                        # hull value at max GPUs (s_j(gmax_j))
-    weight: float
     kappa: float                       # restart cost (0 for a job not running, or displaced: it restarts anyway)
-    demand_cost: float                 # alpha * sum_r rho[j,r] / Cap_r: cost per GPU missing from gmax
+    objective: JobObjective            # the job's objective coefficients (allocate/objective.py)
     spans: bool                        # some candidate needs >= 2 nodes
     allowed: tuple[int, ...] = ()      # every count the job and policy allow, placeable or not
 
@@ -71,6 +73,27 @@ class Instance:
                 unplaceable[j.key] = Unplaceable(j.key, why)
         self.unplaceable = tuple(unplaceable.values())
 
+    # -- commitments -----------------------------------------------------------------------
+    def commitment_ranks(self) -> list[int]:
+        """Each job's must-run rank (0: need not run, or cannot be placed at all)."""
+        return [commitments.rank(j.must_run, j.commitment) if self.terms[i].candidates else 0
+                for i, j in enumerate(self.jobs)]
+
+    def min_demand(self) -> np.ndarray:
+        """Resources (gpu, cpu, mem) of each job at its smallest placeable count (0 when none)."""
+        smallest = np.array([t.candidates[0] if t.candidates else 0 for t in self.terms], dtype=float)
+        return self.rho * smallest[:, None]
+
+    def usable(self) -> np.ndarray:
+        """Aggregate capacity of the nodes with GPUs (CPUs or memory on a GPU-less node serve no job)."""
+        return self.cap[self.cap[:, 0] > 0].sum(axis=0) if len(self.nodes) else np.zeros(3)
+
+    def give_up(self, indices: Sequence[int]) -> None:
+        """Drop the must-run requirement of these jobs (their terms do not depend on it)."""
+        drop = set(indices)
+        self.jobs = tuple(dataclasses.replace(j, must_run=False, commitment=0) if i in drop else j
+                          for i, j in enumerate(self.jobs))
+
     # -- construction -------------------------------------------------------------------
     def _job_terms(self, i: int, job: JobRequest) -> tuple[JobTerms, str]:
         allowed = job.candidate_gpus()
@@ -93,16 +116,13 @@ class Instance:
         norm = tp.evaluate_curve(hull, job.max_gpus)
         if norm <= 0:
             raise AllocationError(f"job {job.key}: throughput at its max of {job.max_gpus} GPUs must be > 0")
-        demand_cost = 0.0
-        for r in range(3):
-            if self.total[r] > 0:
-                demand_cost += self.rho[i, r] / self.total[r]
-        demand_cost *= self.policy.alpha
         # A job that must restart anyway (a node it is on is gone or too small now) pays no restart cost
         # for where it goes next: the restart is not the solver's choice.
         kappa = float(job.restart_cost_s) if job.current_gpus > 0 and not self.displaced(i) else 0.0
         spans = any(spanning_widths(g, self.node_sizes, self.whole) for g in feasible) and len(self.nodes) > 1
-        return JobTerms(feasible, hull, norm, float(job.weight), kappa, demand_cost, spans, allowed), why
+        objective = JobObjective.of(self.policy, weight=float(job.weight), norm=norm, gmax=job.max_gpus,
+                                    per_gpu_resources=self.rho[i], total=self.total, kappa=kappa)
+        return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why
 
     def displaced(self, i: int) -> bool:
         """Job i cannot stay where it is whatever the others do (its node is down, unknown or too small now)."""
@@ -172,21 +192,18 @@ class Instance:
     # -- scoring ---------------------------------------------------------------------------
     def throughput_value(self, i: int, g: int) -> float:
         t = self.terms[i]
-        return t.weight * tp.evaluate_curve(t.hull, g) / t.norm
+        return t.objective.speed_value(tp.evaluate_curve(t.hull, g))
 
     def job_objective(self, i: int, row: Mapping[int, int]) -> float:
-        """Job i's share of the objective when it holds row[n] GPUs on node n."""
+        """Job i's share of the objective when it holds row[n] GPUs on node n (JobObjective.value)."""
         t = self.terms[i]
         g = sum(row.values())
-        job = self.jobs[i]
-        value = self.throughput_value(i, g) if g > 0 else 0.0
-        value -= t.demand_cost * (job.max_gpus - g)
+        speed = tp.evaluate_curve(t.hull, g) if g > 0 else 0.0
+        moved = 0
         if t.kappa > 0:
             cur = self.current[i]
             moved = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
-            value -= self.policy.beta * t.kappa * moved
-        value -= self.policy.gamma * sum(1 for v in row.values() if v > 0)
-        return value
+        return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0))
 
     def objective(self, placement: Sequence[Mapping[int, int]]) -> float:
         return float(sum(self.job_objective(i, row) for i, row in enumerate(placement)))

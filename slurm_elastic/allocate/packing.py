@@ -138,7 +138,7 @@ def _pack_order(inst: Instance, counts: Sequence[int]) -> Callable[[int], tuple[
     """
     def key(i: int) -> tuple[bool, bool, float, int]:
         g = counts[i]
-        density = (inst.throughput_value(i, g) + inst.terms[i].demand_cost * g) / g
+        density = (inst.throughput_value(i, g) + inst.terms[i].objective.per_gpu * g) / g
         return (not inst.jobs[i].must_run, g <= inst.max_node_gpus, -density, i)
     return key
 
@@ -341,7 +341,7 @@ def improve(inst: Instance, lay: Layout, *, lookahead: int = 4) -> Layout:
 def kept(inst: Instance) -> Layout:
     """The current allocation, job by job (heaviest first), wherever it still fits and is allowed."""
     lay = Layout(inst)
-    for i in sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].weight):
+    for i in sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].objective.weight):
         cur = inst.current[i]
         g = sum(cur.values())
         if g in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):

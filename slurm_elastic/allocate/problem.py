@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, runtime_checkable
 
+from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.errors import AllocationError
 
 
@@ -61,6 +62,9 @@ class JobRequest:
     throughput: Callable[..., float] | Mapping[int, float] | None = None  # a model, or a GPUs -> speed table
     allowed_gpus: tuple[int, ...] | None = None
     must_run: bool = False
+    # why it must run, as a rank (allocate/commitments.py's Commitment): when the must-run jobs cannot all
+    # run, the lowest ranks are given up first
+    commitment: int = 0
 
     @property
     def current_gpus(self) -> int:
@@ -95,6 +99,11 @@ class JobRequest:
                 not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in self.current.values()):
             raise AllocationError(f"job {self.key}: current GPUs per node must be whole numbers >= 0, "
                                   f"got {self.current!r}")
+        if (not isinstance(self.commitment, int) or isinstance(self.commitment, bool)
+                or self.commitment not in set(Commitment)):
+            raise AllocationError(f"job {self.key}: commitment must be one of "
+                                  f"{', '.join(f'{c.value} ({c.name.lower()})' for c in Commitment)}, "
+                                  f"got {self.commitment!r}")
         if self.allowed_gpus is not None and any(not isinstance(g, int) for g in self.allowed_gpus):
             raise AllocationError(f"job {self.key}: allowed GPU counts must be whole numbers, got {self.allowed_gpus!r}")
         if self.throughput is not None and not (callable(self.throughput) or isinstance(self.throughput, Mapping)):
@@ -108,7 +117,13 @@ class Policy:
     alpha: float = 0.5        # L1 distance of allocated from demanded resource matrix
     beta: float = 0.002       # L1 restart cost, per second of kappa_j per GPU changed
     gamma: float = 0.01       # per node a job spans
-    time_limit_s: float = 10.0
+    # Where HiGHS stops. The normal stop is work (branch-and-bound nodes, simplex iterations): with one
+    # thread and a fixed seed the same problem gets the same answer at any load. The wall-clock cap
+    # (None: none) is a live controller's safety net; a solve it stops is not repeatable.
+    time_limit_s: float | None = 10.0
+    max_nodes: int | None = 1_000
+    max_iterations: int | None = None
+    random_seed: int = 0
     mip_rel_gap: float = 0.01
     allowed_shapes: tuple[int, ...] | None = None  # e.g. (1, 2, 4, 8) GPUs per job, or None for any
     whole_nodes_when_spanning: bool = True
@@ -120,8 +135,16 @@ class Policy:
     def validate(self) -> None:
         for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):
             v = getattr(self, name)
+            if name == "time_limit_s" and v is None:
+                continue
             if not _number(v) or v < 0:
                 raise AllocationError(f"policy {name} must be a non-negative finite number, got {v!r}")
+        for name in ("max_nodes", "max_iterations"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise AllocationError(f"policy {name} must be a positive whole number or None, got {v!r}")
+        if not isinstance(self.random_seed, int) or isinstance(self.random_seed, bool) or self.random_seed < 0:
+            raise AllocationError(f"policy random_seed must be a whole number >= 0, got {self.random_seed!r}")
 
 
 def _number(v: object) -> bool:
@@ -183,8 +206,12 @@ class Allocation:
     """The solver's answer.
 
     `gpus[key]` is g_j (0 = not running); `placement[key]` maps node name ->
-    GPUs of the job there. `method` is "milp", "milp-time-limit" (HiGHS's
-    incumbent at its time limit) or "greedy" (no incumbent: fallback).
+    GPUs of the job there. `method` is "milp", "milp-work-limit" (HiGHS's
+    incumbent at its node limit: repeatable), "milp-time-limit" (at the
+    wall-clock cap: not repeatable) or "greedy" (no incumbent: fallback).
+    `status` says what the final answer is certified to be
+    (allocate/solver.py `_certified`, docs/allocator.md): never "within gap"
+    when `mip_gap`, the final gap after packing, is above the gap asked for.
     """
 
     gpus: Mapping[str, int]

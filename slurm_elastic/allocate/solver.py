@@ -8,11 +8,11 @@ import math
 import time
 from typing import Sequence
 
-from slurm_elastic.allocate import explain, highs
+from slurm_elastic.allocate import commitments, explain, highs
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
 from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, make_room, pack
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem
+from slurm_elastic.allocate.problem import Allocation, AllocationProblem, Policy
 from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
@@ -21,16 +21,19 @@ log = logging.getLogger(__name__)
 # worth it on a small controller host; see docs/allocator.md for the measurement.
 EXACT_MAX_PAIRS = 1_000
 
+LP_ROUNDED = "lp-rounded-within-gap"
+
 
 def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     """Choose every elastic job's GPUs and nodes.
 
-    `mode`: "auto" (exact up to EXACT_MAX_PAIRS job-node pairs, else
-    two-stage), "exact", "two-stage", or "greedy" (the fallback alone,
-    starting from the current allocation; the benchmarks' Optimus-style
-    baseline from an empty cluster is `greedy_baseline`). Raises
-    AllocationError on malformed input; jobs that cannot run are returned
-    with 0 GPUs and a reason.
+    `mode`: "auto" (two-stage; then the exact model, when the job-node pairs
+    are at most EXACT_MAX_PAIRS and the two-stage answer is not proven within
+    the gap asked for), "exact", "two-stage", or "greedy" (the fallback
+    alone, starting from the current allocation; the benchmarks'
+    Optimus-style baseline from an empty cluster is `greedy_baseline`).
+    Raises AllocationError on malformed input; jobs that cannot run are
+    returned with 0 GPUs and a reason.
     """
     t0 = time.perf_counter()
     if not isinstance(problem, AllocationProblem):
@@ -46,15 +49,20 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
             notes.append("no job can be placed at its minimum; nothing to optimise")
         return _answer(inst, rows, "nothing-placeable" if inst.jobs else "no-jobs", "greedy", inst.objective(rows),
                        inst.objective(rows), 0.0, t0, notes)
-    if mode == "auto":
-        pairs = len(live) * int((inst.cap[:, 0] > 0).sum())
-        mode = "exact" if pairs <= EXACT_MAX_PAIRS else "two-stage"
+    _keep_commitments(inst, notes)
     if mode == "greedy":
         rows = greedy(inst, from_current=True).rows
         obj = inst.objective(rows)
         return _answer(inst, rows, "greedy", "greedy", obj, math.nan, math.nan, t0, notes)
     policy = inst.policy
     two_rows, two_res, fallback = _two_stage(inst, t0, notes)
+    if mode == "auto":
+        pairs = len(live) * int((inst.cap[:, 0] > 0).sum())
+        # The counts model relaxes the exact one, so its bound holds for the exact optimum: a two-stage
+        # answer proven within the gap asked for cannot be beaten by more than that gap, and the exact
+        # model is only worth its cost when that proof is missing (and the model is small).
+        proven = two_rows is not None and _gap(inst.objective(two_rows), two_res.bound) <= policy.mip_rel_gap
+        mode = "exact" if pairs <= EXACT_MAX_PAIRS and not proven else "two-stage"
     if mode == "exact":
         # the two-stage answer (or the greedy, whichever scores higher) is the first incumbent
         greedy_rows = greedy(inst, from_current=True).rows
@@ -62,15 +70,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
             start, fallback_rows = greedy_rows, greedy_rows
         else:
             start, fallback_rows = two_rows, two_rows
-        notes.clear()
-        form = Formulation(inst, exact=True)
-        res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                          threads=policy.threads, warm=form.point(start))
-        if res.x is None and res.status == "Infeasible" and any(j.must_run for j in inst.jobs):
-            notes.append("the must-run jobs cannot all run at once; solved without that requirement")
-            form = Formulation(inst, exact=True, must_run=False)
-            res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                              threads=policy.threads, warm=form.point(start))
+        notes[:] = [n for n in notes if n.startswith("must-run commitments")]
+        form, res = _exact(inst, start, t0, notes)
         if math.isfinite(two_res.bound) and two_res.bound < res.bound:
             # the counts model relaxes the exact one: its bound holds here too, and HiGHS stopped early
             # may not have a finite dual bound of its own yet
@@ -86,7 +87,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         notes.append(f"HiGHS found no solution ({res.status}); greedy allocation used")
         return _answer(inst, rows, _status(res.status), "greedy", inst.objective(rows), math.nan, math.nan, t0,
                        notes)
-    method = "milp-time-limit" if res.time_limited else "milp"
+    method = "milp-time-limit" if res.time_limited else "milp-work-limit" if res.work_limited else "milp"
     bad = inst.violations(rows)
     if bad:
         # should not happen; never hand Slurm an impossible placement
@@ -102,26 +103,66 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
                      "after placement; it is used")
         rows, obj, method = fallback_rows, fallback_obj, "greedy"
     bound = res.bound
-    return _answer(inst, rows, _status(res.status), method, obj, bound, _gap(obj, bound), t0, notes)
+    gap = _gap(obj, bound)
+    return _answer(inst, rows, _certified(res, gap, policy.mip_rel_gap), method, obj, bound, gap, t0, notes)
+
+
+def _keep_commitments(inst: Instance, notes: list[str]) -> None:
+    """Give up the fewest, lowest-ranked must-run commitments whose minimums do not fit the cluster in all."""
+    ranks = inst.commitment_ranks()
+    if not any(ranks):
+        return
+    keys = [j.key for j in inst.jobs]
+    _, given_up = commitments.feasible_subset(ranks, inst.min_demand(), inst.usable(), keys)
+    if given_up:
+        _give_up(inst, given_up, ranks, notes)
+
+
+def _give_up(inst: Instance, indices: Sequence[int], ranks: Sequence[int], notes: list[str]) -> None:
+    inst.give_up(indices)
+    named = ", ".join(f"{inst.jobs[i].key} ({commitments.Commitment(ranks[i]).name.lower()})" for i in indices)
+    notes.append(f"must-run commitments given up, lowest rank first, so the rest fit: {named}")
+
+
+def _relax_lowest(inst: Instance, notes: list[str]) -> bool:
+    """Give up every commitment of the lowest rank still held (the per-node model found none feasible)."""
+    ranks = inst.commitment_ranks()
+    held = [r for r in ranks if r > 0]
+    if not held:
+        return False
+    low = min(held)
+    _give_up(inst, [i for i, r in enumerate(ranks) if r == low], ranks, notes)
+    return True
+
+
+def _exact(inst: Instance, start: Sequence[Row], t0: float, notes: list[str]) -> tuple[Formulation, highs.MilpResult]:
+    """The per-node MILP warm-started at `start`, giving up commitments rank by rank while it is infeasible."""
+    policy = inst.policy
+    while True:
+        form = Formulation(inst, exact=True)
+        res = highs.solve(form.model, limits=_limits(policy, t0), mip_rel_gap=policy.mip_rel_gap,
+                          warm=form.point(start))
+        if res.x is not None or res.status != "Infeasible" or not _relax_lowest(inst, notes):
+            return form, res
 
 
 def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] | None, highs.MilpResult, Layout]:
     """Counts MILP against aggregate capacity, then per-node packing, repair and fill."""
     policy = inst.policy
     form = Formulation(inst, exact=False)
-    if any(j.must_run for j in inst.jobs):
-        probe = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=1.0, relax=True)
-        if probe.x is None and probe.status == "Infeasible":
-            notes.append("the must-run jobs cannot all run at once; solved without that requirement")
-            form = Formulation(inst, exact=False, must_run=False)
+    while any(inst.commitment_ranks()):
+        # _keep_commitments made the minimums fit in all, so this is a guard, not the normal path
+        probe = highs.solve(form.model, limits=_limits(policy, t0), mip_rel_gap=1.0, relax=True)
+        if probe.x is not None or probe.status != "Infeasible" or not _relax_lowest(inst, notes):
+            break
+        form = Formulation(inst, exact=False)
     fallback = kept(inst)                                # the current allocation where it still fits
     warm = form.point_from_counts([sum(r.values()) for r in fallback.rows])
     # LP relaxation rounded down: near-optimal for the counts model (a knapsack over three rows)
-    lp = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                     threads=policy.threads, relax=True)
+    lp = highs.solve(form.model, limits=_limits(policy, t0), mip_rel_gap=policy.mip_rel_gap, relax=True)
     res = lp
     rounded = form.round_down(lp.x) if lp.x is not None else None
-    if rounded is not None and form.must_run and any(
+    if rounded is not None and any(
             j.must_run and inst.terms[i].candidates and not rounded[i] for i, j in enumerate(inst.jobs)):
         rounded = None   # rounding dropped a must-run job: not a feasible point, let branch-and-bound work
     if rounded is not None:
@@ -131,12 +172,11 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
             warm = point
         if policy.lp_certificate and _gap(value, lp.objective) <= policy.mip_rel_gap:
             # HiGHS's LP bound already proves the rounded counts within the MIP gap: branch-and-bound
-            # could only confirm it, so it is skipped (the status says so)
-            res = highs.MilpResult(point, "lp-rounded-within-gap", value, lp.objective,
+            # could only confirm it, so it is skipped (the status says so, if packing keeps the gap)
+            res = highs.MilpResult(point, LP_ROUNDED, value, lp.objective,
                                    _gap(value, lp.objective), lp.solve_s, False, False)
     if res is lp:
-        res = highs.solve(form.model, time_limit_s=_left(policy, t0), mip_rel_gap=policy.mip_rel_gap,
-                          threads=policy.threads, warm=warm)
+        res = highs.solve(form.model, limits=_limits(policy, t0), mip_rel_gap=policy.mip_rel_gap, warm=warm)
         if lp.x is not None and lp.objective < res.bound:
             # stopped early, HiGHS's MIP dual bound can be weaker than the LP bound it already has
             res = dataclasses.replace(res, bound=lp.objective)
@@ -149,8 +189,7 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
         notes.append(f"packing placed {len(lowered)} job(s) below the counts solve (per-node fragmentation); "
                      f"{moved} got room by moving others where that paid; a fill pass reused the rest")
     rows = improve(inst, lay).rows
-    dropped = [inst.jobs[i].key for i in range(len(rows)) if form.must_run and inst.jobs[i].must_run
-               and counts[i] and not rows[i]]
+    dropped = [inst.jobs[i].key for i in range(len(rows)) if inst.jobs[i].must_run and counts[i] and not rows[i]]
     if dropped:
         notes.append(f"must-run job(s) {', '.join(dropped)} found no room on any node after packing")
     notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
@@ -162,8 +201,13 @@ def _must_runs(inst: Instance, rows: Sequence[Row]) -> int:
     return sum(1 for i, j in enumerate(inst.jobs) if j.must_run and rows[i])
 
 
-def _left(policy, t0: float) -> float:
-    return max(policy.time_limit_s - (time.perf_counter() - t0), 0.05)
+def _limits(policy: Policy, t0: float) -> highs.Limits:
+    """HiGHS's limits for the next solve: the policy's work limits, and what is left of its wall-clock cap."""
+    left = None
+    if policy.time_limit_s is not None:
+        left = max(policy.time_limit_s - (time.perf_counter() - t0), 0.05)
+    return highs.Limits(time_limit_s=left, max_nodes=policy.max_nodes, max_iterations=policy.max_iterations,
+                        threads=policy.threads, seed=policy.random_seed)
 
 
 def greedy_baseline(problem: AllocationProblem) -> tuple[Sequence[Row], float]:
@@ -181,6 +225,23 @@ def _gap(obj: float, bound: float) -> float:
 
 def _status(highs_status: str) -> str:
     return highs_status.lower().replace(" ", "-")
+
+
+def _certified(res: highs.MilpResult, final_gap: float, asked_gap: float) -> str:
+    """What the answer's status may claim, judged on its FINAL gap (after packing), not the model's.
+
+    "optimal" and "lp-rounded-within-gap" certify the answer within the gap
+    asked for; "above-gap" says a bound is proven but packing (or a fallback)
+    left the answer further from it; "time-limit-reached" and
+    "work-limit-reached" say where HiGHS stopped (the gap field says how far).
+    """
+    if res.time_limited:
+        return _status(res.status)
+    if res.work_limited:
+        return "work-limit-reached"     # HiGHS says "Solution limit reached" for its node limit
+    if res.status in ("Optimal", LP_ROUNDED):
+        return _status(res.status) if final_gap <= asked_gap + 1e-12 else "above-gap"
+    return _status(res.status)
 
 
 def _answer(inst: Instance, rows: Sequence[Row], status: str, method: str, objective: float, bound: float,

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, job_request, reserve_for_rigid
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
@@ -256,9 +257,10 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
         job_id = int(req.key) if req.key.isdigit() else None
         g = pins.get(job_id) if job_id is not None else None
         if g:
-            req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True)
+            req = dataclasses.replace(req, min_gpus=g, max_gpus=g, gpu_step=g, allowed_gpus=None, must_run=True,
+                                      commitment=Commitment.HELD)
         elif job_id in must_run:
-            req = dataclasses.replace(req, must_run=True)
+            req = dataclasses.replace(req, must_run=True, commitment=max(req.commitment, Commitment.NODE_LOST))
         jobs.append(req)
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
@@ -414,7 +416,12 @@ class Reconciler:
         # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
         requests = self._requests(holding_only_survivors(scoped, acting), now)
         stuck = self.requests.bad_geometry()
-        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
+        # A pending rigid job's claim outranks the hysteresis: GPUs borrowed on the nodes kept for it go
+        # back now, not when the elastic job's hold ends (rigid users must not wait on our churn guard).
+        yielding = frozenset(j.job_id for j in scoped.elastic_jobs
+                             if any(set(j.nodes) & set(r.nodes) for r in rigid.reserved))
+        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting) | yielding)
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s
@@ -424,7 +431,6 @@ class Reconciler:
                         if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one

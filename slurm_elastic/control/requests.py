@@ -91,6 +91,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
+from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S, job_request
 from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
@@ -466,16 +467,18 @@ class MeasuredRequests:
             notes.append("remaining work unknown (no total_steps)")
 
         must_run = False
+        commitment = Commitment.NONE
         waiting = now - self._waiting_since.get(job.job_id, now)
         if waiting >= s.starve_after_s:
-            must_run = True
+            must_run, commitment = True, Commitment.STARVING
             weight = max(weight, 1.0)
             notes.append(f"waited {waiting:.0f}s without GPUs: must run")
         if job.state is JobState.RUNNING and self._preempted.get(job.job_id, 0) >= 1:
-            must_run = True
+            must_run, commitment = True, Commitment.SHARE_FLOOR
             notes.append("preempted before: not taken to zero again while it runs")
         if floor >= 1:
-            must_run = True         # the floor holds against zero too (the solver drops must_run if nothing fits)
+            # the floor holds against zero too (the solver gives it up, in rank order, only if nothing fits)
+            must_run, commitment = True, Commitment.SHARE_FLOOR
         # beta * kappa per GPU changed = the share of the throughput term a restart of `restart` seconds
         # loses over a size held `hold_s` (linear approximation), at this job's weight but never below the
         # neutral 1: scaled by a small remaining-time weight, restarts of long jobs were nearly free and
@@ -487,8 +490,8 @@ class MeasuredRequests:
         hold = max(s.hold_s, s.measure_first_s)
         kappa = (restart * charge_w / (policy.beta * hold * spec.max_gpus)) if policy.beta > 0 else restart
         notes.append(f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""))
-        req = job_request(job, restart_cost_s=kappa, throughput=model, weight=weight, allowed_gpus=allowed,
-                          must_run=must_run)
+        req = dataclasses.replace(job_request(job, restart_cost_s=kappa, throughput=model, weight=weight,
+                                              allowed_gpus=allowed, must_run=must_run), commitment=commitment)
         return req, "; ".join(notes)
 
     def _measurements(self, job: Job) -> JobMeasurements:

@@ -19,8 +19,9 @@ the time limit; the in-memory Slurm starts them by priority with backfill,
 and the controller sees them pending beside its elastic jobs.
 
 The controller's settings are the shipped defaults (ControllerConfig()),
-except the solver's limits (2 s, one thread: the simulator solves hundreds of
-times per trace on a shared machine).
+except the solver's limits: work only (the policy's branch-and-bound node
+limit), one thread and no wall-clock cap, so two runs of a trace give the
+same answer at every scheduling point whatever else the machine is doing.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from slurm_elastic import jobfiles as shim
 
 log = logging.getLogger(__name__)
 
-SIM_CONFIG = ControllerConfig(policy=Policy(time_limit_s=2.0, threads=1))
+SIM_CONFIG = ControllerConfig(policy=Policy(time_limit_s=None, threads=1))
 
 
 class ClockedJournal(Journal):

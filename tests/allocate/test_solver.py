@@ -36,14 +36,25 @@ def test_throughput_table_as_a_mapping():
     assert alloc.gpus == {"flat": 2, "other": 2}
 
 
-def test_auto_mode_picks_by_size():
+def test_auto_mode_keeps_a_two_stage_answer_proven_within_the_gap():
     small = solve(AllocationProblem((JobRequest("a", 1, 4),), ONE_NODE))
-    assert not any("two-stage" in n for n in small.notes)
+    assert any("two-stage" in n for n in small.notes) and small.status == "lp-rounded-within-gap"
     nodes = tuple(NodeCapacity(f"n{i}", 8, 64, 512_000) for i in range(40))
     jobs = tuple(JobRequest(f"j{i}", 1, 8) for i in range(30))   # 1,200 job-node pairs
     big = solve(AllocationProblem(jobs, nodes))
     assert any("two-stage" in n for n in big.notes)
     assert sum(big.gpus.values()) == 240
+
+
+def test_auto_mode_runs_the_exact_model_when_packing_loses_the_proof():
+    # 3 + 3 + 2 GPUs fit 8 in all, not on two 4-GPU nodes: the counts answer packs one job short
+    nodes = (NodeCapacity("n0", 4, 32, 128_000), NodeCapacity("n1", 4, 32, 128_000))
+    jobs = (JobRequest("a", 3, 3), JobRequest("b", 3, 3), JobRequest("c", 2, 2))
+    two = solve(AllocationProblem(jobs, nodes), mode="two-stage")
+    auto = solve(AllocationProblem(jobs, nodes))
+    assert two.mip_gap > 0.01
+    assert not any("two-stage" in n for n in auto.notes)
+    assert auto.objective > two.objective and auto.status == "optimal" and auto.mip_gap <= 0.01
 
 
 def test_solve_writes_nothing_to_stdout():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from slurm_elastic.allocate.from_state import RigidPolicy
@@ -61,3 +62,15 @@ def test_elastic_jobs_keep_what_they_borrowed_from_a_partition_the_site_did_not_
     rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
     report = rec.cycle()
     assert report.target(elastic) == 8 and rigid not in report.waits
+
+
+def test_a_rigid_job_does_not_wait_for_an_elastic_jobs_hysteresis(tmp_path):
+    """The hold after a start guards against churn; GPUs a rigid job is waiting for go back at once."""
+    slurm, rec, elastic = _filled(tmp_path)
+    rec.config = dataclasses.replace(rec.config, min_resize_interval_s=300.0)
+    assert slurm.jobs[elastic].state is JobState.RUNNING   # it just started: inside its hold
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
+    report = rec.cycle()
+    assert report.target(elastic) == 4, report.waits
+    rec.cycle()
+    assert slurm.jobs[rigid].state is JobState.RUNNING
