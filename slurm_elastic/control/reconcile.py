@@ -185,16 +185,15 @@ class Decision:
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)   # reports read (acted on or not yet)
 
 
-def holding_only_survivors(state: ClusterState, losses: Mapping[int, PeerLoss]) -> ClusterState:
-    """`state` with each job that reported a lost node holding only its other nodes."""
-    if not losses:
+def holding_only(state: ClusterState, gone: Mapping[int, frozenset[str]]) -> ClusterState:
+    """`state` with each job in `gone` holding only its other nodes (one it would lose entirely is left as is)."""
+    if not gone:
         return state
     jobs = []
     for job in state.jobs:
-        loss = losses.get(job.job_id)
-        keep = tuple(n for n in job.nodes if loss is None or n not in loss.lost_nodes)
-        jobs.append(job if loss is None or not keep or keep == job.nodes
-                    else dataclasses.replace(job, nodes=keep, num_nodes=len(keep)))
+        lost = gone.get(job.job_id, frozenset())
+        keep = tuple(n for n in job.nodes if n not in lost)
+        jobs.append(job if not keep or keep == job.nodes else dataclasses.replace(job, nodes=keep, num_nodes=len(keep)))
     return dataclasses.replace(state, jobs=tuple(jobs))
 
 
@@ -412,16 +411,19 @@ class Reconciler:
         # its incarnation is over (the survivors committed and exited).
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
-        # Its request is made as if it held only its surviving nodes: the rules that keep a running
-        # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
-        requests = self._requests(holding_only_survivors(scoped, acting), now)
-        stuck = self.requests.bad_geometry()
         rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
         # A pending rigid job's claim outranks the hysteresis: GPUs borrowed on the nodes kept for it go
         # back now, not when the elastic job's hold ends (rigid users must not wait on our churn guard).
-        yielding = frozenset(j.job_id for j in scoped.elastic_jobs
-                             if any(set(j.nodes) & set(r.nodes) for r in rigid.reserved))
-        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting) | yielding)
+        kept_for_rigid = frozenset(n for r in rigid.reserved for n in r.nodes)
+        yielding = {j.job_id: frozenset(j.nodes) & kept_for_rigid for j in scoped.elastic_jobs
+                    if set(j.nodes) & kept_for_rigid}
+        # Its request is made as if it held only its surviving nodes (or those no rigid job waits for): the
+        # rules that keep a running job at its size (measure first, the share floor) must not hold it to
+        # GPUs it has lost or must give back.
+        gone = {**yielding, **{job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}}
+        requests = self._requests(holding_only(scoped, gone), now)
+        stuck = self.requests.bad_geometry()
+        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting) | frozenset(yielding))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s

@@ -1,5 +1,5 @@
 """Through a Reconciler cycle on the in-memory Slurm: when the must-run jobs need more GPUs than exist, no job
-started within the hysteresis is requeued; the starving job's commitment, the lowest, is the one given up.
+started within the hysteresis is requeued; the starving job's commitment, the lowest, is the one that yields.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def test_a_starving_job_does_not_requeue_jobs_held_by_the_hysteresis(tmp_path):
     clock.t += 1900.0                             # past the starvation limit, within the hysteresis
     report = rec.cycle()
     assert report.allocation is not None
-    assert any("must-run commitments given up" in n for n in report.allocation.notes), report.allocation.notes
+    # The held jobs are kept where they run and solved around; the starving job finds no room and waits
+    # (the solver's give-up order itself: tests/allocate/test_commitments.py).
+    assert slurm.jobs[starving].state is JobState.PENDING
     assert [p.job_id for p in report.plans if p.job_id in held] == []
     for job_id in held:
         assert slurm.jobs[job_id].state is JobState.RUNNING and slurm.jobs[job_id].gpus == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from slurm_elastic.allocate.from_state import RigidPolicy
@@ -66,9 +65,13 @@ def test_elastic_jobs_keep_what_they_borrowed_from_a_partition_the_site_did_not_
 
 def test_a_rigid_job_does_not_wait_for_an_elastic_jobs_hysteresis(tmp_path):
     """The hold after a start guards against churn; GPUs a rigid job is waiting for go back at once."""
-    slurm, rec, elastic = _filled(tmp_path)
-    rec.config = dataclasses.replace(rec.config, min_resize_interval_s=300.0)
-    assert slurm.jobs[elastic].state is JobState.RUNNING   # it just started: inside its hold
+    clock = Clock()
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4, clock=clock)
+    elastic = slurm.add_job(ElasticSpec(2, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4)
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=300.0)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=clock, sleep=clock.sleep)
+    assert rec.cycle(dry_run=True).waits[elastic].startswith("hysteresis: started")   # inside its hold
     rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
     report = rec.cycle()
     assert report.target(elastic) == 4, report.waits
