@@ -109,13 +109,13 @@ def tres_gpus(text: str | None) -> int | None:
     return total
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses ('gpu:2(S:0-1),shard:4')."""
+def _split_top_level(text: str, opener: str = "(", closer: str = ")") -> list[str]:
+    """Split on commas outside brackets ('gpu:2(S:0-1),shard:4'; with '[', ']': 'n[1-3],m2')."""
     parts, depth, cur = [], 0, []
     for ch in text:
-        if ch == "(":
+        if ch == opener:
             depth += 1
-        elif ch == ")":
+        elif ch == closer:
             depth = max(depth - 1, 0)
         if ch == "," and depth == 0:
             parts.append("".join(cur))
@@ -172,7 +172,7 @@ def expand_hostlist(text: str | None) -> tuple[str, ...]:
     if not text or text in ("(null)", "None", "N/A"):
         return ()
     names: list[str] = []
-    for part in _split_hostlist(text):
+    for part in _split_top_level(text, "[", "]"):
         m = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", part)
         if m is None:
             names.append(part)
@@ -187,20 +187,6 @@ def expand_hostlist(text: str | None) -> tuple[str, ...]:
             for i in range(int(lo), int(hi) + 1):
                 names.extend(expand_hostlist(f"{prefix}{i:0{width}d}{suffix}"))
     return tuple(names)
-
-
-def _split_hostlist(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p for p in (p.strip() for p in parts) if p]
 
 
 # --- states --------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,11 +54,8 @@ def write_plots(results: list[SimResult], folder: Path, title: str = "") -> list
         ax.set_ylabel("GPUs (one colour per job)")
         ax.set_title(f"{title} GPUs per job over time, {_label(r)}".strip())
         ax.legend(loc="upper right")
-        path = folder / f"gpus-per-job-{_label(r).replace(' ', '-').replace('(', '').replace(')', '')}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        name = _label(r).replace(" ", "-").replace("(", "").replace(")", "")
+        written.append(_save(fig, folder / f"gpus-per-job-{name}.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
@@ -70,11 +68,7 @@ def write_plots(results: list[SimResult], folder: Path, title: str = "") -> list
     ax.set_title(f"{title} JCT CDF".strip())
     ax.legend()
     ax.grid(alpha=0.3)
-    path = folder / "jct-cdf.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    written.append(_save(fig, folder / "jct-cdf.png"))
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in results:
@@ -86,9 +80,15 @@ def write_plots(results: list[SimResult], folder: Path, title: str = "") -> list
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{title} GPU utilisation over time".strip())
     ax.legend()
-    path = folder / "utilisation.png"
+    written.append(_save(fig, folder / "utilisation.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Write one figure and close it (matplotlib keeps every open figure alive)."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
