@@ -19,7 +19,13 @@ from slurm_elastic.errors import SlurmError, SlurmUnavailable
 log = logging.getLogger(__name__)
 
 BACKEND_ENV = settings.BACKEND.env
-CHOICES = ("auto", "cli", "pyslurm")
+# The backends a site may name, each made from the pyslurm module (None where it was not imported) and the CLI
+# backend every other backend leans on for what its API lacks; `auto` chooses among them (choose_backend).
+BACKENDS: dict[str, Callable[[ModuleType | None, CliBackend], Backend]] = {
+    "cli": lambda module, cli: cli,
+    "pyslurm": lambda module, cli: PyslurmBackend(module, cli=cli),
+}
+CHOICES = ("auto", *BACKENDS)
 
 
 class BackendChoiceError(SlurmError):
@@ -54,7 +60,7 @@ def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None =
         raise BackendChoiceError(f"unknown Slurm backend {name!r} (from {source}); choose one of {', '.join(CHOICES)}")
     cli = CliBackend(env=env)
     if name == "cli":
-        return Selection(cli, f"requested by {source}")
+        return Selection(BACKENDS["cli"](None, cli), f"requested by {source}")
     module: ModuleType | None = None
     try:
         module = (importer or (lambda: import_pyslurm(env)))()
@@ -68,17 +74,16 @@ def choose_backend(choice: str | None = None, *, env: Mapping[str, str] | None =
         if name == "pyslurm":
             raise SlurmUnavailable(f"pyslurm backend requested by {source} but unusable: {problem}; "
                                    f"use --backend cli") from None
-        return Selection(cli, f"auto: {problem}")
+        return Selection(BACKENDS["cli"](None, cli), f"auto: {problem}")
     assert module is not None
     ps_version = pyslurm_version(module)
     if name == "pyslurm":
-        return Selection(PyslurmBackend(module, cli=cli), f"requested by {source} (pyslurm {ps_version})")
+        return Selection(BACKENDS["pyslurm"](module, cli), f"requested by {source} (pyslurm {ps_version})")
     running = (slurm_version or (lambda: cli.version))()
     if (ps_version.major, ps_version.minor) != (running.major, running.minor):
-        return Selection(cli, f"auto: pyslurm {ps_version.release} is built for another Slurm than the "
-                              f"running {running.release}")
-    return Selection(PyslurmBackend(module, cli=cli),
-                     f"auto: pyslurm {ps_version} matches Slurm {running}")
+        return Selection(BACKENDS["cli"](None, cli), f"auto: pyslurm {ps_version.release} is built for another "
+                                                     f"Slurm than the running {running.release}")
+    return Selection(BACKENDS["pyslurm"](module, cli), f"auto: pyslurm {ps_version} matches Slurm {running}")
 
 
 def select_backend(choice: str | None = None, *, env: Mapping[str, str] | None = None) -> Backend:
