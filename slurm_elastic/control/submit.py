@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -134,6 +135,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     script_exports = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
     spec = spec_from_options(options)
+    if spec.ckpt_dir is None:
+        spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
     if spec.batch is not None:
         env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
@@ -148,6 +151,19 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
                          dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export)
+
+
+def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
+    """The checkpoint root a job without --ckpt-dir gets: the site's (or the user's) SLURM_ELASTIC_CKPT_DIR.
+
+    Every elastic job needs one - its checkpoints, ACKs and reports to the controller live there -
+    so a job without it is refused here, not four tracebacks into its first run.
+    """
+    site = settings.CKPT_DIR.read(environ)
+    if not site:
+        raise SpecError("an elastic job needs --ckpt-dir PATH (on the command line or an #ELASTIC line; "
+                        f"or set {settings.CKPT_DIR.env}): its checkpoints live there")
+    return site
 
 
 def _ignores_pbs(parsed: Parsed) -> bool:
