@@ -148,6 +148,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     user_export = (exports or script_exports or [None])[-1]
     if user_export is None and environ.get(EXPORT_ENV):
         user_export = environ[EXPORT_ENV]
+    _refuse_job_key(environ, user_export, text)
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
                          dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export)
@@ -164,6 +165,25 @@ def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
         raise SpecError("an elastic job needs --ckpt-dir PATH (on the command line or an #ELASTIC line; "
                         f"or set {settings.CKPT_DIR.env}): its checkpoints live there")
     return site
+
+
+JOB_KEY_ENV = settings.JOB_KEY.env
+_SETS_JOB_KEY = re.compile(r"(?m)^[^#\n]*\b" + re.escape(str(JOB_KEY_ENV)) + r"=")
+JOB_KEY_REFUSED = (f"{JOB_KEY_ENV} is set{{}}: the controller finds a job's checkpoints, reports and ACKs "
+                   "by its job id, so a job under another key would be invisible to it; drop it, and to "
+                   "continue an ended job keep its id: scontrol requeue OLD_JOB_ID")
+
+
+def _refuse_job_key(environ: Mapping[str, str], user_export: str | None, script_text: str) -> None:
+    """A job key the user chooses would hide the job's files from the controller (issue 28): refused
+    wherever the wrapper can see it reach the job (sbatch passes the caller's SLURM_* variables
+    over --export, an --export list can name it, the script can set it before srun)."""
+    if environ.get(str(JOB_KEY_ENV)):
+        raise SpecError(JOB_KEY_REFUSED.format(" in your environment"))
+    if user_export and any(t.split("=", 1)[0] == JOB_KEY_ENV for t in user_export.split(",")):
+        raise SpecError(JOB_KEY_REFUSED.format(" in --export"))
+    if _SETS_JOB_KEY.search(script_text):
+        raise SpecError(JOB_KEY_REFUSED.format(" by the batch script"))
 
 
 def _ignores_pbs(parsed: Parsed) -> bool:

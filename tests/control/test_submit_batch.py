@@ -56,3 +56,22 @@ def test_a_job_without_a_checkpoint_root_is_refused_naming_the_option(tmp_path: 
     with pytest.raises(SpecError, match="needs --ckpt-dir PATH") as refused:
         parse_command_line(["--gpus=2-8", _script(tmp_path)], environ={})
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("where", ["environment", "export", "sbatch-export", "script"])
+def test_a_job_key_of_the_users_choosing_is_refused_naming_what_to_do(tmp_path: Path, where: str) -> None:
+    """The controller looks a job's files up by its job id: a chosen key would hide the job from it."""
+    environ = {**SITE, **({"SLURM_ELASTIC_JOB_KEY": "1234"} if where == "environment" else {})}
+    head = ["#SBATCH --export=ALL,SLURM_ELASTIC_JOB_KEY=1234"] if where == "sbatch-export" else []
+    body = ["export SLURM_ELASTIC_JOB_KEY=1234"] if where == "script" else []
+    path = tmp_path / "job.sbatch"
+    path.write_text("\n".join(["#!/bin/bash", *head, "#ELASTIC --gpus 2-8", *body, "srun true", ""]))
+    args = ["--export=ALL,SLURM_ELASTIC_JOB_KEY=1234"] if where == "export" else []
+    with pytest.raises(SpecError, match="SLURM_ELASTIC_JOB_KEY is set") as refused:
+        parse_command_line([*args, str(path)], environ=environ)
+    assert "scontrol requeue OLD_JOB_ID" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_script_that_only_mentions_the_job_key_in_a_comment_is_submitted(tmp_path: Path) -> None:
+    script = _script(tmp_path, "#ELASTIC --gpus 2-8", "# we no longer set SLURM_ELASTIC_JOB_KEY=1234 here")
+    assert parse_command_line([script], environ=SITE).spec.ckpt_dir == SITE["SLURM_ELASTIC_CKPT_DIR"]
