@@ -87,6 +87,13 @@ _HETJOB_WORDS = ("hetjob", "packjob")
 
 PYTHON_ENV = settings.PYTHON.env   # the interpreter job_templates/*.sbatch run
 
+# The controller finds a job's files by its job id, so a key of the user's choosing is refused.
+JOB_KEY_ENV = settings.JOB_KEY.env
+_SETS_JOB_KEY = re.compile(r"(?m)^[^#\n]*\b" + re.escape(str(JOB_KEY_ENV)) + r"=")
+JOB_KEY_REFUSED = (f"{JOB_KEY_ENV} is set{{}}: the controller finds a job's checkpoints, reports and ACKs "
+                   "by its job id, so a job under another key would be invisible to it; drop it, and to "
+                   "continue an ended job keep its id: scontrol requeue OLD_JOB_ID")
+
 
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
@@ -158,20 +165,13 @@ def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
     """The checkpoint root a job without --ckpt-dir gets: the site's (or the user's) SLURM_ELASTIC_CKPT_DIR.
 
     Every elastic job needs one - its checkpoints, ACKs and reports to the controller live there -
-    so a job without it is refused here, not four tracebacks into its first run.
+    so a job without one is refused at submit rather than failing when it first starts.
     """
     site = settings.CKPT_DIR.read(environ)
     if not site:
         raise SpecError("an elastic job needs --ckpt-dir PATH (on the command line or an #ELASTIC line; "
                         f"or set {settings.CKPT_DIR.env}): its checkpoints live there")
     return site
-
-
-JOB_KEY_ENV = settings.JOB_KEY.env
-_SETS_JOB_KEY = re.compile(r"(?m)^[^#\n]*\b" + re.escape(str(JOB_KEY_ENV)) + r"=")
-JOB_KEY_REFUSED = (f"{JOB_KEY_ENV} is set{{}}: the controller finds a job's checkpoints, reports and ACKs "
-                   "by its job id, so a job under another key would be invisible to it; drop it, and to "
-                   "continue an ended job keep its id: scontrol requeue OLD_JOB_ID")
 
 
 def _refuse_job_key(environ: Mapping[str, str], user_export: str | None, script_text: str) -> None:
