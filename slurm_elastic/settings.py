@@ -172,7 +172,8 @@ LOG: Setting[str | None] = Setting(
 
 # -- what a job is told ---------------------------------------------------------------------------------
 CKPT_DIR: Setting[str | None] = Setting(
-    "ckpt_dir", None, "The job's checkpoint root (its elastic spec's ckpt=), exported by the wrapper.", JOB,
+    "ckpt_dir", None, "The job's checkpoint root (its elastic spec's ckpt=), exported by the wrapper; at "
+    "submit, the default for --ckpt-dir.", JOB,
     kind="path", env="SLURM_ELASTIC_CKPT_DIR")
 JOB_KEY: Setting[str | None] = Setting(
     "job_key", None, "The job's directory name under the checkpoint root (default: the Slurm job id).", JOB,

@@ -31,7 +31,8 @@ def sbatch(args: tuple[str, ...]) -> None:
       --cpus-per-gpu N     CPUs that go with each GPU (default 1)
       --mem-per-gpu SIZE   memory per GPU, e.g. 8G (default 1024M)
       --weight W           share when GPUs are scarce (default 1)
-      --ckpt-dir PATH      checkpoint root of the job (exported as SLURM_ELASTIC_CKPT_DIR)
+      --ckpt-dir PATH      checkpoint root of the job (required; exported as
+                           SLURM_ELASTIC_CKPT_DIR; default: that variable, if set)
       --batch adaptive:MIN-MAX
                            let the shim choose the global batch by goodput (opt-in;
                            exported as SLURM_ELASTIC_BATCH; default: the fixed batch)
@@ -52,9 +53,9 @@ def sbatch(args: tuple[str, ...]) -> None:
 
     \b
     Examples:
-      slurm-elastic sbatch --gpus 4-32 --gpu-step 4 -t 12:00:00 train.sbatch
+      slurm-elastic sbatch --gpus 4-32 --gpu-step 4 --ckpt-dir /scratch/me/ckpt -t 12:00:00 train.sbatch
       slurm-elastic sbatch --parsable --gpus 2-8 --ckpt-dir /scratch/me/ckpt train.sbatch --lr 0.1
-      slurm-elastic sbatch --watch --gpus 1-4 train.sbatch
+      slurm-elastic sbatch --watch --gpus 1-4 --ckpt-dir /scratch/me/ckpt train.sbatch
     """
     from slurm_elastic.cluster.cli_backend import sbatch_args
     from slurm_elastic.cluster.select import select_backend

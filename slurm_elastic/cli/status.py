@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import stat
+import time
 from typing import Mapping
 
 import click
@@ -41,7 +42,18 @@ def job_row(job: Job, why: str | None = None) -> dict[str, object]:
             "reason": job.reason, "held": job.held, "gpus": job.gpus, "nodes": list(job.nodes),
             "min_gpus": spec.min_gpus if spec else None, "max_gpus": spec.max_gpus if spec else None,
             "gpu_step": spec.gpu_step if spec else None, "restarts": job.restarts,
-            "checkpoint_step": newest_checkpoint_step(job), "spec_error": job.spec_error, "why": why}
+            "checkpoint_step": newest_checkpoint_step(job), "spec_error": job.spec_error, "why": why,
+            "ended": job.state.finished, "end_time": job.end_time, "exit_signal": job.exit_signal}
+
+
+def how_it_ended(job: Job) -> str:
+    """A finished job's note: its final state, the signal that ended it, when (Slurm keeps it a while)."""
+    parts = [f"ended {job.state.value}"]
+    if job.exit_signal is not None:
+        parts.append(f"by signal {job.exit_signal}")
+    if job.end_time is not None:
+        parts.append("at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.end_time)))
+    return " ".join(parts)
 
 
 @click.command()
@@ -50,6 +62,9 @@ def job_row(job: Job, why: str | None = None) -> dict[str, object]:
 @elastic_errors
 def status(as_json: bool, user: str | None) -> None:
     """Show your elastic jobs: GPUs now/min/max, state, restarts, newest checkpoint.
+
+    Jobs that ended (completed, failed, cancelled...) are listed with their final
+    state for as long as Slurm still reports them.
 
     Jobs whose comment claims an elastic spec that does not parse are listed
     too, with the error: the controller never touches them.
@@ -66,9 +81,10 @@ def status(as_json: bool, user: str | None) -> None:
     who = user or getpass.getuser()
     backend = select_backend()
     state = backend.snapshot()
-    jobs = [j for j in state.jobs if j.user == who and not j.state.finished and (j.spec or j.spec_error)]
+    # Ended jobs stay listed, with their state, for as long as Slurm still reports them (MinJobAge).
+    jobs = [j for j in state.jobs if j.user == who and (j.spec or j.spec_error)]
     waits: Mapping[int, str] = {}
-    if any(j.spec for j in jobs):
+    if any(j.spec and not j.state.finished for j in jobs):
         # Why each job is not being resized now: the decision the running controller would take
         # (the daemon's settings when one runs, else a watch's defaults), as a dry run.
         reconciler, _ = observer(backend, ControllerConfig(), user=who)
@@ -80,10 +96,12 @@ def status(as_json: bool, user: str | None) -> None:
     if not rows:
         click.echo(f"no elastic jobs of {who}")
         return
+    ended = {j.job_id: how_it_ended(j) for j in jobs if j.state.finished}
     click.echo(f"{'JOBID':>8} {'NAME':<16} {'STATE':<10} {'GPUS':>4} {'MIN-MAX':>9} {'RESTARTS':>8} {'CKPT':>8}  NOTE")
     for r in rows:
         rng = f"{r['min_gpus']}-{r['max_gpus']}" if r["min_gpus"] is not None else "-"
         note = f"malformed spec: {r['spec_error']}" if r["spec_error"] else (
+            ended[r["job_id"]] if r["ended"] else
             "held" if r["held"] else (r["why"] or (r["reason"] if r["state"] == "PENDING" else "")))
         ckpt = "-" if r["checkpoint_step"] is None else r["checkpoint_step"]
         click.echo(f"{r['job_id']:>8} {str(r['name'])[:16]:<16} {r['state']:<10} {r['gpus']:>4} {rng:>9} "

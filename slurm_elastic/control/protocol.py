@@ -23,6 +23,7 @@ from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
+from slurm_elastic.control.requests import job_owner_uid, read_job_geometry
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.settings import ACK_TIMEOUT, CRASH_AFTER
@@ -83,6 +84,7 @@ class RequeueProtocol:
         self._may_act = may_act
         self._launcher_stopped: Callable[[int], str] = lambda job_id: ""
         self._in_place: set[int] = set()              # plan ids shrunk in place: no requeue, no release
+        self._geometry_exited: set[int] = set()       # plan ids whose ranks exited 87: no ACK to wait for
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState, *,
@@ -155,6 +157,8 @@ class RequeueProtocol:
             note = "acked" if acked.get(rec.plan_id) else f"no ACK within {self.settings.ack_timeout_s:g}s"
             if rec.plan.peer_lost:
                 note = f"none needed: {rec.plan.reason}"
+            elif rec.plan_id in self._geometry_exited:
+                note = f"none coming: its ranks exited {shim.GEOMETRY_EXIT_CODE} on a bad batch geometry"
             self.journal.record(rec.plan_id, "ack", note)
             if not acked.get(rec.plan_id):
                 log.warning("job %d: %s; the last periodic checkpoint is the resume point", rec.job_id, note)
@@ -538,6 +542,7 @@ class RequeueProtocol:
                                   if ckpt else None)
         acked = {pid: False for pid in paths}
         moved_on: set[int] = set()   # jobs no longer as planned (cancelled...): not waited for
+        moved_on |= self._geometry_exits(running, state)
         deadline = self._clock() + self.settings.ack_timeout_s
         next_look = self._clock() + self.settings.observe_every_s
         while True:
@@ -550,6 +555,18 @@ class RequeueProtocol:
                 moved_on |= self._moved_on([r for r in running if not acked[r.plan_id]])
                 next_look = self._clock() + self.settings.observe_every_s
             self._sleep(self.settings.ack_poll_s)
+
+    def _geometry_exits(self, records: Sequence[PlanRecord], state: ClusterState) -> set[int]:
+        """Plans whose job's ranks exited 87 at this start: they are gone, so no ACK will come."""
+        out = set()
+        for rec in records:
+            job = _find(state, rec.job_id)
+            if job is not None and exited_on_geometry(job):
+                log.info("job %d: its ranks exited %d on a bad batch geometry; not waiting for an ACK",
+                         rec.job_id, shim.GEOMETRY_EXIT_CODE)
+                self._geometry_exited.add(rec.plan_id)
+                out.add(rec.plan_id)
+        return out
 
     def _moved_on(self, records: Sequence[PlanRecord]) -> set[int]:
         """Plans whose job is no longer what they assumed; the hold step's re-check decides what happens."""
@@ -584,6 +601,33 @@ class _Departed(Exception):
 def _sigkill_self() -> None:
     logging.shutdown()
     os.kill(os.getpid(), _signal.SIGKILL)
+
+
+def exited_on_geometry(job: Job) -> bool:
+    """`job`'s ranks, at this start, found its global batch cannot be split over its size and exited 87.
+
+    Only the owner's own geometry.json counts (the contract's reader), and only one written since
+    the job last started: a file left by an earlier start at the same size says nothing about now.
+    """
+    spec = job.spec
+    if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
+        return False
+    uid = job_owner_uid(job)
+    if uid is None:
+        return False
+    try:
+        path = shim.geometry_path(spec.ckpt_dir, shim.job_key(job.job_id))
+    except ValueError:
+        return False
+    geometry, _ = read_job_geometry(path, owner_uid=uid, max_bytes=shim.GEOMETRY_MAX_BYTES)
+    if geometry is None or not geometry.stuck or geometry.world_size != job.gpus:
+        return False
+    if job.start_time is None:
+        return False
+    try:
+        return os.stat(path, follow_symlinks=False).st_mtime >= job.start_time
+    except OSError:
+        return False
 
 
 def _find(state: ClusterState, job_id: int) -> Job | None:

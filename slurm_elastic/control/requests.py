@@ -599,6 +599,11 @@ def quantised(weight: float) -> float:
     return 2.0 ** (round(4.0 * math.log2(weight)) / 4.0)
 
 
+def job_owner_uid(job: Job) -> int | None:
+    """The uid the files in `job`'s directory must belong to (None: its owner is unknown here)."""
+    return job.user_id if job.user_id is not None else _uid_of(job.user)
+
+
 def _uid_of(user: str) -> int | None:
     try:
         return pwd.getpwnam(user).pw_uid

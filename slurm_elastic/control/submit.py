@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -86,6 +87,13 @@ _HETJOB_WORDS = ("hetjob", "packjob")
 
 PYTHON_ENV = settings.PYTHON.env   # the interpreter job_templates/*.sbatch run
 
+# The controller finds a job's files by its job id, so a key of the user's choosing is refused.
+JOB_KEY_ENV = settings.JOB_KEY.env
+_SETS_JOB_KEY = re.compile(r"(?m)^[^#\n]*\b" + re.escape(str(JOB_KEY_ENV)) + r"=")
+JOB_KEY_REFUSED = (f"{JOB_KEY_ENV} is set{{}}: the controller finds a job's checkpoints, reports and ACKs "
+                   "by its job id, so a job under another key would be invisible to it; drop it, and to "
+                   "continue an ended job keep its id: scontrol requeue OLD_JOB_ID")
+
 
 @dataclass(frozen=True, slots=True)
 class SubmitRequest:
@@ -134,6 +142,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     script_exports = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
     spec = spec_from_options(options)
+    if spec.ckpt_dir is None:
+        spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
     if spec.batch is not None:
         env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
@@ -145,9 +155,35 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     user_export = (exports or script_exports or [None])[-1]
     if user_export is None and environ.get(EXPORT_ENV):
         user_export = environ[EXPORT_ENV]
+    _refuse_job_key(environ, user_export, text)
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
                          dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export)
+
+
+def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
+    """The checkpoint root a job without --ckpt-dir gets: the site's (or the user's) SLURM_ELASTIC_CKPT_DIR.
+
+    Every elastic job needs one - its checkpoints, ACKs and reports to the controller live there -
+    so a job without one is refused at submit rather than failing when it first starts.
+    """
+    site = settings.CKPT_DIR.read(environ)
+    if not site:
+        raise SpecError("an elastic job needs --ckpt-dir PATH (on the command line or an #ELASTIC line; "
+                        f"or set {settings.CKPT_DIR.env}): its checkpoints live there")
+    return site
+
+
+def _refuse_job_key(environ: Mapping[str, str], user_export: str | None, script_text: str) -> None:
+    """A job key the user chooses would hide the job's files from the controller (issue 28): refused
+    wherever the wrapper can see it reach the job (sbatch passes the caller's SLURM_* variables
+    over --export, an --export list can name it, the script can set it before srun)."""
+    if environ.get(str(JOB_KEY_ENV)):
+        raise SpecError(JOB_KEY_REFUSED.format(" in your environment"))
+    if user_export and any(t.split("=", 1)[0] == JOB_KEY_ENV for t in user_export.split(",")):
+        raise SpecError(JOB_KEY_REFUSED.format(" in --export"))
+    if _SETS_JOB_KEY.search(script_text):
+        raise SpecError(JOB_KEY_REFUSED.format(" by the batch script"))
 
 
 def _ignores_pbs(parsed: Parsed) -> bool:

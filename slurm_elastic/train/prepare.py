@@ -170,7 +170,8 @@ class ElasticLoop:
             for_session = _EpochSchedule(scheduler, self)
         # attach() before DDP: restore and layer hooks see the plain model (ElasticSession's rule).
         self.session.attach(model, optimizer, global_batch=self.base_batch, micro_batch=micro,
-                            dataset_size=len(dataset), scheduler=for_session, seed=seed, shuffle=shuffle)
+                            dataset_size=len(dataset), scheduler=for_session, seed=seed, shuffle=shuffle,
+                            announce=False)
         if self.session.noise is not None:
             # Its hooks run before the accumulation divisor's (_wrap_model): they see each micro-batch's mean.
             self.session.noise.micro_grad_scale = 1.0
@@ -189,6 +190,7 @@ class ElasticLoop:
         log.info("elastic loop: rank %d/%d, global batch %d = micro %d x %d ranks x %d accumulation, "
                  "continuing at step %d (epoch %d)", self.rank, self.world_size, self.global_batch, micro,
                  self.world_size, self.accumulation, self.step, self.epoch)
+        self.session.announce_start(self.epoch)
         return [replaced.get(i, obj) for i, obj in enumerate(objects)]
 
     def _data_plan(self, data: Any) -> tuple[Dataset, int, bool, int, dict[str, Any]]:

@@ -22,7 +22,7 @@ from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_batch_range
 from slurm_elastic import jobfiles as protocol
-from slurm_elastic.train import peers, rendezvous
+from slurm_elastic.train import peers, rendezvous, start_line
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
     FinishedSnapshot,
@@ -257,10 +257,13 @@ class ElasticSession:
     # -- setup -----------------------------------------------------------------------------------
     def attach(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, global_batch: int, micro_batch: int,
                dataset_size: int, scheduler: Any = None, seed: int = 0, shuffle: bool = True,
-               layers: Sequence[nn.Module] | None = None, group_bytes: int = DEFAULT_GROUP_BYTES) -> int:
+               layers: Sequence[nn.Module] | None = None, group_bytes: int = DEFAULT_GROUP_BYTES,
+               announce: bool = True) -> int:
         """Check the batch geometry, restore the newest complete checkpoint, hook the layers.
 
-        Returns the step training continues from (0 for a fresh start).
+        Returns the step training continues from (0 for a fresh start). Rank 0 writes one line
+        to stderr saying where and why (`announce_start`); ElasticLoop, which knows the epoch,
+        passes announce=False and says it itself.
 
         With an adaptive batch range, `global_batch` is the base batch (the one
         the learning rate is tuned for); the batch of this start is chosen
@@ -293,7 +296,16 @@ class ElasticSession:
             self._mark_boundary()
         self._last_arm_time = time.monotonic()
         self._metrics_mark = (time.monotonic(), self.step)
+        if announce:
+            self.announce_start()
         return self.step
+
+    def announce_start(self, epoch: int | None = None) -> None:
+        """Rank 0: 'resumed at step N (epoch E) from <checkpoint> after <cause>' on stderr, whatever
+        logging the script configured (or where a fresh start begins)."""
+        if self.env.is_main:
+            start_line.announce(start_line.start_line(self.job_dir, self.env, step=self.step,
+                                                      restored_step=self.restored_step, epoch=epoch))
 
     def _write_geometry(self, global_batch: int, micro_batch: int,
                         valid: tuple[int, ...] | None = None) -> None:

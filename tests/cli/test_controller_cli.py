@@ -95,11 +95,12 @@ def test_missing_script_and_missing_shebang(slurm, tmp_path):
 
 def test_sbatch_submits_at_the_size_the_allocator_gives_now(slurm, script):
     busy = slurm.add_job(None, nodes=2, gpus_per_node=4)      # 8 of 16 GPUs taken by a plain job
-    result = run("sbatch", "--parsable", "--gpus", "2-16", "--gpu-step", "2", "-p", "gpu", str(script), "--lr", "0.1")
+    result = run("sbatch", "--parsable", "--gpus", "2-16", "--gpu-step", "2", "-p", "gpu", "--ckpt-dir",
+                 "/scratch/ckpt", str(script), "--lr", "0.1")
     assert result.exit_code == 0, result.output
     job_id = int(result.output.strip())
     job = slurm.jobs[job_id]
-    assert job.spec == ElasticSpec(2, 16, gpu_step=2)          # the command line wins over #ELASTIC
+    assert job.spec == ElasticSpec(2, 16, gpu_step=2, ckpt_dir="/scratch/ckpt")   # the command line wins over #ELASTIC
     assert job.gpus == 8 and job.num_nodes == 2                # what is free, whole nodes when spanning
     assert job.requeue and job.comment == job.spec.to_comment()
     assert busy in slurm.jobs
@@ -124,7 +125,7 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
 
 def test_a_value_that_spells_a_directive_word_is_only_a_value(slurm, tmp_path):
     script = tmp_path / "named.sbatch"
-    script.write_text("#!/bin/bash\n#ELASTIC --gpus 1-2\n#SBATCH -J hetjob --acco=lab\ntrue\n")
+    script.write_text("#!/bin/bash\n#ELASTIC --gpus 1-2 --ckpt-dir /scratch/ckpt\n#SBATCH -J hetjob --acco=lab\ntrue\n")
     result = run("sbatch", "--dry-run", str(script))
     assert result.exit_code == 0, result.output
     assert not slurm.jobs

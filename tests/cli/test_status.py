@@ -1,13 +1,20 @@
-"""`status` reads each job's LATEST from a directory its user controls: never a link, a FIFO or a long read."""
+"""`status`: ended jobs stay listed with their state; each job's LATEST is read from a directory its user controls
+(never a link, a FIFO or a long read)."""
 
 from __future__ import annotations
 
+import getpass
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
 from slurm_elastic.cli.status import newest_checkpoint_step
+from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic.spec import ElasticSpec
 
@@ -42,3 +49,30 @@ def test_a_hostile_latest_is_unknown_and_never_hangs(tmp_path: Path, kind: str) 
     else:
         latest.write_text("step-" + "9" * 10_000_000)
     assert newest_checkpoint_step(_job(tmp_path)) is None
+
+
+def test_ended_jobs_are_listed_with_their_state_and_how_they_ended(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=2)
+    monkeypatch.setattr("slurm_elastic.cluster.select.select_backend", lambda *a, **k: slurm)
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path / "daemon"))
+    monkeypatch.setenv("SLURM_ELASTIC_STATE_DIR", str(tmp_path / "user"))
+    me = getpass.getuser()
+    failed = slurm.add_job(ElasticSpec(1, 2, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=me)
+    running = slurm.add_job(ElasticSpec(1, 2, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=me)
+    killed = slurm.add_job(ElasticSpec(1, 2, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=me)
+    slurm.finish(failed, JobState.FAILED)
+    slurm.finish(killed, JobState.CANCELLED, signal=9)
+
+    result = CliRunner().invoke(main, ["status", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = {r["job_id"]: r for r in json.loads(result.output)}
+    assert {j: (rows[j]["state"], rows[j]["ended"]) for j in rows} == {
+        failed: ("FAILED", True), running: (slurm.jobs[running].state.value, False), killed: ("CANCELLED", True)}
+    assert rows[killed]["exit_signal"] == 9 and rows[failed]["end_time"] is not None
+
+    text = CliRunner().invoke(main, ["status"], catch_exceptions=False).output
+    lines = {int(line.split()[0]): line for line in text.splitlines()[1:]}
+    assert "FAILED" in lines[failed] and "ended FAILED at " in lines[failed]
+    assert "ended CANCELLED by signal 9 at " in lines[killed]
+    assert "ended" not in lines[running]

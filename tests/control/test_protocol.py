@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
+import os
 
 import pytest
 
@@ -12,6 +14,7 @@ from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, STEPS, J
 from slurm_elastic.control.plan import Plan, PlanEntry
 from slurm_elastic.control.protocol import ProtocolSettings, RequeueProtocol
 from slurm_elastic.spec import ElasticSpec
+from slurm_elastic import jobfiles as shim
 
 from control.fake_slurm import FakeSlurm
 
@@ -271,3 +274,45 @@ def test_may_act_stops_a_plan_before_its_first_step(setup):
     [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
     assert out.status == ABANDONED and "admin daemon" in out.note
     assert slurm.calls == [] and slurm.jobs[job_id].gpus == 8
+
+
+def _geometry_file(slurm: FakeSlurm, job_id: int, world: int, valid: list[int]) -> str:
+    job = slurm.jobs[job_id]
+    path = shim.geometry_path(job.spec.ckpt_dir, shim.job_key(job_id))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(shim.Geometry(world, tuple(valid), global_batch=24, micro_batch=3).to_bytes())
+    return path
+
+
+@pytest.fixture
+def own_job(tmp_path):
+    """A job of the user running the tests (only its owner's geometry.json is believed), its ranks never ACK."""
+    slurm = FakeSlurm(ack=False)
+    spec = ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt"))
+    job_id = slurm.add_job(spec, nodes=2, gpus_per_node=4, user=getpass.getuser())
+    return slurm, job_id, Journal(tmp_path / "journal.sqlite")
+
+
+def test_a_geometry_exit_ends_the_ack_wait_at_once(own_job):
+    slurm, job_id, journal = own_job
+    _geometry_file(slurm, job_id, 8, [1, 2, 3, 4, 6])     # 24 samples cannot be split over 8: exit 87
+    proto = _protocol(slurm, journal, ack_timeout_s=60.0)
+    [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == DONE and out.acked is False and slurm.jobs[job_id].gpus == 4
+    assert proto._clock() < 10.0                           # not the 60 s ACK timeout
+    assert "exited 87 on a bad batch geometry" in [n for s, _, n in journal.steps(out.plan_id) if s == "ack"][0]
+
+
+@pytest.mark.parametrize("case", ["valid-size", "other-size", "earlier-start", "someone-else"])
+def test_a_geometry_file_that_says_nothing_about_this_start_does_not_end_the_wait(own_job, case):
+    slurm, job_id, journal = own_job
+    path = _geometry_file(slurm, job_id, 8 if case != "other-size" else 4,
+                          [1, 2, 4, 8] if case == "valid-size" else [1, 2, 3, 4, 6])
+    if case == "earlier-start":
+        os.utime(path, (0, 0))                              # written before this start (at 1e6 s)
+    if case == "someone-else":
+        slurm.jobs[job_id] = dataclasses.replace(slurm.jobs[job_id], user_id=os.getuid() + 1)
+    proto = _protocol(slurm, journal, ack_timeout_s=60.0)
+    [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.acked is False and proto._clock() >= 60.0

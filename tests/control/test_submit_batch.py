@@ -1,4 +1,4 @@
-"""`--batch adaptive:MIN-MAX` (command line or #ELASTIC line) reaches the job as SLURM_ELASTIC_BATCH; bad ranges refused."""
+"""Submit options reaching the job: `--batch adaptive:MIN-MAX` as SLURM_ELASTIC_BATCH, the checkpoint root (required)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from slurm_elastic.errors import SpecError
 from slurm_elastic import jobfiles as protocol
 
 
+SITE = {"SLURM_ELASTIC_CKPT_DIR": "/scratch/site/ckpt"}   # the site's default checkpoint root
+
+
 def _script(tmp_path: Path, *lines: str) -> str:
     path = tmp_path / "job.sbatch"
     path.write_text("\n".join(["#!/bin/bash", *lines, "srun true", ""]))
@@ -18,23 +21,57 @@ def _script(tmp_path: Path, *lines: str) -> str:
 
 
 def test_the_command_line_range_reaches_the_job(tmp_path: Path) -> None:
-    request = parse_command_line(["--gpus=2-8", "--batch", "adaptive:64-512", _script(tmp_path)], environ={})
+    request = parse_command_line(["--gpus=2-8", "--batch", "adaptive:64-512", _script(tmp_path)], environ=SITE)
     assert request.env[protocol.BATCH_ENV] == "adaptive:64-512"
     assert not any(arg.startswith("--batch") for arg in request.sbatch_args), request.sbatch_args
 
 
 def test_an_elastic_line_gives_the_range_and_the_command_line_wins(tmp_path: Path) -> None:
     script = _script(tmp_path, "#ELASTIC --gpus 2-8", "#ELASTIC --batch adaptive:32-256")
-    assert parse_command_line([script], environ={}).env[protocol.BATCH_ENV] == "adaptive:32-256"
-    over = parse_command_line(["--batch=adaptive:16-64", script], environ={})
+    assert parse_command_line([script], environ=SITE).env[protocol.BATCH_ENV] == "adaptive:32-256"
+    over = parse_command_line(["--batch=adaptive:16-64", script], environ=SITE)
     assert over.env[protocol.BATCH_ENV] == "adaptive:16-64"
 
 
 def test_fixed_batch_jobs_get_no_range(tmp_path: Path) -> None:
-    assert protocol.BATCH_ENV not in parse_command_line(["--gpus=2-8", _script(tmp_path)], environ={}).env
+    assert protocol.BATCH_ENV not in parse_command_line(["--gpus=2-8", _script(tmp_path)], environ=SITE).env
 
 
 @pytest.mark.parametrize("bad", ["64-512", "adaptive:512-64", "adaptive:0-8", "adaptive:x-8", "fixed:8"])
 def test_a_bad_range_is_refused(tmp_path: Path, bad: str) -> None:
     with pytest.raises(SpecError, match="--batch"):
-        parse_command_line(["--gpus=2-8", f"--batch={bad}", _script(tmp_path)], environ={})
+        parse_command_line(["--gpus=2-8", f"--batch={bad}", _script(tmp_path)], environ=SITE)
+
+
+def test_the_site_checkpoint_root_is_the_default_and_ckpt_dir_wins(tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    request = parse_command_line(["--gpus=2-8", script], environ=SITE)
+    assert request.spec.ckpt_dir == "/scratch/site/ckpt"
+    assert request.env[protocol.CKPT_DIR_ENV] == "/scratch/site/ckpt"
+    mine = parse_command_line(["--gpus=2-8", "--ckpt-dir", "/scratch/me/ckpt", script], environ={})
+    assert mine.spec.ckpt_dir == "/scratch/me/ckpt" and mine.env[protocol.CKPT_DIR_ENV] == "/scratch/me/ckpt"
+
+
+def test_a_job_without_a_checkpoint_root_is_refused_naming_the_option(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="needs --ckpt-dir PATH") as refused:
+        parse_command_line(["--gpus=2-8", _script(tmp_path)], environ={})
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("where", ["environment", "export", "sbatch-export", "script"])
+def test_a_job_key_of_the_users_choosing_is_refused_naming_what_to_do(tmp_path: Path, where: str) -> None:
+    """The controller looks a job's files up by its job id: a chosen key would hide the job from it."""
+    environ = {**SITE, **({"SLURM_ELASTIC_JOB_KEY": "1234"} if where == "environment" else {})}
+    head = ["#SBATCH --export=ALL,SLURM_ELASTIC_JOB_KEY=1234"] if where == "sbatch-export" else []
+    body = ["export SLURM_ELASTIC_JOB_KEY=1234"] if where == "script" else []
+    path = tmp_path / "job.sbatch"
+    path.write_text("\n".join(["#!/bin/bash", *head, "#ELASTIC --gpus 2-8", *body, "srun true", ""]))
+    args = ["--export=ALL,SLURM_ELASTIC_JOB_KEY=1234"] if where == "export" else []
+    with pytest.raises(SpecError, match="SLURM_ELASTIC_JOB_KEY is set") as refused:
+        parse_command_line([*args, str(path)], environ=environ)
+    assert "scontrol requeue OLD_JOB_ID" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_script_that_only_mentions_the_job_key_in_a_comment_is_submitted(tmp_path: Path) -> None:
+    script = _script(tmp_path, "#ELASTIC --gpus 2-8", "# we no longer set SLURM_ELASTIC_JOB_KEY=1234 here")
+    assert parse_command_line([script], environ=SITE).spec.ckpt_dir == SITE["SLURM_ELASTIC_CKPT_DIR"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import signal
@@ -116,6 +117,44 @@ def test_a_signalled_stop_resumes_where_it_stopped_and_done_epochs_yield_nothing
     assert lengths == [0, 0, 6]          # epochs 0 (steps 0-2) and 1 (3-4) are done: nothing to yield
     assert sorted(by_step) == list(range(8))
     assert [i for s in sorted(by_step) for i in by_step[s]] == ElasticSampler(N, seed=0).indices(0, 32)
+
+
+def test_every_start_says_where_it_resumed_from_and_why_whatever_logging_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def start(restart: int, signal_after: int | None) -> ElasticLoop:
+        env = JobEnvironment.from_env({"SLURM_JOB_ID": "91", "SLURM_RESTART_COUNT": str(restart)})
+        loop = ElasticLoop(global_batch=4, ckpt_dir=str(tmp_path / "ck"), env=env, fast_exit=False)
+        model, optimizer, loader = _objects()
+        ddp, optimizer, loader = loop.prepare(model, optimizer, loader)
+        try:
+            for epoch in range(3):
+                loader.sampler.set_epoch(epoch)
+                for x, _ in loader:
+                    ddp(x).squeeze(1).pow(2).mean().backward()
+                    optimizer.step()
+                    if loop.step == signal_after:
+                        os.kill(os.getpid(), signal.SIGUSR2)
+        except SystemExit as exc:
+            assert exc.code == protocol.REQUEUE_EXIT_CODE
+            return loop
+        loop.close()
+        return loop
+
+    logging.disable(logging.CRITICAL)        # a script that silences logging still gets the line
+    try:
+        start(0, signal_after=4)
+        first = capsys.readouterr().err
+        loop = start(1, signal_after=None)
+        second = capsys.readouterr().err
+    finally:
+        logging.disable(logging.NOTSET)
+    job_dir = tmp_path / "ck" / "91"
+    assert [ln for ln in first.splitlines() if ln.startswith("slurm-elastic:")] == [
+        f"slurm-elastic: started at step 0 (epoch 0): no checkpoint in {job_dir}"]
+    assert [ln for ln in second.splitlines() if ln.startswith("slurm-elastic:")] == [
+        f"slurm-elastic: resumed at step 5 (epoch 2) from {job_dir / protocol.step_dir_name(5)} after a resize "
+        "by the controller (checkpoint acknowledged)"]
+    assert loop.step == 8
 
 
 def test_optimizer_step_after_every_batch_is_required(tmp_path: Path) -> None:
