@@ -412,9 +412,14 @@ class Reconciler:
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         # Its request is made as if it held only its surviving nodes: the rules that keep a running
         # job at its size (measure first, the share floor) must not hold it to GPUs it has lost.
-        requests = self._requests(holding_only_survivors(scoped, acting), now)
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
+        # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
+        # budget, measure first, the share floor): kept by them, one job held its size and the other
+        # went back to the queue though both minimums fitted beside the rigid job (seen live).
+        yielding = any(r.gpus_reclaimed for r in rigid.reserved)
+        requests = self._requests(holding_only_survivors(scoped, acting), now, yielding)
         stuck = self.requests.bad_geometry()
-        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
+        pinned, pins = ({}, {}) if yielding else self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s
@@ -424,7 +429,6 @@ class Reconciler:
                         if (requeued_by_slurm(j) and handled.get(j.job_id) != j.restarts) or lost_node(j, scoped)
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
@@ -458,10 +462,12 @@ class Reconciler:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
 
-    def _requests(self, state: ClusterState, now: float) -> tuple[JobRequest, ...]:
+    def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> tuple[JobRequest, ...]:
         """The request source's requests; when the source itself fails (a source that does not isolate
         its jobs), every job is decided with the default model this cycle, and the cycle goes on."""
         try:
+            if yielding:
+                return self.requests.requests(state, now, self.config.policy, yielding=True)
             return self.requests.requests(state, now, self.config.policy)
         except Exception:
             log.exception("the request source failed; every job is decided with the default model this cycle")
