@@ -418,6 +418,11 @@ class Reconciler:
         # went back to the queue though both minimums fitted beside the rigid job (seen live).
         yielding = any(r.gpus_reclaimed for r in rigid.reserved)
         requests = self._requests(holding_only_survivors(scoped, acting), now, yielding)
+        if yielding and self.config.rigid.protect_minimum:
+            # Protected minimums: the solver must not meet the rigid job's claim by sending one running
+            # job back to the queue (one restart) where shrinking two to their minimums fits (seen live).
+            running = {str(j.job_id) for j in scoped.elastic_jobs if j.state is JobState.RUNNING and not j.held}
+            requests = tuple(dataclasses.replace(r, must_run=True) if r.key in running else r for r in requests)
         stuck = self.requests.bad_geometry()
         pinned, pins = ({}, {}) if yielding else self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after

@@ -83,3 +83,17 @@ def test_elastic_jobs_just_started_still_yield_to_a_rigid_job_down_to_their_mini
     rec.cycle()
     assert slurm.jobs[rigid].state is JobState.RUNNING
     assert all(slurm.jobs[j].state is JobState.RUNNING and slurm.jobs[j].gpus == 4 for j in ids)
+
+
+def test_a_protected_minimum_is_not_met_by_sending_a_lighter_job_back_to_the_queue(tmp_path):
+    """Seen live: with unequal weights the solver met the rigid job's claim by taking one job 8 -> 0 (one
+    restart) rather than both 8 -> 4; that gave the rigid job the first job's protected minimum."""
+    slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
+    ids = [slurm.add_job(ElasticSpec(4, 8, gpu_step=4, weight=w, ckpt_dir=str(tmp_path / "ckpt")), nodes=2,
+                         gpus_per_node=4) for w in (1.0, 10.0)]
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=0)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=lambda: slurm.now)
+    slurm.add_job(None, nodes=2, gpus_per_node=4)
+    report = rec.cycle(dry_run=True)
+    assert [report.target(j) for j in ids] == [4, 4], [p.describe() for p in report.plans]
