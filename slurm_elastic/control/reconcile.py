@@ -412,18 +412,21 @@ class Reconciler:
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
-        # A pending rigid job's claim outranks the hysteresis: GPUs borrowed on the nodes kept for it go
-        # back now, not when the elastic job's hold ends (rigid users must not wait on our churn guard).
-        kept_for_rigid = frozenset(n for r in rigid.reserved for n in r.nodes)
-        yielding = {j.job_id: frozenset(j.nodes) & kept_for_rigid for j in scoped.elastic_jobs
-                    if set(j.nodes) & kept_for_rigid}
-        # Its request is made as if it held only its surviving nodes (or those no rigid job waits for): the
-        # rules that keep a running job at its size (measure first, the share floor) must not hold it to
-        # GPUs it has lost or must give back.
-        gone = {**yielding, **{job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}}
-        requests = self._requests(holding_only(scoped, gone), now)
+        # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
+        # budget, measure first, the share floor): kept by them, one job held its size and the other
+        # went back to the queue though both minimums fitted beside the rigid job (seen live).
+        yielding = any(r.gpus_reclaimed for r in rigid.reserved)
+        # A job that reported a lost node is asked for as if it held only its surviving nodes: the rules
+        # that keep a running job at its size must not hold it to GPUs it has lost.
+        lost = {job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}
+        requests = self._requests(holding_only(scoped, lost), now, yielding)
+        if yielding and self.config.rigid.protect_minimum:
+            # Protected minimums: the solver must not meet the rigid job's claim by sending one running
+            # job back to the queue (one restart) where shrinking two to their minimums fits (seen live).
+            running = {str(j.job_id) for j in scoped.elastic_jobs if j.state is JobState.RUNNING and not j.held}
+            requests = tuple(dataclasses.replace(r, must_run=True) if r.key in running else r for r in requests)
         stuck = self.requests.bad_geometry()
-        pinned, pins = self._pins(scoped, now, frozenset(stuck) | frozenset(acting) | frozenset(yielding))
+        pinned, pins = ({}, {}) if yielding else self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
         since = now - self.config.recent_plan_s
@@ -466,10 +469,12 @@ class Reconciler:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
 
-    def _requests(self, state: ClusterState, now: float) -> tuple[JobRequest, ...]:
+    def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> tuple[JobRequest, ...]:
         """The request source's requests; when the source itself fails (a source that does not isolate
         its jobs), every job is decided with the default model this cycle, and the cycle goes on."""
         try:
+            if yielding:
+                return self.requests.requests(state, now, self.config.policy, yielding=True)
             return self.requests.requests(state, now, self.config.policy)
         except Exception:
             log.exception("the request source failed; every job is decided with the default model this cycle")

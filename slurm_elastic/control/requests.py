@@ -110,7 +110,11 @@ log = logging.getLogger(__name__)
 class RequestSource(Protocol):
     """Turns the elastic jobs of a (scoped) state into JobRequests, and says what each was built from."""
 
-    def requests(self, state: ClusterState, now: float, policy: Policy) -> tuple[JobRequest, ...]: ...
+    def requests(self, state: ClusterState, now: float, policy: Policy,
+                 yielding: bool = False) -> tuple[JobRequest, ...]:
+        """`yielding`: elastic jobs give GPUs back to a rigid job this cycle; rules that keep a running
+        job at its size (measure first, the share floor) do not hold against that."""
+        ...
 
     def basis(self) -> Mapping[str, str]:
         """Job key -> one line on what its latest request was decided from (for `--explain`)."""
@@ -309,7 +313,8 @@ class MeasuredRequests:
         self._bad_geometry: dict[int, str] = {}
 
     # -- the RequestSource protocol ------------------------------------------------------------
-    def requests(self, state: ClusterState, now: float, policy: Policy) -> tuple[JobRequest, ...]:
+    def requests(self, state: ClusterState, now: float, policy: Policy,
+                 yielding: bool = False) -> tuple[JobRequest, ...]:
         node_sizes = {n.gpus for n in state.nodes if n.gpus > 0}
         biggest = max(node_sizes, default=1)
         out = []
@@ -328,7 +333,7 @@ class MeasuredRequests:
                                                min(now, job.submit_time))
             self._running[job.job_id] = running
             try:
-                req, why = self._request(job, now, policy, node_sizes, biggest, shares.get(job.job_id, 0))
+                req, why = self._request(job, now, policy, node_sizes, biggest, shares.get(job.job_id, 0), yielding)
             except Exception as exc:
                 # The job's own files are its user's input: whatever reading them raises (deep JSON, a
                 # defect a crafted file finds), only this job falls back to the default model.
@@ -355,7 +360,7 @@ class MeasuredRequests:
 
     # -- one job ---------------------------------------------------------------------------------
     def _request(self, job: Job, now: float, policy: Policy, node_sizes: set[int],
-                 biggest: int, share: int) -> tuple[JobRequest, str]:
+                 biggest: int, share: int, yielding: bool = False) -> tuple[JobRequest, str]:
         s = self.settings
         m = self._measurements(job)
         spec = job.spec
@@ -410,7 +415,7 @@ class MeasuredRequests:
             allowed = fits
         started = job.start_time if job.start_time is not None else now
         if (s.measured_speed and m.model is None and job.state is JobState.RUNNING and m.problem == "" and not stuck
-                and now - started < s.measure_first_s):
+                and now - started < s.measure_first_s and not yielding):
             # Measure first: a job that has just started keeps its size until its first rows exist, so
             # every job is measured at the size it asked for before it is moved. A size the shape rule
             # cannot place (6 GPUs as 2 x 3 on 4-GPU nodes) cannot be kept: pinned to it, the job had no
@@ -428,7 +433,7 @@ class MeasuredRequests:
         floor = 0
         asked = self._asked.get(job.job_id, m.first_gpus)
         if (s.share_floor and job.state is JobState.RUNNING and not stuck and asked is not None
-                and job.gpus > 0 and job.job_id not in self._waits):
+                and job.gpus > 0 and job.job_id not in self._waits and not yielding):
             floor = min(asked, share, job.gpus)
             pool = tuple(allowed if allowed is not None else counts)
             # The floor is the largest size it can take at or under that bound, not the next one above:

@@ -310,3 +310,20 @@ def test_a_metrics_line_that_never_ends_keeps_the_readers_memory_bounded(two, ca
     assert problem == "" and tail.count == 2 and tail.bad == 1
     src.requests(slurm.snapshot(), 0.0, Policy())
     assert "measured" in src.basis()[str(a)]
+
+
+def test_a_job_yielding_to_a_rigid_job_is_not_kept_by_measure_first_nor_the_share_floor(tmp_path):
+    """Both rules settle trades among elastic jobs; GPUs going back to a rigid job are above them."""
+    slurm = InMemorySlurm(nodes=2)                       # 8 GPUs
+    ckpt = str(tmp_path / "ckpt")
+    new = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    old = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    _rows(shim.metrics_path(ckpt, str(old)), [_row(10, 0, 4, 4.0, total=100_000), _row(2010, 500, 4, 4.0)])
+    src = MeasuredRequests()
+    kept = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1.0, Policy())}
+    assert kept[str(new)].allowed_gpus == (4,) and new in src.waits()          # measure first
+    assert min(kept[str(old)].allowed_gpus) == 4                               # the share floor
+    given = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1.0, Policy(), yielding=True)}
+    assert given[str(new)].allowed_gpus is None or min(given[str(new)].allowed_gpus) == 1
+    assert given[str(old)].allowed_gpus is None or min(given[str(old)].allowed_gpus) == 1
+    assert new not in src.waits()

@@ -77,3 +77,39 @@ def test_a_rigid_job_does_not_wait_for_an_elastic_jobs_hysteresis(tmp_path):
     assert report.target(elastic) == 4, report.waits
     rec.cycle()
     assert slurm.jobs[rigid].state is JobState.RUNNING
+
+
+def test_elastic_jobs_just_started_still_yield_to_a_rigid_job_down_to_their_minimums(tmp_path):
+    """Seen live: hysteresis and measure-first kept one job at 8, so the other went back to the queue (8 -> 0)
+    though both minimums fit beside the rigid job. A rigid job's claim is above the rules among elastic jobs."""
+    slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
+    ids = [slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4)
+           for _ in range(2)]
+
+    def sleep(s: float) -> None:
+        slurm.now += s
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=300)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=lambda: slurm.now, sleep=sleep)
+    first = rec.cycle()
+    assert {first.target(j) for j in ids} == {8} and set(first.pinned) == set(ids)   # just started: kept
+    rigid = slurm.add_job(None, nodes=2, gpus_per_node=4)
+    report = rec.cycle()
+    assert [report.target(j) for j in ids] == [4, 4], report.waits
+    rec.cycle()
+    assert slurm.jobs[rigid].state is JobState.RUNNING
+    assert all(slurm.jobs[j].state is JobState.RUNNING and slurm.jobs[j].gpus == 4 for j in ids)
+
+
+def test_a_protected_minimum_is_not_met_by_sending_a_lighter_job_back_to_the_queue(tmp_path):
+    """Seen live: with unequal weights the solver met the rigid job's claim by taking one job 8 -> 0 (one
+    restart) rather than both 8 -> 4; that gave the rigid job the first job's protected minimum."""
+    slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
+    ids = [slurm.add_job(ElasticSpec(4, 8, gpu_step=4, weight=w, ckpt_dir=str(tmp_path / "ckpt")), nodes=2,
+                         gpus_per_node=4) for w in (1.0, 10.0)]
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=0)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=lambda: slurm.now)
+    slurm.add_job(None, nodes=2, gpus_per_node=4)
+    report = rec.cycle(dry_run=True)
+    assert [report.target(j) for j in ids] == [4, 4], [p.describe() for p in report.plans]
