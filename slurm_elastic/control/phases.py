@@ -22,7 +22,7 @@ removes the run directory and may replace the report), and read from the journal
 | first step | the first `metrics.jsonl` row of the next incarnation | the same |
 
 The job's files are its user's: only their mtimes are used (lstat, no link followed) except the
-report and the metrics, which are read as control/peer_loss.py and control/requests.py read them
+report and the metrics, which are read as control/peer_loss.py and control/requests/ read them
 (owner, size, fields). A mark from a job's file is shown, never used to decide anything. The first
 metrics row comes up to the shim's metrics interval (5 s) after the first step.
 """

@@ -23,7 +23,7 @@ from slurm_elastic.cluster.backend import Backend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
-from slurm_elastic.control.requests import job_owner_uid, read_job_geometry
+from slurm_elastic.control.requests import owner_uid, read_job_geometry
 from slurm_elastic.errors import ElasticError, SlurmError
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.settings import ACK_TIMEOUT, CRASH_AFTER
@@ -612,7 +612,7 @@ def exited_on_geometry(job: Job) -> bool:
     spec = job.spec
     if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
         return False
-    uid = job_owner_uid(job)
+    uid = owner_uid(job)
     if uid is None:
         return False
     try:

@@ -1,6 +1,6 @@
 """One level-triggered reconcile cycle: observe everything, solve, diff, act through the requeue protocol.
 
-The Reconciler has two seams: a request source (control/requests.py: how each
+The Reconciler has two seams: a request source (control/requests/: how each
 elastic job becomes a JobRequest; `default_request_source()` unless told) and
 an allocator (a function problem -> Allocation; `allocate.solve` unless told).
 `Reconciler.decide(state, now)` is the decision step alone: a state and a
@@ -33,7 +33,8 @@ from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
 from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
-from slurm_elastic.control.requests import RequestSettings, RequestSource, default_request_source, with_basis
+from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
+                                            with_basis)
 from slurm_elastic.control.revive import Reviver
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_EXPIRY, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S,
@@ -183,6 +184,7 @@ class Decision:
     malformed: Mapping[int, str] = field(default_factory=dict)
     waits: Mapping[int, str] = field(default_factory=dict)   # job id -> why it is not being resized now
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)   # reports read (acted on or not yet)
+    bad_geometry: Mapping[int, str] = field(default_factory=dict)   # job id -> why its ranks cannot run at its size
 
 
 def holding_only(state: ClusterState, gone: Mapping[int, frozenset[str]]) -> ClusterState:
@@ -361,7 +363,7 @@ class Reconciler:
         decision = self.decide(state, self._clock(), job_ids=job_ids)
         if not dry_run:
             self._say_waits(decision.waits)
-            for job_id, why in self.requests.bad_geometry().items():
+            for job_id, why in decision.bad_geometry.items():
                 if any(p.job_id == job_id for p in decision.plans):
                     log.warning("job %d: %s", job_id, why)
         plans = decision.plans
@@ -419,13 +421,14 @@ class Reconciler:
         # A job that reported a lost node is asked for as if it held only its surviving nodes: the rules
         # that keep a running job at its size must not hold it to GPUs it has lost.
         lost = {job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}
-        requests = self._requests(holding_only(scoped, lost), now, yielding)
+        decided = self._requests(holding_only(scoped, lost), now, yielding)
+        requests = decided.jobs
         if yielding and self.config.rigid.protect_minimum:
             # Protected minimums: the solver must not meet the rigid job's claim by sending one running
             # job back to the queue (one restart) where shrinking two to their minimums fits (seen live).
             running = {str(j.job_id) for j in scoped.elastic_jobs if j.state is JobState.RUNNING and not j.held}
             requests = tuple(dataclasses.replace(r, must_run=True) if r.key in running else r for r in requests)
-        stuck = self.requests.bad_geometry()
+        stuck = decided.bad_geometry
         pinned, pins = ({}, {}) if yielding else self._pins(scoped, now, frozenset(stuck) | frozenset(acting))
         # A job we requeued ourselves may still read BeginTime for a moment after its release; after
         # `recent_plan_s` a pending job with that reason is kicked again (StartTime=now), whoever requeued it.
@@ -450,13 +453,13 @@ class Reconciler:
                 allocation = self.allocator(solved)
             self._last_solved = (solved, allocation)
         allocation = with_kept_jobs(allocation, kept, pinned)
-        allocation = with_basis(allocation, self.requests.basis())
+        allocation = with_basis(allocation, decided.basis)
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
         plans = make_plans(scoped, allocation,
                            lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()})
-        waits = self._waits(scoped, allocation, plans, pinned, stuck, now)
+        waits = self._waits(scoped, allocation, plans, pinned, stuck, decided.waits, now)
         for job_id, loss in losses.items():
             if job_id not in acting:
                 left = max(self.config.protocol.ack_timeout_s - (now - loss.seen_at), 0.0)
@@ -467,9 +470,9 @@ class Reconciler:
                 waits[reservation.job_id] = reservation.describe()
         for job_id, why in rigid.waiting:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
-        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses)
+        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses, stuck)
 
-    def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> tuple[JobRequest, ...]:
+    def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> Requests:
         """The request source's requests; when the source itself fails (a source that does not isolate
         its jobs), every job is decided with the default model this cycle, and the cycle goes on."""
         try:
@@ -478,14 +481,14 @@ class Reconciler:
             return self.requests.requests(state, now, self.config.policy)
         except Exception:
             log.exception("the request source failed; every job is decided with the default model this cycle")
-            return tuple(job_request(j) for j in state.elastic_jobs)
+            return Requests(tuple(job_request(j) for j in state.elastic_jobs))
 
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
-               pinned: Mapping[int, str], stuck: Mapping[int, str], now: float) -> dict[int, str]:
+               pinned: Mapping[int, str], stuck: Mapping[int, str], measuring: Mapping[int, str],
+               now: float) -> dict[int, str]:
         """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
         planned = {p.job_id for p in plans}
         open_plans = {r.job_id: r for r in self.journal.open_plans()}
-        measuring = self.requests.waits()
         ack = self.config.protocol.ack_timeout_s
         out: dict[int, str] = {}
         for job in state.elastic_jobs:

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import JobState
-from slurm_elastic.control import requests as requests_module
+from slurm_elastic.control.requests import measuring as requests_module
 from slurm_elastic.control.daemon import Loop
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.metrics import ControllerMetrics
@@ -87,17 +87,8 @@ class _BrokenSource:
     def requests(self, state, now, policy):
         raise KeyError("gpus")
 
-    def basis(self):
-        return {}
-
     def decided(self, allocation, now):
         pass
-
-    def waits(self):
-        return {}
-
-    def bad_geometry(self):
-        return {}
 
 
 def test_a_request_source_that_fails_whole_leaves_every_job_on_the_default_model(two, tmp_path, caplog):

@@ -215,7 +215,7 @@ def test_a_hostile_geometry_file_is_ignored(cluster, hostile):
         Path(path).write_text(json.dumps({"world_size": True, "valid_world_sizes": [2, "4", -1]}))
     rec = _reconciler(slurm, clock, tmp)
     assert rec.cycle(dry_run=True).plans == ()     # not believed: the job stays held by hysteresis
-    assert job not in rec.requests.bad_geometry()
+    assert job not in rec.decide(rec.backend.snapshot(), clock()).bad_geometry
 
 
 # -- live: the local cluster (tests/control/conftest.py) -------------------------------------------------

@@ -43,9 +43,10 @@ def two(tmp_path):
 def test_no_metrics_means_the_default_model_and_30s(two):
     slurm, _, a, _ = two
     src = MeasuredRequests()
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    reqs = {r.key: r for r in got}
     assert reqs[str(a)].throughput(4) == pytest.approx(4.0)
-    assert "default model" in src.basis()[str(a)] and "restart 30s (default" in src.basis()[str(a)]
+    assert "default model" in got.basis[str(a)] and "restart 30s (default" in got.basis[str(a)]
 
 
 def test_measured_speed_restart_cost_and_remaining_work(two):
@@ -56,13 +57,14 @@ def test_measured_speed_restart_cost_and_remaining_work(two):
     # b: does not scale (same speed at 2 and 4) and is almost done
     _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 2, 1.0, total=200), _row(190, 300, 4, 1.0, total=200)])
     src = MeasuredRequests()
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    reqs = {r.key: r for r in got}
     ra, rb = reqs[str(a)], reqs[str(b)]
     assert ra.throughput(4) == pytest.approx(2.0) and rb.throughput(4) == pytest.approx(1.0)
     assert rb.allowed_gpus is not None and max(rb.allowed_gpus) == 2     # 4 GPUs measured no faster
-    assert "restart 35s measured (1 restarts)" in src.basis()[str(a)]   # 40 s gap - 10 steps / 2 steps/s
+    assert "restart 35s measured (1 restarts)" in got.basis[str(a)]   # 40 s gap - 10 steps / 2 steps/s
     assert rb.weight > ra.weight                                         # 10 steps left vs 9885
-    assert "steps left" in src.basis()[str(b)]
+    assert "steps left" in got.basis[str(b)]
 
 
 def test_starved_job_must_run_and_a_preempted_one_is_not_preempted_again(two):
@@ -73,8 +75,9 @@ def test_starved_job_must_run_and_a_preempted_one_is_not_preempted_again(two):
     slurm.release(a)                                   # pending (BeginTime) without GPUs
     state = slurm.snapshot()
     assert not next(r for r in src.requests(state, 0.0, Policy()) if r.key == str(a)).must_run
-    req = next(r for r in src.requests(state, 150.0, Policy()) if r.key == str(a))
-    assert req.must_run and "must run" in src.basis()[str(a)]
+    got = src.requests(state, 150.0, Policy())
+    req = next(r for r in got if r.key == str(a))
+    assert req.must_run and "must run" in got.basis[str(a)]
 
 
 @pytest.mark.parametrize("case", ["symlink", "fifo", "garbage", "huge-values"])
@@ -95,7 +98,8 @@ def test_a_bad_metrics_file_gives_the_default_model_and_one_log_line(two, case, 
         _rows(path, [_row(1, 0, 2, float("inf")), {"step": 1, "time": 0, "gpus": 10**9, "steps_per_s": 1.0}])
     src = MeasuredRequests()
     for _ in range(3):
-        req = next(r for r in src.requests(slurm.snapshot(), 0.0, Policy()) if r.key == str(a))
+        got = src.requests(slurm.snapshot(), 0.0, Policy())
+        req = next(r for r in got if r.key == str(a))
     assert req.throughput(4) == pytest.approx(4.0)                  # the default model
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and str(a) in r.getMessage()]
     assert len(warnings) == 1
@@ -126,10 +130,11 @@ def test_a_geometry_file_restricts_the_allowed_sizes_to_valid_world_sizes(two):
     with open(path, "w") as f:
         json.dump({"global_batch": 48, "micro_batch": 4, "world_size": 2, "valid_world_sizes": [1, 2, 3, 4, 6, 12]}, f)
     src = MeasuredRequests(RequestSettings(measure_first_s=0))
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    got = src.requests(slurm.snapshot(), slurm.now, Policy())
+    reqs = {r.key: r for r in got}
     assert reqs[str(a)].allowed_gpus == (1, 2, 3, 4, 6)      # 8 is in its range but does not split 48 / 4
     assert reqs[str(b)].allowed_gpus is None                 # another job's file is never read for b
-    assert src.bad_geometry() == {}                          # 2 is valid: not stuck
+    assert got.bad_geometry == {}                          # 2 is valid: not stuck
 
 
 def test_timing_noise_is_no_reason_to_grow_but_a_small_real_gain_is(two):
@@ -138,14 +143,16 @@ def test_timing_noise_is_no_reason_to_grow_but_a_small_real_gain_is(two):
     _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 2, 1.0), _row(20, 300, 8, 1.01, nodes=2)])
     _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 4, 4.0), _row(20, 300, 8, 8.0, nodes=2)])
     src = MeasuredRequests()
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    reqs = {r.key: r for r in got}
     assert max(reqs[str(a)].allowed_gpus) == 2
     assert max(reqs[str(b)].allowed_gpus) == 8
-    assert "allowed up to 2 GPUs: no larger count is faster" in src.basis()[str(a)]
-    assert "allowed up to" not in src.basis()[str(b)]
+    assert "allowed up to 2 GPUs: no larger count is faster" in got.basis[str(a)]
+    assert "allowed up to" not in got.basis[str(b)]
     # the same 1 % counts once the rule is off (min_marginal_gain 0: any measured gain is a gain)
     src = MeasuredRequests(RequestSettings(min_marginal_gain=0.0))
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    reqs = {r.key: r for r in got}
     assert max(reqs[str(a)].allowed_gpus) == 8
 
 
@@ -190,7 +197,7 @@ def test_a_running_job_is_not_taken_below_min_of_asked_fair_share_and_held(tmp_p
     slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME, run=False)
     src = MeasuredRequests()
     ra = req(src, a)                                     # a third job waits: fair share 8 // 3 = 2
-    assert min(ra.allowed_gpus) == 2 and "fair share 2" in src.basis()[str(a)]
+    assert min(ra.allowed_gpus) == 2 and "fair share 2" in src.requests(slurm.snapshot(), 1000.0, Policy()).basis[str(a)]
     off = req(MeasuredRequests(RequestSettings(share_floor=False)), a)
     assert not off.must_run and min(off.allowed_gpus) == 1
 
@@ -214,8 +221,9 @@ def test_the_share_floor_rounds_down_to_a_size_the_job_can_take(tmp_path):
     for j in (a, b):                                     # measured at 8: measure-first no longer holds them
         _rows(shim.metrics_path(ckpt, str(j)), [_row(10, 0, 8, 4.0, nodes=2, total=100_000),
                                                 _row(610, 300, 8, 4.0, nodes=2)])
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1000, Policy())}
-    assert min(reqs[str(a)].allowed_gpus) == 4 and "min(asked 8, fair share 5, holds 8)" in src.basis()[str(a)]
+    got = src.requests(slurm.snapshot(), slurm.now + 1000, Policy())
+    reqs = {r.key: r for r in got}
+    assert min(reqs[str(a)].allowed_gpus) == 4 and "min(asked 8, fair share 5, holds 8)" in got.basis[str(a)]
     report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
                         requests=src).cycle(dry_run=True)
     assert report.target(c) and report.target(c) >= 2, [p.describe() for p in report.plans]
@@ -240,12 +248,14 @@ def test_a_job_just_started_at_a_shape_the_rule_cannot_place_is_kept_at_the_near
     a = slurm.add_job(ElasticSpec(1, 12, ckpt_dir=ckpt), nodes=2, gpus_per_node=3, user=ME)
     b = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=2, user=ME)
     src = MeasuredRequests()
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    got = src.requests(slurm.snapshot(), slurm.now, Policy())
+    reqs = {r.key: r for r in got}
     assert reqs[str(a)].allowed_gpus == (4, 8)
-    assert "kept at 4 or 8 GPUs (6 is no shape" in src.waits()[a]
+    assert "kept at 4 or 8 GPUs (6 is no shape" in got.waits[a]
     assert reqs[str(b)].allowed_gpus == (2,)             # a placeable size is kept as it is
     # without whole nodes when spanning, 2 x 3 is a shape: kept at 6
-    reqs = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy(whole_nodes_when_spanning=False))}
+    got = src.requests(slurm.snapshot(), slurm.now, Policy(whole_nodes_when_spanning=False))
+    reqs = {r.key: r for r in got}
     assert reqs[str(a)].allowed_gpus == (6,)
 
 
@@ -266,12 +276,14 @@ def test_the_size_asked_for_is_the_size_submitted_not_the_size_it_was_started_at
     assert later.add_job(spec, nodes=1, gpus_per_node=4, user=ME) == a
     _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 2, 2.0, total=100_000), _row(1010, 500, 2, 2.0),
                                             _row(3010, 1000, 4, 4.0)])
-    req = next(r for r in src.requests(later.snapshot(), 2000.0, Policy()) if r.key == str(a))
-    assert min(req.allowed_gpus) == 4 and "min(asked 8, fair share 8, holds 4)" in src.basis()[str(a)]
+    got = src.requests(later.snapshot(), 2000.0, Policy())
+    req = next(r for r in got if r.key == str(a))
+    assert min(req.allowed_gpus) == 4 and "min(asked 8, fair share 8, holds 4)" in got.basis[str(a)]
     # a source that never saw it pending falls back to its first row: 2
     fresh = MeasuredRequests()
-    req = next(r for r in fresh.requests(later.snapshot(), 2000.0, Policy()) if r.key == str(a))
-    assert min(req.allowed_gpus) == 2 and "asked 2" in fresh.basis()[str(a)]
+    got = fresh.requests(later.snapshot(), 2000.0, Policy())
+    req = next(r for r in got if r.key == str(a))
+    assert min(req.allowed_gpus) == 2 and "asked 2" in got.basis[str(a)]
 
 
 
@@ -285,8 +297,9 @@ def test_a_deeply_nested_line_in_a_metrics_file_is_one_bad_line(two):
     with open(path, "a") as f:
         f.write("[" * 100000 + "\n")
     for _ in range(2):
-        reqs = {r.key: r for r in src.requests(slurm.snapshot(), 0.0, Policy())}
-    assert "measured" in src.basis()[str(a)] and reqs[str(a)].throughput(2) == pytest.approx(1.0)
+        got = src.requests(slurm.snapshot(), 0.0, Policy())
+        reqs = {r.key: r for r in got}
+    assert "measured" in got.basis[str(a)] and reqs[str(a)].throughput(2) == pytest.approx(1.0)
 
 
 def test_a_metrics_line_that_never_ends_keeps_the_readers_memory_bounded(two, caplog):
@@ -308,8 +321,8 @@ def test_a_metrics_line_that_never_ends_keeps_the_readers_memory_bounded(two, ca
         f.write("\n" + json.dumps(_row(110, 1010, 2, 1.0)) + "\n")
     tail, problem = read_job_metrics(path, owner_uid=os.getuid(), max_bytes=1 << 20, tail=tail)
     assert problem == "" and tail.count == 2 and tail.bad == 1
-    src.requests(slurm.snapshot(), 0.0, Policy())
-    assert "measured" in src.basis()[str(a)]
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    assert "measured" in got.basis[str(a)]
 
 
 def test_a_job_yielding_to_a_rigid_job_is_not_kept_by_measure_first_nor_the_share_floor(tmp_path):
@@ -320,10 +333,12 @@ def test_a_job_yielding_to_a_rigid_job_is_not_kept_by_measure_first_nor_the_shar
     old = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
     _rows(shim.metrics_path(ckpt, str(old)), [_row(10, 0, 4, 4.0, total=100_000), _row(2010, 500, 4, 4.0)])
     src = MeasuredRequests()
-    kept = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1.0, Policy())}
-    assert kept[str(new)].allowed_gpus == (4,) and new in src.waits()          # measure first
+    first = src.requests(slurm.snapshot(), slurm.now + 1.0, Policy())
+    kept = {r.key: r for r in first.jobs}
+    assert kept[str(new)].allowed_gpus == (4,) and new in first.waits          # measure first
     assert min(kept[str(old)].allowed_gpus) == 4                               # the share floor
-    given = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now + 1.0, Policy(), yielding=True)}
+    second = src.requests(slurm.snapshot(), slurm.now + 1.0, Policy(), yielding=True)
+    given = {r.key: r for r in second.jobs}
     assert given[str(new)].allowed_gpus is None or min(given[str(new)].allowed_gpus) == 1
     assert given[str(old)].allowed_gpus is None or min(given[str(old)].allowed_gpus) == 1
-    assert new not in src.waits()
+    assert new not in second.waits

@@ -59,21 +59,22 @@ def cluster(tmp_path):
 
 def _requests(slurm, src=None):
     src = src or MeasuredRequests()
-    return src, {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    got = src.requests(slurm.snapshot(), slurm.now, Policy())
+    return src, got, {r.key: r for r in got}
 
 
 def test_goodput_decides_between_two_adaptive_jobs_in_one_milp(cluster):
     slurm, ckpt, a, b = cluster
     _write(ckpt, a, _measured(BIG_NOISE), RANGE)
     _write(ckpt, b, _measured(SMALL_NOISE), RANGE)
-    src, reqs = _requests(slurm)
+    src, got, reqs = _requests(slurm)
     ra, rb = reqs[str(a)], reqs[str(b)]
     assert isinstance(ra.throughput, GoodputThroughput) and isinstance(rb.throughput, GoodputThroughput)
     # a: its batch grows with its GPUs at almost no loss of efficiency, so its goodput scales
     assert ra.throughput(6) / ra.throughput(2) == pytest.approx(3.0, rel=0.01)
     # b: a bigger batch buys nothing, and a smaller one still takes a measured step's time per step
     assert rb.throughput(6) / rb.throughput(2) == pytest.approx(1.0, abs=0.02)
-    assert "goodput at the best batch" in src.basis()[str(a)] and "6:192@" in src.basis()[str(a)]
+    assert "goodput at the best batch" in got.basis[str(a)] and "6:192@" in got.basis[str(a)]
     # One cluster, one MILP (the shipped Reconciler): the GPUs go where they make progress.
     report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
                         requests=src).cycle(dry_run=True)
@@ -83,7 +84,7 @@ def test_goodput_decides_between_two_adaptive_jobs_in_one_milp(cluster):
 def test_the_speed_is_goodput_at_the_best_batch_by_allocate_goodput(cluster):
     slurm, ckpt, a, _ = cluster
     _write(ckpt, a, _measured(SMALL_NOISE), RANGE)
-    _, reqs = _requests(slurm)
+    _, _, reqs = _requests(slurm)
     model = reqs[str(a)].throughput
     noise = goodput.GradientNoise(**SMALL_NOISE)
     # 6 GPUs: samples/s extrapolated linearly from the one count measured (1.5 x 128/s), batch per GPU as measured
@@ -109,19 +110,19 @@ def test_fixed_batch_jobs_keep_plain_speed_beside_an_adaptive_one(cluster):
     slurm, ckpt, a, b = cluster
     _write(ckpt, a, _measured(BIG_NOISE), RANGE)
     _write(ckpt, b, _measured(BIG_NOISE))                   # the same rows, no batch.json: fixed batch
-    src, reqs = _requests(slurm)
+    src, got, reqs = _requests(slurm)
     assert isinstance(reqs[str(a)].throughput, GoodputThroughput)
     assert isinstance(reqs[str(b)].throughput, MeasuredThroughput)
     assert reqs[str(b)].throughput(4) == pytest.approx(1.0)           # steps/s, as before
-    assert "goodput" not in src.basis()[str(b)]
+    assert "goodput" not in got.basis[str(b)]
 
 
 def test_an_adaptive_job_without_noise_yet_is_allocated_by_plain_speed(cluster):
     slurm, ckpt, a, _ = cluster
     _write(ckpt, a, [_row(10 * i, 10.0 * i, 4, 1.0, batch=128) for i in range(1, 4)], RANGE)
-    src, reqs = _requests(slurm)
+    src, got, reqs = _requests(slurm)
     assert isinstance(reqs[str(a)].throughput, MeasuredThroughput)
-    assert "no batch and gradient noise yet: plain speed" in src.basis()[str(a)]
+    assert "no batch and gradient noise yet: plain speed" in got.basis[str(a)]
 
 
 def test_a_new_batch_at_the_same_size_starts_its_speeds_afresh(cluster):
@@ -129,7 +130,7 @@ def test_a_new_batch_at_the_same_size_starts_its_speeds_afresh(cluster):
     rows = [_row(i, float(i), 4, 1.0, batch=128, **BIG_NOISE) for i in range(1, 5)]
     rows += [_row(10 + i, 10.0 + i, 4, 0.5, batch=256, **BIG_NOISE) for i in range(1, 3)]   # twice the batch
     _write(ckpt, a, rows, RANGE)
-    _, reqs = _requests(slurm)
+    _, _, reqs = _requests(slurm)
     model = reqs[str(a)].throughput
     assert model.local_batch_at == ((4, 64.0),)
     assert model.samples(4) == pytest.approx(128.0)          # 0.5 steps/s x 256, not a median with 1.0 x 128
@@ -164,9 +165,9 @@ def test_a_bad_batch_file_means_plain_speed_and_one_log_line(cluster, case, tmp_
             f.write(bodies[case])
     src = MeasuredRequests()
     for _ in range(3):
-        src, reqs = _requests(slurm, src)
+        src, got, reqs = _requests(slurm, src)
     assert isinstance(reqs[str(a)].throughput, MeasuredThroughput)       # plain speed for a
-    assert "batch.json ignored" in src.basis()[str(a)]
+    assert "batch.json ignored" in got.basis[str(a)]
     assert isinstance(reqs[str(b)].throughput, GoodputThroughput)        # b's own file still counts for b
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and BATCH_FILE in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]

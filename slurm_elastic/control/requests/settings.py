@@ -1,0 +1,32 @@
+"""The request source's settings: how measurements become requests (each default written here once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S
+from slurm_elastic.allocate.throughput import LinearThroughput
+from slurm_elastic.settings import HYSTERESIS, SPEED
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSettings:
+    """How measurements become requests (the defaults are written here once)."""
+
+    default_restart_cost_s: float = DEFAULT_RESTART_COST_S
+    weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
+    weight_range: tuple[float, float] = (0.05, 20.0)
+    hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
+    starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
+    share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (rules.ShareFloor)
+    max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
+    measure_first_s: float = 300.0            # a job just started keeps its size this long unless measured
+    restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
+    metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
+    geometry_max_bytes: int = 1 << 14         # geometry.json is a few hundred bytes; more is not the shim's
+    batch_max_bytes: int = 1 << 12            # batch.json is three numbers
+    min_marginal_gain: float = 0.05           # a GPU gaining less than 5 % of an average one's speed is noise
+    prior: LinearThroughput = LinearThroughput()
+    # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
+    # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
+    measured_speed: bool = SPEED.default == "measured"

@@ -1,0 +1,142 @@
+"""The request source: each cycle, every elastic job's Measurement (measuring.py) run through the request
+rules (rules.py) into a JobRequest, returned as one Requests record.
+
+Every controller (daemon, `admin rebalance`, user-mode `watch`, the simulator) gets its source from
+`default_request_source`, so they decide alike. The source keeps the memory the rules need between
+cycles: when each job started waiting, the size it asked for, whether the controller took it to zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from slurm_elastic.allocate.from_state import job_request
+from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.requests.measuring import JobFiles
+from slurm_elastic.control.requests.rules import RULES, JobContext, Rule, apply_rules
+from slurm_elastic.control.requests.settings import RequestSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """What a request source decided for one state: the requests, and why."""
+
+    jobs: tuple[JobRequest, ...] = ()
+    basis: Mapping[str, str] = field(default_factory=dict)        # job key -> what its request was decided from
+    waits: Mapping[int, str] = field(default_factory=dict)        # job id -> why it is kept at its size now
+    # job id -> why its ranks cannot run at its current size (it wrote geometry.json and exited 87): such a
+    # job is re-planned at once, whatever hysteresis and the restart budget say
+    bad_geometry: Mapping[int, str] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+class RequestSource(Protocol):
+    """Turns the elastic jobs of a (scoped) state into JobRequests, and says what each was built from."""
+
+    def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
+        """`yielding`: elastic jobs give GPUs back to a rigid job this cycle; rules that keep a running
+        job at its size (measure first, the share floor) do not hold against that."""
+        ...
+
+    def decided(self, allocation: Allocation, now: float) -> None:
+        """The allocation chosen from the latest requests (the source's memory for anti-starvation)."""
+        ...
+
+
+class MeasuredRequests:
+    """The default request source: what each job measured (measuring.py), decided by the rules (rules.py)."""
+
+    def __init__(self, settings: RequestSettings = RequestSettings(), rules: tuple[Rule, ...] = RULES) -> None:
+        self.settings = settings
+        self.rules = rules
+        self.files = JobFiles(settings)
+        self._waiting_since: dict[int, float] = {}
+        self._running: dict[int, bool] = {}
+        self._preempted: dict[int, int] = {}
+        self._asked: dict[int, int] = {}          # job id -> GPUs it was submitted at (first seen pending)
+
+    def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
+        node_sizes = frozenset(n.gpus for n in state.nodes if n.gpus > 0)
+        out = []
+        basis: dict[str, str] = {}
+        waits: dict[int, str] = {}
+        bad: dict[int, str] = {}
+        shares = fair_shares(state)
+        for job in state.elastic_jobs:
+            running = job.state is JobState.RUNNING
+            if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
+                # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
+                self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
+            if running:
+                self._waiting_since.pop(job.job_id, None)
+            elif not job.held:
+                self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
+                                               min(now, job.submit_time))
+            self._running[job.job_id] = running
+            try:
+                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
+                req = dataclasses.replace(
+                    job_request(job, restart_cost_s=ctx.restart_charge_s, throughput=ctx.model, weight=ctx.weight,
+                                allowed_gpus=ctx.allowed, must_run=ctx.must_run), commitment=ctx.commitment)
+                why = "; ".join(ctx.notes)
+                if ctx.wait:
+                    waits[job.job_id] = ctx.wait
+                if ctx.bad_geometry:
+                    bad[job.job_id] = ctx.bad_geometry
+            except Exception as exc:
+                # The job's own files are its user's input: whatever reading them raises (deep JSON, a
+                # defect a crafted file finds), only this job falls back to the default model.
+                req, why = job_request(job), f"default model: its files could not be used ({exc!r})"
+                self.files.report(job, "its job directory", f"raised {type(exc).__name__} while read ({exc!r:.200})")
+            out.append(req)
+            basis[req.key] = why
+        return Requests(tuple(out), basis, waits, bad)
+
+    def decided(self, allocation: Allocation, now: float) -> None:
+        for key, g in allocation.gpus.items():
+            if key.isdigit() and g == 0 and self._running.get(int(key)):
+                self._preempted[int(key)] = self._preempted.get(int(key), 0) + 1
+
+    def _decide(self, job: Job, now: float, policy: Policy, node_sizes: frozenset[int], share: int,
+                yielding: bool = False) -> JobContext:
+        measured = self.files.measure(job)
+        ctx = JobContext(job=job, now=now, policy=policy, settings=self.settings, measured=measured,
+                         node_sizes=node_sizes, share=share,
+                         asked=self._asked.get(job.job_id, measured.metrics.first_gpus),
+                         waiting_s=now - self._waiting_since.get(job.job_id, now),
+                         preempted=self._preempted.get(job.job_id, 0) >= 1, yielding=yielding)
+        return apply_rules(ctx, self.rules)
+
+
+def fair_shares(state: ClusterState) -> dict[int, int]:
+    """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its user weight / the sum of
+    the weights of the elastic jobs that want GPUs (running, or pending and not held), rounded down."""
+    usable = sum(n.gpus for n in state.nodes if n.available)
+    usable -= sum(j.gpus for j in state.jobs if j.spec is None and j.state is JobState.RUNNING)
+    wanting = [j for j in state.elastic_jobs
+               if j.state is JobState.RUNNING or (j.state is JobState.PENDING and not j.held)]
+    total_w = sum(j.spec.weight for j in wanting if j.spec is not None)
+    if usable <= 0 or total_w <= 0:
+        return {}
+    return {j.job_id: int(usable * j.spec.weight / total_w + 1e-9) for j in wanting if j.spec is not None}
+
+
+def default_request_source(settings: RequestSettings | None = None) -> RequestSource:
+    """The request source every controller uses unless told otherwise (one home for that choice)."""
+    return MeasuredRequests(settings or RequestSettings())
+
+
+def with_basis(allocation: Allocation, basis: Mapping[str, str]) -> Allocation:
+    """The allocation carrying what each job's request was decided from (printed by `--explain`)."""
+    return dataclasses.replace(allocation, basis=dict(basis))
