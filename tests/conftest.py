@@ -93,7 +93,7 @@ def _one_cluster_per_worker() -> None:
     base = layout.default_state_dir()
     os.environ[layout.CLUSTER_DIR_ENV] = str(base.with_name(f"{base.name}-{worker}"))
     # Each worker searches its own port range, so two workers starting at once never pick the same ports.
-    os.environ[processes.PORT_SEARCH_START_ENV] = str(processes.port_search_start() + 400 * (index + 1))
+    os.environ[processes.PORT_SEARCH_START_ENV] = str(processes.port_search_start() + 100 * (index + 1))
 
 
 _one_cluster_per_worker()

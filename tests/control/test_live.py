@@ -79,7 +79,7 @@ def _last_done_targets(journal_path: Path) -> dict[int, int]:
         out: dict[int, int] = {}
         for rec in reversed(journal.plans(limit=1000)):
             if rec.status == "done":
-                out[rec.job_id] = rec.plan.nodes * rec.plan.gpus_per_node
+                out[rec.job_id] = rec.plan.shape.gpus
         assert journal.open_plans() == []
         return out
     finally:
