@@ -143,10 +143,12 @@ def test_a_lower_priority_rigid_job_that_needs_elastic_minimums_waits_and_rebala
         before = _running(cluster, ids)
 
         rigid = _rigid(cluster, 3, "rigid-three-nodes")
-        # The local cluster schedules with priority/basic (FIFO: a later job has a lower priority);
-        # an admin's explicit priority makes "lower than the elastic jobs'" hold on any PriorityType.
-        subprocess.run(["scontrol", "update", f"JobId={rigid}", "Priority=1"], env=cluster.env, check=True,
-                       capture_output=True, text=True, timeout=30)
+        # The local cluster schedules with priority/basic: a later job has a lower priority on 22.05, and
+        # every job has priority 1 from 24.11 on. An admin's explicit priorities make "lower than the
+        # elastic jobs'" hold on any version and PriorityType.
+        for job_id, priority in ((rigid, 1), *((j, 100) for j in ids)):
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", f"Priority={priority}"], env=cluster.env,
+                           check=True, capture_output=True, text=True, timeout=30)
         state = cluster.snapshot()
         assert state.job(rigid).priority == 1
         assert all((state.job(j).priority or 0) > 1 for j in ids), [state.job(j).priority for j in ids]
