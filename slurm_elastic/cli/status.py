@@ -1,4 +1,4 @@
-"""`slurm-elastic status`: the caller's elastic jobs."""
+"""`slurm-elastic status`: the caller's elastic jobs, and its pending rigid jobs the controller yields to or not."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Mapping
 import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
-from slurm_elastic.cluster.model import Job
+from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic import jobfiles as shim
 
 
@@ -63,6 +63,10 @@ def how_it_ended(job: Job) -> str:
 def status(as_json: bool, user: str | None) -> None:
     """Show your elastic jobs: GPUs now/min/max, state, restarts, newest checkpoint.
 
+    Your pending rigid (non-elastic) GPU jobs are listed too when elastic jobs
+    gave GPUs back to them, or with why they do not (e.g. their priority is
+    below the elastic jobs' protected minimums).
+
     Jobs that ended (completed, failed, cancelled...) are listed with their final
     state for as long as Slurm still reports them.
 
@@ -83,12 +87,17 @@ def status(as_json: bool, user: str | None) -> None:
     state = backend.snapshot()
     # Ended jobs stay listed, with their state, for as long as Slurm still reports them (MinJobAge).
     jobs = [j for j in state.jobs if j.user == who and (j.spec or j.spec_error)]
+    # A pending rigid GPU job of the caller is listed when the controller has a word on it: elastic
+    # jobs gave GPUs back to it, or why they do not (its priority against their protected minimums).
+    rigid = [j for j in state.jobs if j.user == who and j.spec is None and not j.spec_error
+             and j.state is JobState.PENDING and j.gpus > 0]
     waits: Mapping[int, str] = {}
-    if any(j.spec and not j.state.finished for j in jobs):
+    if rigid or any(j.spec and not j.state.finished for j in jobs):
         # Why each job is not being resized now: the decision the running controller would take
         # (the daemon's settings when one runs, else a watch's defaults), as a dry run.
         reconciler, _ = observer(backend, ControllerConfig(), user=who)
         waits = reconciler.cycle(dry_run=True).waits
+    jobs += [j for j in rigid if j.job_id in waits]
     rows = [job_row(j, waits.get(j.job_id)) for j in sorted(jobs, key=lambda j: j.job_id)]
     if as_json:
         echo_json(rows)

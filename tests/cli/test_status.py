@@ -76,3 +76,25 @@ def test_ended_jobs_are_listed_with_their_state_and_how_they_ended(tmp_path: Pat
     assert "FAILED" in lines[failed] and "ended FAILED at " in lines[failed]
     assert "ended CANCELLED by signal 9 at " in lines[killed]
     assert "ended" not in lines[running]
+
+
+def test_a_pending_rigid_job_is_listed_with_why_elastic_jobs_do_not_yield_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    monkeypatch.setattr("slurm_elastic.cluster.select.select_backend", lambda *a, **k: slurm)
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path / "daemon"))
+    monkeypatch.setenv("SLURM_ELASTIC_STATE_DIR", str(tmp_path / "user"))
+    me = getpass.getuser()
+    # The elastic job's minimum (6) is protected: a rigid job needing a whole node (4 of 8) must wait.
+    slurm.add_job(ElasticSpec(6, 8, gpu_step=2), nodes=2, gpus_per_node=4, user=me, priority=100)
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, user=me, priority=1)
+    other = slurm.add_job(None, nodes=1, gpus_per_node=4, user="someone-else", priority=1)
+    assert slurm.jobs[rigid].state is JobState.PENDING
+
+    rows = {r["job_id"]: r for r in json.loads(
+        CliRunner().invoke(main, ["status", "--json"], catch_exceptions=False).output)}
+    assert other not in rows
+    assert rows[rigid]["min_gpus"] is None and rows[rigid]["state"] == "PENDING"
+    assert "elastic jobs' minimums (6 GPUs) are protected from it" in rows[rigid]["why"]
+    text = CliRunner().invoke(main, ["status"], catch_exceptions=False).output
+    assert any(line.split()[0] == str(rigid) and "protected" in line for line in text.splitlines()[1:])

@@ -127,7 +127,7 @@ def test_a_rigid_job_gets_two_whole_nodes_from_elastic_jobs_with_no_step_lost(el
     assert rc == 0
 
 
-def test_a_lower_priority_rigid_job_that_needs_elastic_minimums_waits_and_rebalance_says_why(elastic_cluster,
+def test_a_lower_priority_rigid_job_that_needs_elastic_minimums_waits_and_status_says_why(elastic_cluster,
                                                                                              tmp_path):
     cluster = elastic_cluster
     cluster.cancel_all()
@@ -161,6 +161,10 @@ def test_a_lower_priority_rigid_job_that_needs_elastic_minimums_waits_and_rebala
         assert (f"job {rigid}: not resized now: rigid job {rigid} waits: elastic jobs' minimums (8 GPUs) "
                 f"are protected from it") in out, out
         print(out)
+        # The rigid job's owner sees the same word in `status`, beside their elastic jobs.
+        mine = cluster.cli("status").stdout
+        assert any(line.split()[:1] == [str(rigid)] and "are protected from it" in line
+                   for line in mine.splitlines()), mine
     finally:
         rc = _stop(daemon, log)
         cluster.cancel_all()
