@@ -110,8 +110,12 @@ class ElasticLoop:
 
     @property
     def epoch(self) -> int:
-        """The epoch the data position is in (after a restore: the one to continue)."""
-        return self._epoch_of_step(self.session.step) if self._prepared else 0
+        """The epoch the data position is in (after a restore: the one to continue), numbered as the loop
+        numbers its epochs (from 1 when its first set_epoch() was 1)."""
+        if not self._prepared:
+            return 0
+        first = self.session.user_state.get(FIRST_EPOCH_KEY)
+        return self._epoch_of_step(self.session.step) + (first if first in (0, 1) else 0)
 
     @property
     def global_batch(self) -> int:
@@ -465,6 +469,10 @@ class _EpochSchedule:
         self.scheduler.load_state_dict(state)
 
 
+# In the session's user_state (saved with every checkpoint): the label of the data's first epoch.
+FIRST_EPOCH_KEY = "slurm_elastic.first_epoch"
+
+
 class ElasticBatchSampler:
     """This rank's micro-batches (data-set index lists) of the optimizer steps of one epoch not done yet."""
 
@@ -478,15 +486,35 @@ class ElasticBatchSampler:
         """As DistributedSampler.set_epoch: the next iteration is that epoch (an epoch done yields nothing)."""
         self._set_epoch = int(epoch)
 
+    def _first_label(self) -> int:
+        """The number the loop gives the data's first epoch: 0, or 1 for a loop that counts epochs from 1.
+
+        Fixed by the loop's first set_epoch() of a fresh job (nothing trained yet) and kept in the
+        checkpoint, so a resumed loop that starts counting from 1 again lands on the same data.
+        """
+        state = self._loop.session.user_state
+        first = state.get(FIRST_EPOCH_KEY)
+        if first not in (0, 1):
+            fresh = self._loop.step == 0 and self._loop.session.restored_step is None
+            first = 1 if fresh and self._set_epoch == 1 else 0
+            state[FIRST_EPOCH_KEY] = first
+        return int(first)
+
     def plan(self) -> tuple[int, list[tuple[int, int]]]:
         """The epoch the next iteration is, and its (step, micro-batch) pairs still to do."""
         loop = self._loop
-        epoch = self._next_epoch if self._set_epoch is None else self._set_epoch
-        here = loop.epoch
-        if epoch > here:
-            raise ElasticError(f"the loop asks for epoch {epoch} but the data position (step {loop.step}) is in "
-                               f"epoch {here}; iterating would skip data: loop over every epoch from 0 "
-                               f"(epochs already done yield nothing) or start at loop.epoch")
+        if self._set_epoch is None:
+            epoch = self._next_epoch
+        else:
+            first = self._first_label()
+            label, epoch = self._set_epoch, self._set_epoch - first
+            here = loop._epoch_of_step(loop.step)
+            if epoch > here:
+                raise ElasticError(f"the loop asks for epoch {label} but the data position (step {loop.step}) is "
+                                   f"in epoch {here + first}; iterating would skip data: loop over every epoch "
+                                   f"from {first} (epochs already done yield nothing) or start at loop.epoch")
+            if epoch < 0:
+                return epoch, []
         first = max(loop._first_step(epoch), loop.step)
         steps = range(first, loop._first_step(epoch + 1))
         return epoch, [(s, m) for s in steps for m in range(loop.accumulation)]

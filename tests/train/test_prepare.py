@@ -353,3 +353,40 @@ def _json(path: str) -> dict:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_loop_that_counts_epochs_from_1_resumes_on_the_same_data(tmp_path: Path) -> None:
+    """minGPT's trainer does `epoch += 1` before set_epoch: its first epoch is 1, before and after a restart."""
+    by_step: dict[int, list[int]] = {}
+
+    def run(signal_after: int | None) -> tuple[int, list[int], int]:
+        loop = _loop(tmp_path)
+        model, optimizer, loader = _objects()
+        ddp, optimizer, loader = loop.prepare(model, optimizer, loader)
+        start, lengths, fresh, announced = loop.step, [], set(), loop.epoch
+        try:
+            for epoch in range(0, 3):
+                epoch += 1
+                loader.sampler.set_epoch(epoch)
+                lengths.append(len(loader))
+                for x, idx in loader:
+                    if loop.step not in fresh:
+                        fresh.add(loop.step)
+                        by_step[loop.step] = []
+                    by_step[loop.step] += idx.tolist()
+                    ddp(x).squeeze(1).pow(2).mean().backward()
+                    optimizer.step()
+                    if loop.step == signal_after:
+                        os.kill(os.getpid(), signal.SIGUSR2)
+        except SystemExit as exc:
+            assert exc.code == protocol.REQUEUE_EXIT_CODE
+            return -1, lengths, announced
+        loop.close()
+        return start, lengths, announced
+
+    first = run(signal_after=4)
+    assert first[0] == -1 and first[1] == [6, 4, 6]   # at step 0, set_epoch(1) was the data's first epoch
+    start, lengths, announced = run(signal_after=None)
+    assert start == 5 and announced == 3              # data epoch 2, numbered as the loop numbers it
+    assert lengths == [0, 0, 6]
+    assert [i for s in sorted(by_step) for i in by_step[s]] == ElasticSampler(N, seed=0).indices(0, 32)
