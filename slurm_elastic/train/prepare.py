@@ -10,6 +10,10 @@ underneath is the ElasticSession step API, unchanged. What moves inside:
   micro-batch of an optimizer step, and gradients are synchronised only then;
 - loss scaling: gradients are divided by the accumulation count, so a mean
   loss gives the mean over the global batch at every world size;
+- gradient clipping: `torch.nn.utils.clip_grad_norm_` called while a step's
+  micro-batches are still being accumulated measures the norm without
+  clipping; at the last micro-batch it clips the whole step's gradient, as
+  the script's own clip did at one micro-batch per step;
 - checkpoints, the signalled stop and the exits (85/86/87), with the rank's
   output flushed before each.
 """
@@ -17,7 +21,9 @@ underneath is the ElasticSession step API, unchanged. What moves inside:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterator
@@ -71,6 +77,7 @@ class ElasticLoop:
         self._closed = False
         self._prepared = False
         self._current: tuple[int, int] | None = None     # (step, micro-batch) of the batch last yielded
+        self._restore_clipping: Any = lambda: None        # undoes _defer_clipping at the end
         self._stepped_current = False
         self._window_has_grads = False
         self._sync_target: Any = None                     # DDP or FSDP module whose sync we switch
@@ -181,6 +188,7 @@ class ElasticLoop:
             self.session.noise.micro_grad_scale = 1.0
         self._dataset_size = len(dataset)
         self._prepared = True
+        self._defer_clipping()
         wrapped = self._wrap_model(model)
         model.register_forward_pre_hook(self._on_forward)
         replaced: dict[int, Any] = {
@@ -302,6 +310,26 @@ class ElasticLoop:
         if not self._window_has_grads:
             optimizer.zero_grad(set_to_none=set_to_none)
 
+    def _defer_clipping(self) -> None:
+        """While this loop runs, clip_grad_norm_ clips only a whole optimizer step's gradient.
+
+        A micro-batch's gradient is part of a sum; clipping it would change the update the script
+        made at one micro-batch per step. The norm is still computed and returned (scripts log it).
+        """
+        utils = nn.utils
+        original = utils.clip_grad_norm_
+        loop = self
+
+        @functools.wraps(original)
+        def clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
+            current = loop._current
+            if loop._closed or current is None or current[1] == loop.accumulation - 1:
+                return original(parameters, max_norm, *args, **kwargs)
+            return original(parameters, math.inf, *args, **kwargs)     # a factor of exactly 1
+
+        utils.clip_grad_norm_ = clip_grad_norm_
+        self._restore_clipping = lambda: setattr(utils, "clip_grad_norm_", original)
+
     def _epoch_started(self) -> None:
         if self._scheduler is not None:
             self._scheduler._check()
@@ -319,6 +347,7 @@ class ElasticLoop:
         if self._scheduler is not None:
             self._scheduler._check()
         self._closed = True
+        self._restore_clipping()
         sys.excepthook = self._previous_excepthook
         _flush()
         try:
@@ -348,6 +377,7 @@ class ElasticLoop:
         if self._closed:
             return
         self._closed = True
+        self._restore_clipping()
         sys.excepthook = self._previous_excepthook
         _flush()   # the session may os._exit, which drops block-buffered output
         self.session.__exit__(type(exc), exc, exc.__traceback__)

@@ -390,3 +390,27 @@ def test_a_loop_that_counts_epochs_from_1_resumes_on_the_same_data(tmp_path: Pat
     assert start == 5 and announced == 3              # data epoch 2, numbered as the loop numbers it
     assert lengths == [0, 0, 6]
     assert [i for s in sorted(by_step) for i in by_step[s]] == ElasticSampler(N, seed=0).indices(0, 32)
+
+
+def test_clipping_a_micro_batch_waits_for_the_whole_steps_gradient(tmp_path: Path) -> None:
+    """A script that clips after every backward (minGPT) clips the step's gradient, as at one micro-batch."""
+    updates = {}
+    for micro in (4, 2):
+        loop = ElasticLoop(global_batch=4, ckpt_dir=str(tmp_path / f"ck{micro}"), env=_single(), fast_exit=False)
+        model, optimizer, loader = _objects(batch_size=micro)
+        ddp, optimizer, loader = loop.prepare(model, optimizer, loader)
+        w0 = [p.detach().clone() for p in model.parameters()]
+        norms = []
+        for x, _ in loader:
+            optimizer.zero_grad()
+            (ddp(x).squeeze(1) - 100.0).pow(2).mean().backward()      # far from the target: a large gradient
+            norms.append(float(torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)))
+            optimizer.step()
+            if loop.step == 1:
+                break
+        loop.close()
+        updates[micro] = [p.detach() - w for p, w in zip(model.parameters(), w0)]
+        assert torch.nn.utils.clip_grad_norm_.__name__ == "clip_grad_norm_" and loop.accumulation == 4 // micro
+        assert all(n > 0.5 for n in norms)                       # the norm is still measured and returned
+    for a, b in zip(updates[4], updates[2]):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), (a, b)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from slurm_elastic import jobfiles as protocol
 
-from . import upstream_edits as edits
+from .upstream_edits import DDP_TUTORIAL
 from .launch import rank_envs, wait_ranks
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "researcher.md"
@@ -55,20 +55,18 @@ def _ack(run: Path, restart: int) -> dict:
 
 
 def test_the_upstream_files_are_upstreams_bytes() -> None:
-    for name, digest in edits.SHA256.items():
-        assert hashlib.sha256((edits.UPSTREAM / name).read_bytes()).hexdigest() == digest, name
+    for name, digest in DDP_TUTORIAL.sha256.items():
+        assert hashlib.sha256((DDP_TUTORIAL.folder / name).read_bytes()).hexdigest() == digest, name
 
 
 def test_the_docs_show_exactly_the_edits_applied_and_they_touch_at_most_ten_lines() -> None:
-    before = edits.TUTORIAL.read_text()
-    after = edits.convert(before)
-    assert edits.lines_touched(before, after) <= 10
-    diff = "\n".join(edits.unified_diff(before, after))
+    assert DDP_TUTORIAL.lines_touched() <= 10
+    diff = DDP_TUTORIAL.diff()
     assert f"```diff\n{diff}\n```" in DOCS.read_text(), diff
 
 
 def test_upstreams_tutorial_resumes_at_the_acknowledged_step_at_4_2_and_1_ranks(tmp_path: Path) -> None:
-    run = edits.write_converted(tmp_path)
+    run = DDP_TUTORIAL.write_converted(tmp_path)
     codes, outs = _stop_at(_start(run, 4, 0), "Epoch 1 |")
     assert codes == [protocol.REQUEUE_EXIT_CODE] * 4, outs[0][-3000:]
     first = _ack(run, 0)
@@ -88,7 +86,7 @@ def test_upstreams_tutorial_resumes_at_the_acknowledged_step_at_4_2_and_1_ranks(
 
 
 def test_without_the_peek_edit_a_resume_after_a_finished_epoch_stops_as_the_docs_say(tmp_path: Path) -> None:
-    run = edits.write_converted(tmp_path, peek_edit=False)
+    run = DDP_TUTORIAL.write_converted(tmp_path, skip="next(iter(")
     codes, outs = _stop_at(_start(run, 2, 0), "Epoch 1 |")
     assert codes == [protocol.REQUEUE_EXIT_CODE] * 2, outs[0][-3000:]
     codes, outs = _stop_at(_start(run, 2, 1), "never printed")
