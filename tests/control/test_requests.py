@@ -377,3 +377,37 @@ def test_a_job_yielding_to_a_rigid_job_is_not_kept_by_measure_first_nor_the_shar
     assert given[str(new)].allowed_gpus is None or min(given[str(new)].allowed_gpus) == 1
     assert given[str(old)].allowed_gpus is None or min(given[str(old)].allowed_gpus) == 1
     assert new not in second.waits
+
+
+def test_speed_rows_at_sizes_never_run_are_ignored_and_win_no_gpus(tmp_path, caplog):
+    """Issue 31 item 5: a job that writes speed rows at sizes Slurm never ran it at gets no more GPUs than
+    an honest one measured the same at the size it ran; the rows are ignored with one log line."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+
+    slurm = InMemorySlurm(nodes=4)                     # 16 GPUs
+    ckpt = str(tmp_path / "ckpt")
+    honest = slurm.add_job(ElasticSpec(1, 16, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    liar = slurm.add_job(ElasticSpec(1, 16, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    both = [_row(100, 0, 4, 1.0, total=20_000), _row(200, 100, 4, 1.0, total=20_000)]
+    _rows(shim.metrics_path(ckpt, str(honest)), both)
+    # the same truth at 4 GPUs, and the claim that 8 and 16 GPUs on 2 and 4 nodes run 2x and 4x as fast
+    _rows(shim.metrics_path(ckpt, str(liar)), both + [_row(300, 150, 8, 2.0, nodes=2, total=20_000),
+                                                      _row(400, 200, 16, 4.0, nodes=4, total=20_000)])
+    src = MeasuredRequests()
+    with caplog.at_level("WARNING"):
+        for t in (0.0, 60.0):
+            got = src.requests(slurm.snapshot(), t, Policy())
+    reqs = {r.key: r for r in got}
+    for g in range(1, 17):
+        n = (g + 3) // 4
+        assert reqs[str(liar)].throughput(g, n) == reqs[str(honest)].throughput(g, n)
+    ignored = [r for r in caplog.records if "never ran it at" in r.getMessage()]
+    assert len(ignored) == 1 and f"job {liar}" in ignored[0].getMessage()
+    report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
+                        requests=src).cycle(dry_run=True)
+    assert report.target(liar) <= report.target(honest), (report.target(liar), report.target(honest))
+    # once Slurm has run it there, the same rows count (and are the job's own business)
+    ran_at(slurm, src, liar, (8, 2), (4, 1))
+    got = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
+    assert got[str(liar)].throughput(8, 2) == pytest.approx(2.0)
