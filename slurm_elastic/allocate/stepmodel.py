@@ -13,14 +13,13 @@ Predictions (`StepTimeModel.speed`) are ratios of the model applied to a measure
 size measured), never the model's absolute value: a measured size is what was measured, and the model
 says only how a size it never ran compares. A gain beyond the largest size measured is credited at
 (1 - eta) (a lower-confidence credit: a size is worth trying only when the discounted gain pays for
-the restart), a size is never credited more than linear scaling from its anchor, and never more than
-g times the job's 1-GPU speed (S(g) <= g).
+the restart), a size is never credited more than linear scaling from its anchor nor, below it, faster
+than the anchor, and never more than g times the job's 1-GPU speed (S(g) <= g).
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from dataclasses import dataclass
 from typing import Iterable, Literal
@@ -28,8 +27,6 @@ from typing import Iterable, Literal
 import numpy as np
 
 from slurm_elastic.errors import AllocationError
-
-log = logging.getLogger(__name__)
 
 PARAMETERS = ("alpha_c", "beta_c", "alpha_r", "beta_r", "alpha_n", "beta_n")
 
@@ -126,10 +123,11 @@ def identified(rows: Iterable[StepTimeRow]) -> tuple[bool, ...]:
 
 def fit_step_time(rows: Iterable[StepTimeRow], prior: StepTimeParams | None = None, *,
                   prior_rows: float = PRIOR_ROWS) -> StepTimeParams:
-    """The MAP fit: minimise sum_i c_i ((phi_i theta - y_i) / y_i)^2 + prior_rows * sum_k ((theta_k - theta0_k) / ybar)^2
+    """The MAP fit: minimise sum_i c_i ((phi_i theta - y_i) / y_i)^2 + prior_rows * sum_k (f_k (theta_k - theta0_k) / ybar)^2
     over theta >= 0, with the parameters `identified` says the rows cannot pin kept at `prior`.
 
-    c_i = min(count_i, 8); ybar the mean measured step time. Exact: every subset of the free parameters
+    c_i = min(count_i, 8); ybar the mean measured step time; f_k the parameter's mean feature over the rows
+    where it is not 0 (1 where it is 0 everywhere), so each prior row is in seconds of a typical step. Exact: every subset of the free parameters
     is tried as the support, each solved by least squares, and the best non-negative one kept (the
     optimum of a convex problem is the unconstrained optimum on its own support). Deterministic: the
     same rows give the same bits. `prior_rows = 0` is the plain non-negative least squares.
@@ -167,12 +165,17 @@ def _solve(rows: list[StepTimeRow], theta0: np.ndarray, free: list[int], prior_r
     # Rows of the least squares: the data's relative errors, then one row per free parameter for the prior.
     a_data = phi * weight[:, None]
     b_data = y * weight - a_data[:, fixed] @ theta0[fixed]
-    scale = math.sqrt(prior_rows) / float(np.mean(y))
+    # A parameter's prior row is in the units of what it adds to a typical row's step time (its mean
+    # feature where the feature is not 0), relative to the mean step time: beta_c multiplies B/g (128 at 32
+    # samples per GPU on 4 GPUs), so unscaled, its prior weighed nothing and a fit to rows all on many
+    # nodes put the whole step into the all-reduce, predicting 1 GPU as fast as 32.
+    typical = np.array([float(np.mean(col[col > 0])) if np.any(col > 0) else 1.0 for col in phi.T])
+    scale = math.sqrt(prior_rows) * typical / float(np.mean(y))
     a_prior = np.zeros((len(free), len(PARAMETERS)))
     for i, k in enumerate(free):
-        a_prior[i, k] = scale
+        a_prior[i, k] = scale[k]
     a = np.vstack([a_data, a_prior])
-    b = np.concatenate([b_data, scale * theta0[free]])
+    b = np.concatenate([b_data, scale[free] * theta0[free]])
 
     best: tuple[float, np.ndarray] | None = None
     for size in range(len(free) + 1):
@@ -246,18 +249,24 @@ class StepTimeModel:
             if p.gpus == gpus and p.nodes == nodes:
                 return p.speed
         anchor = min(self.measured, key=lambda p: (abs(p.gpus - gpus), p.gpus, abs(p.nodes - nodes), p.nodes))
-        ratio = self._rate(gpus, nodes, anchor) / self._rate(anchor.gpus, anchor.nodes, anchor)
+        mine, theirs = self._time_per_unit(gpus, nodes, anchor), self._time_per_unit(anchor.gpus, anchor.nodes, anchor)
+        # A fit with no compute left (rows all on many nodes, explained by the all-reduce alone) can give a
+        # step time of 0 at a size far from the rows: the caps below bound what that is credited.
+        ratio = theirs / mine if mine > 0 else (math.inf if theirs > 0 else 1.0)
         if gpus > self.largest_measured and ratio > 1.0:
             ratio = 1.0 + (1.0 - self.eta) * (ratio - 1.0)
         if gpus > anchor.gpus:
             ratio = min(ratio, gpus / anchor.gpus)      # never better than linear from what was measured
+        else:
+            ratio = min(ratio, 1.0)                     # never faster than a larger size measured
         return anchor.speed * ratio
 
-    def _rate(self, gpus: int, nodes: int, anchor: MeasuredPoint) -> float:
+    def _time_per_unit(self, gpus: int, nodes: int, anchor: MeasuredPoint) -> float:
+        """Seconds per step at the anchor's global batch, or per sample at its batch per GPU."""
         if self.kind == "steps":
-            return 1.0 / self.params.step_time(gpus, nodes, anchor.batch)
+            return self.params.step_time(gpus, nodes, anchor.batch)
         batch = anchor.batch / anchor.gpus * gpus
-        return batch / self.params.step_time(gpus, nodes, batch)
+        return self.params.step_time(gpus, nodes, batch) / batch
 
 
 def step_time_model(points: Iterable[tuple[int, int, float | None, float, int]], *, kind: Literal["steps", "samples"],

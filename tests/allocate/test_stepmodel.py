@@ -92,6 +92,17 @@ def test_no_super_linear_credit_and_a_curve_that_never_falls():
         assert speeds == sorted(speeds)                       # what the allocator sees is non-decreasing
 
 
+def test_a_fit_with_no_compute_left_still_predicts_bounded_speeds():
+    # rows only on many nodes (seen in the simulator: 32 GPUs on 8 nodes and 36 on 9) can be explained by
+    # the all-reduce alone, leaving a step time of 0 at 1 GPU; no size may then be credited without bound
+    model = step_time_model([(32, 8, 4096, 4.44, 1), (36, 9, 4096, 4.08, 2)], kind="samples", eta=0.25)
+    measured = 4.44 * 4096                                   # samples/s at 32 GPUs
+    for g in (1, 2, 4, 8, 16, 40, 64):
+        s = model.speed(g, nodes_for(g))
+        assert 0 <= s <= measured * max(g / 32, 1.0) + 1e-9
+    assert model.speed(1, 1) < measured / 8                 # the prior keeps the compute: 1 GPU is slow
+
+
 def test_the_fit_is_bit_identical_across_runs():
     code = ("from slurm_elastic.allocate.stepmodel import *\n"
             "rows=[StepTimeRow(1,1,1.0,0.93,8),StepTimeRow(2,1,1.0,0.51,5),StepTimeRow(4,1,1.0,0.31,2),"
