@@ -177,19 +177,25 @@ def _solve(rows: list[StepTimeRow], theta0: np.ndarray, free: list[int], prior_r
     a = np.vstack([a_data, a_prior])
     b = np.concatenate([b_data, scale[free] * theta0[free]])
 
+    # The normal equations once (6 x 6), then one small solve per support: the fit runs for every job whose
+    # metrics file grew, every cycle.
+    gram, rhs, bb = a.T @ a, a.T @ b, float(b @ b)
     best: tuple[float, np.ndarray] | None = None
     for size in range(len(free) + 1):
         for support in itertools.combinations(free, size):
             theta = theta0.copy()
             theta[free] = 0.0
-            if support:
-                cols = list(support)
-                solution, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            cols = list(support)
+            if cols:
+                try:
+                    solution = np.linalg.solve(gram[np.ix_(cols, cols)], rhs[cols])
+                except np.linalg.LinAlgError:       # rows that cannot tell these apart (no prior to break the tie)
+                    solution, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
                 if np.any(solution < 0):
                     continue
                 theta[cols] = solution
-            residual = a[:, free] @ theta[free] - b
-            cost = float(residual @ residual)
+            t = theta[free]
+            cost = float(t @ gram[np.ix_(free, free)] @ t - 2.0 * t @ rhs[free] + bb)
             if best is None or cost < best[0]:
                 best = (cost, theta)
     assert best is not None          # the empty support is always feasible
