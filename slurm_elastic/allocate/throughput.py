@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from slurm_elastic.allocate.stepmodel import StepTimeModel
 from slurm_elastic.goodput import GradientNoise, best_batch
 from slurm_elastic.errors import AllocationError
 
@@ -201,6 +202,12 @@ def evaluate_curve(points: Sequence[tuple[float, float]], gpus: float) -> float:
 class MeasuredThroughput:
     """Speed fitted from a job's own measurements, with a stated rule for the sizes it never ran.
 
+    With `predicted` (the request source always gives one): the job's step-time model
+    (`allocate.stepmodel.StepTimeModel`) decides every size: the median measured where the job ran, and
+    elsewhere its own fitted step time relative to the nearest size measured, a gain beyond the largest
+    size measured credited at (1 - eta), never more than linear from the size measured, nor S(g) > g.
+
+    Without it, the capped rule (kept for the ablation against the fitted model):
     - at and between measured GPU counts: the concave hull of the medians;
     - below the smallest measured count: that count's speed per GPU (scaling
       down is never credited as better than measured);
@@ -218,12 +225,15 @@ class MeasuredThroughput:
     largest_measured: float = 0.0                   # may lie past the hull's peak (a slower large count)
     prior: LinearThroughput = LinearThroughput()
     explore_factor: float | None = None
+    predicted: StepTimeModel | None = None          # the fitted step-time model; None: the capped rule
 
     @property
     def measured_gpus(self) -> tuple[int, ...]:
         return tuple(int(g) for g, _ in self.points if g > 0)
 
     def __call__(self, gpus: int, nodes: int = 1) -> float:
+        if self.predicted is not None:
+            return self.predicted.speed(gpus, nodes)
         if gpus <= 0 or len(self.points) < 2:
             return 0.0
         g = float(gpus)

@@ -6,8 +6,9 @@ a request by named rules in one declared order, and `source.py` (MeasuredRequest
 
 What is read, per job, from `<ckpt_dir>/<job id>/`:
 
-- `metrics.jsonl` (the rows the training shim appends): steps/s per GPU count and node count (fitted
-  online: `allocate.throughput.MeasuredThroughput`), samples/s and gradient noise for adaptive-batch jobs,
+- `metrics.jsonl` (the rows the training shim appends): steps/s per GPU count and node count (a step-time
+  model fitted online predicts the sizes never run: `allocate.stepmodel`, inside
+  `allocate.throughput.MeasuredThroughput`), samples/s and gradient noise for adaptive-batch jobs,
   restart costs from the job's own restarts (the wall time from the last row before a restart to the first
   after it, less the steps that interval did at the new speed: startup plus lost work), and progress (the
   last row's `step` and declared `total_steps`);
@@ -16,7 +17,9 @@ What is read, per job, from `<ckpt_dir>/<job id>/`:
 
 A job's file is input, never authority: it is opened without following links, must be a regular file
 owned by the job's user, is read up to a bounded size, and every field is validated; anything else gives
-the default model and one log line.
+the default model and one log line. A speed row counts only at a size Slurm ran the job at (gpus, nodes as
+the snapshots showed it RUNNING, `JobFiles.observe`): a row at any other size is ignored, with one log line
+per job, so a job cannot claim a speed at a size nobody saw it run.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from slurm_elastic import jobfiles as shim
+from slurm_elastic.allocate.stepmodel import step_time_model
 from slurm_elastic.allocate.throughput import MeasuredThroughput, concave_hull
-from slurm_elastic.cluster.model import Job
+from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic.control.requests.settings import RequestSettings
 from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.jobfiles import BATCH_FILE, BatchRange, MetricsCursor, MetricsRow, parse_row, read_metrics, read_record
@@ -56,6 +60,7 @@ class JobMeasurements:
     rows: int = 0
     first_gpus: int | None = None                           # the size of its first row: the size it asked for
     problem: str = ""                         # why the file was not used ("" = used, or absent)
+    ignored: tuple[tuple[int, int], ...] = ()  # (gpus, nodes) of speed rows at sizes Slurm never ran it at
 
     @property
     def restart_cost_s(self) -> float | None:
@@ -73,16 +78,15 @@ def validate_row(row: object) -> dict[str, float | int] | None:
 class MetricsTail:
     """What was read of one growing metrics file so far (the controller reads only what was appended).
 
-    Kept bounded: the newest SPEEDS_KEPT speeds per GPU count (at the batch
-    the job last ran at with that count: a new batch there starts them
-    afresh), the newest COSTS_KEPT restart intervals, the newest gradient
-    noise, and the last row.
+    Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
+    (at the batch the job last ran at with that size: a new batch there
+    starts them afresh), the newest COSTS_KEPT restart intervals, the
+    newest gradient noise, and the last row.
     """
 
     cursor: MetricsCursor = dataclasses.field(default_factory=MetricsCursor)   # where the file was read up to
-    speeds: dict[int, collections.deque[float]] = dataclasses.field(default_factory=dict)
-    nodes: dict[int, int] = dataclasses.field(default_factory=dict)
-    batch_at: dict[int, int] = dataclasses.field(default_factory=dict)   # gpus -> batch of speeds[gpus]
+    speeds: dict[tuple[int, int], collections.deque[float]] = dataclasses.field(default_factory=dict)
+    batch_at: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)   # size -> batch of speeds[size]
     noise: tuple[float, float] | None = None
     lost_s: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=16))
     last: dict[str, float | int] | None = None
@@ -99,15 +103,15 @@ class MetricsTail:
     def _add(self, row: dict[str, float | int]) -> None:
         g, v = int(row["gpus"]), float(row["steps_per_s"])
         if v > 0:
+            size = (g, int(row["nodes"]))
             batch = row.get("batch")
-            if batch is not None and self.batch_at.get(g, batch) != batch:
-                self.speeds.pop(g, None)                 # measured at another batch: not comparable
+            if batch is not None and self.batch_at.get(size, batch) != batch:
+                self.speeds.pop(size, None)              # measured at another batch: not comparable
             if batch is not None:
-                self.batch_at[g] = int(batch)
+                self.batch_at[size] = int(batch)
             else:
-                self.batch_at.pop(g, None)
-            self.speeds.setdefault(g, collections.deque(maxlen=SPEEDS_KEPT)).append(v)
-            self.nodes[g] = max(self.nodes.get(g, 1), int(row["nodes"]))
+                self.batch_at.pop(size, None)
+            self.speeds.setdefault(size, collections.deque(maxlen=SPEEDS_KEPT)).append(v)
         if "grad_sqr" in row:
             self.noise = (float(row["grad_sqr"]), float(row["grad_var"]))
         prev = self.last
@@ -154,8 +158,13 @@ def read_batch_range(path: str, *, owner_uid: int | None, max_bytes: int) -> tup
     return read_record(path, BatchRange.parse, owner_uid=owner_uid, max_bytes=max_bytes, what="a batch range")
 
 
-def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings) -> JobMeasurements:
-    """Speed model, restart costs and progress from validated rows (in file order) or a file's tail."""
+def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: RequestSettings,
+            ran: frozenset[tuple[int, int]] | None = None) -> JobMeasurements:
+    """Speed model, restart costs and progress from validated rows (in file order) or a file's tail.
+
+    `ran`: the (gpus, nodes) sizes Slurm ran the job at; speed rows at any other size are left out (and
+    listed in `ignored`). None: every row's size is believed (rows that came from no job directory).
+    """
     if not isinstance(rows, MetricsTail):
         tail = MetricsTail()
         for row in rows:
@@ -164,21 +173,48 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     tail = rows
     if tail.last is None:
         return JobMeasurements()
-    medians = {g: statistics.median(v) for g, v in tail.speeds.items() if v}
-    nodes = tuple(sorted(tail.nodes.items()))
-    model = (MeasuredThroughput(concave_hull(medians.items()), nodes, float(max(medians)), settings.prior)
-             if medians else None)
+    sizes = sorted(size for size, v in tail.speeds.items() if v)
+    ignored = tuple(size for size in sizes if ran is not None and size not in ran)
+    at = {size: statistics.median(tail.speeds[size]) for size in sizes if size not in ignored}
+    model = _throughput(at, {size: tail.batch_at.get(size) for size in at}, tail, settings, "steps")
     # samples/s only where the batch is known: steps/s at different batches are not comparable
-    at_batch = {g: v * tail.batch_at[g] for g, v in medians.items() if g in tail.batch_at}
-    samples = (MeasuredThroughput(concave_hull(at_batch.items()), nodes, float(max(at_batch)), settings.prior)
-               if at_batch else None)
-    local = tuple(sorted((g, tail.batch_at[g] / g) for g in at_batch))
+    batches = {size: tail.batch_at[size] for size in at if size in tail.batch_at}
+    at_batch = {size: v * batches[size] for size, v in at.items() if size in batches}
+    samples = _throughput(at_batch, batches, tail, settings, "samples")
+    local = tuple(sorted({g: batches[(g, n)] / g for g, n in at_batch}.items()))
+    medians = _best_per_gpus(at)
     noise = GradientNoise(*tail.noise) if tail.noise is not None else None
     costs = tuple(c for c in tail.lost_s if settings.restart_min_s <= c <= settings.max_restart_cost_s)
     total = tail.last.get("total_steps")
     return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
                            noise=noise, restart_costs_s=costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
-                           rows=tail.count, first_gpus=tail.first_gpus)
+                           rows=tail.count, first_gpus=tail.first_gpus, ignored=ignored)
+
+
+def _best_per_gpus(at: Mapping[tuple[int, int], float]) -> dict[int, float]:
+    best: dict[int, float] = {}
+    for (g, _), v in at.items():
+        best[g] = max(best.get(g, 0.0), v)
+    return best
+
+
+def _throughput(at: Mapping[tuple[int, int], float], batches: Mapping[tuple[int, int], int | None],
+                tail: MetricsTail, settings: RequestSettings, kind: str) -> MeasuredThroughput | None:
+    """The MeasuredThroughput of speeds per (gpus, nodes), its step-time model fitted to them
+    (`settings.predict_unmeasured`), or None when nothing is measured."""
+    if not at:
+        return None
+    per_gpus = _best_per_gpus(at)
+    nodes: dict[int, int] = {}
+    for g, n in at:
+        nodes[g] = max(nodes.get(g, 1), n)
+    # The step-time model is fitted to steps/s (samples/s = steps/s x batch).
+    steps = {size: v / batches[size] if kind == "samples" and batches[size] else v for size, v in at.items()}
+    predicted = (step_time_model(((g, n, batches.get((g, n)), steps[(g, n)], len(tail.speeds[(g, n)]))
+                                  for g, n in sorted(at)), kind=kind, eta=settings.explore_discount)  # type: ignore[arg-type]
+                 if settings.predict_unmeasured else None)
+    return MeasuredThroughput(concave_hull(per_gpus.items()), tuple(sorted(nodes.items())), float(max(per_gpus)),
+                              settings.prior, predicted=predicted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,11 +233,26 @@ class JobFiles:
 
     def __init__(self, settings: RequestSettings) -> None:
         self.settings = settings
-        self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements]] = {}
+        self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements, frozenset[tuple[int, int]]]] = {}
         self._reported: dict[int, str] = {}
+        self._ran: dict[int, frozenset[tuple[int, int]]] = {}      # job id -> (gpus, nodes) Slurm ran it at
+
+    def observe(self, job: Job) -> None:
+        """Remember the size Slurm runs `job` at now: only speed rows at sizes remembered here are used."""
+        if job.state is JobState.RUNNING and job.gpus > 0:
+            size = (job.gpus, len(job.nodes) or job.num_nodes)
+            ran = self._ran.get(job.job_id, frozenset())
+            if size not in ran:
+                self._ran[job.job_id] = ran | {size}
+
+    def ran(self, job: Job) -> frozenset[tuple[int, int]]:
+        """The (gpus, nodes) sizes Slurm has been seen running `job` at."""
+        return self._ran.get(job.job_id, frozenset())
 
     def measure(self, job: Job) -> Measurement:
-        """The job's Measurement, its files read in the order metrics, batch range, geometry."""
+        """The job's Measurement, its files read in the order metrics, batch range, geometry (the size
+        it runs at now observed first)."""
+        self.observe(job)
         metrics = self.metrics(job)
         batch, batch_problem = (self.batch(job) if metrics.model is not None and self.settings.measured_speed
                                 else (None, ""))
@@ -225,14 +276,29 @@ class JobFiles:
         uid = owner_uid(job)
         if uid is None:
             return self.report(job, path, f"cannot be checked: user {job.user!r} is unknown here")
+        ran = self.ran(job)
         cached = self._cache.get(path)
         if cached is not None and cached[0] == key:
-            return cached[2]
-        tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes,
-                                         tail=cached[1] if cached is not None else None)
-        result = self.report(job, path, problem) if problem else measure(tail, self.settings)
-        self._cache[path] = (key, tail, result)
+            if cached[3] == ran or cached[2].problem:
+                return cached[2]
+            tail, problem = cached[1], ""          # the file is as read; only the sizes seen running grew
+        else:
+            tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes,
+                                             tail=cached[1] if cached is not None else None)
+        result = self.report(job, path, problem) if problem else measure(tail, self.settings, ran)
+        self._cache[path] = (key, tail, result, ran)
+        if result.ignored:
+            self._report_ignored(job, path, result.ignored)
         return result
+
+    def _report_ignored(self, job: Job, path: str, ignored: tuple[tuple[int, int], ...]) -> None:
+        """One log line per job (not per cycle) for speed rows at sizes Slurm never ran it at."""
+        key = -job.job_id - (2 << 40)          # its own slot in the once-per-problem memory
+        if key not in self._reported:
+            sizes = ", ".join(f"{g} GPUs on {n} node{'s' if n > 1 else ''}" for g, n in ignored)
+            log.warning("job %d: %s has speed rows at sizes Slurm never ran it at (%s); those rows are ignored",
+                        job.job_id, path, sizes)
+            self._reported[key] = sizes
 
     def batch(self, job: Job) -> tuple[BatchRange | None, str]:
         """The job's batch.json and why it was not believed ("" when it was, or is absent)."""

@@ -27,6 +27,10 @@ class RequestSettings:
     batch_max_bytes: int = 1 << 12            # batch.json is three numbers
     min_marginal_gain: float = 0.05           # a GPU gaining less than 5 % of an average one's speed is noise
     prior: LinearThroughput = LinearThroughput()
+    # Sizes never run are predicted by the job's fitted step-time model (allocate.stepmodel); False: the
+    # capped extrapolation of MeasuredThroughput (kept for the ablation).
+    predict_unmeasured: bool = True
+    explore_discount: float = 0.25            # eta: a predicted gain beyond the largest size measured counts (1 - eta)
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
     measured_speed: bool = SPEED.default == "measured"
