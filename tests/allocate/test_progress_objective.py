@@ -130,3 +130,11 @@ def test_bad_progress_fields_are_refused(bad):
         solve(AllocationProblem((JobRequest("a", 1, 4, **bad),), (node("n0"),), PROGRESS))
     with pytest.raises(AllocationError, match="objective"):
         solve(AllocationProblem((JobRequest("a", 1, 4),), (node("n0"),), Policy(objective="fastest")))
+
+
+def test_explain_names_the_restart_when_the_stay_bonus_decided():
+    job = JobRequest("a", 1, 8, current={"n0": 4}, values=linear(8), stay_fraction=0.6)
+    alloc = solve(AllocationProblem((job,), (node("n0"), node("n1")), PROGRESS))
+    (decision,) = alloc.decisions
+    assert decision.cause == "restart-cost" and "the restart loses 2.4" in decision.reason
+    assert "50% of its best" in decision.reason          # V(4) of V(8), not of a normaliser it has not got
