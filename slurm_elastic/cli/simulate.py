@@ -64,7 +64,8 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
              failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
              checkpoint_interval: float,
              sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, adaptive: str, max_scale: float,
-             objective: str, as_json: bool, markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
+             objective: str,
+             as_json: bool, markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the shipped controller and the baselines.
 
     WORKLOADS are Pollux workload CSVs, generic CSVs or sacct --parsable2

@@ -127,8 +127,8 @@ def ftf_floor(terms: ProgressTerms, *, age_s: float, attained_s: float, fair: in
     share (Themis's finish-time fairness: T_fair = (attained + remaining) / S(f)), and how overdue it is.
 
     At risk when, left at zero one more hold and then run at its fair share, it would finish later than
-    target x T_fair (T_fair at least one hold); its floor is then the smallest count fast enough to finish by that time, capped at the
-    fair share. A job never run has no size to judge: once it has waited a hold its floor is its smallest
+    target x T_fair (T_fair at least one hold); its floor is then the smallest count fast enough to finish
+    by that time, capped at the fair share. A job never run has no size to judge: once it has waited a hold its floor is its smallest
     count, overdue by age / hold."""
     fits = [g for g in counts if g <= fair]
     if not fits:
