@@ -179,3 +179,19 @@ def test_a_bad_file_gives_the_default_request_only_for_its_job(two):
     assert {r.key for r in got} == {str(a), str(b)}
     assert dict({r.key: r for r in got}[str(b)].values)[2] > 0
     assert not math.isnan(sum(v for r in got if r.values for _, v in r.values))
+
+
+def test_the_controller_decides_with_the_objective_its_policy_names(two, tmp_path):
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+
+    slurm, ckpt, a, b = two
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(100, 0, 2, 1.0, total=40_000), _row(200, 100, 2, 1.0, total=40_000)])
+    _rows(shim.metrics_path(ckpt, str(b)), [_row(10, 0, 2, 1.0, total=400), _row(20, 10, 2, 1.0, total=400)])
+    legacy = Reconciler(slurm, Journal(tmp_path / "l.sqlite"), ControllerConfig())
+    assert type(legacy.requests) is MeasuredRequests
+    rec = Reconciler(slurm, Journal(tmp_path / "p.sqlite"), ControllerConfig(policy=PROGRESS))
+    assert type(rec.requests) is ProgressRequests
+    decision = rec.decide(slurm.snapshot(), 1000.0)
+    basis = decision.allocation.basis
+    assert "[progress]" in basis[str(a)] and "rank 1/2" in basis[str(a)] and "rank 2/2" in basis[str(b)]

@@ -76,16 +76,7 @@ class MeasuredRequests:
         bad: dict[int, str] = {}
         shares = fair_shares(state)
         for job in state.elastic_jobs:
-            running = job.state is JobState.RUNNING
-            if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
-                # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
-                self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
-            if running:
-                self._waiting_since.pop(job.job_id, None)
-            elif not job.held:
-                self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
-                                               min(now, job.submit_time))
-            self._running[job.job_id] = running
+            self._remember(job, now)
             try:
                 ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
                 req = dataclasses.replace(
@@ -104,6 +95,19 @@ class MeasuredRequests:
             out.append(req)
             basis[req.key] = why
         return Requests(tuple(out), basis, waits, bad)
+
+    def _remember(self, job: Job, now: float) -> None:
+        """What the rules need from earlier cycles: the size it asked for, since when it waits, if it runs."""
+        running = job.state is JobState.RUNNING
+        if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
+            # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
+            self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
+        if running:
+            self._waiting_since.pop(job.job_id, None)
+        elif not job.held:
+            self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
+                                           min(now, job.submit_time))
+        self._running[job.job_id] = running
 
     def decided(self, allocation: Allocation, now: float) -> None:
         for key, g in allocation.gpus.items():
@@ -143,15 +147,7 @@ class ProgressRequests(MeasuredRequests):
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
         for job in state.elastic_jobs:
-            running = job.state is JobState.RUNNING
-            if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
-                self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
-            if running:
-                self._waiting_since.pop(job.job_id, None)
-            elif not job.held:
-                self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
-                                               min(now, job.submit_time))
-            self._running[job.job_id] = running
+            self._remember(job, now)
             try:
                 ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
                 terms = progress.progress_terms(ctx, self._credit(job, now, ctx))
@@ -197,6 +193,10 @@ class ProgressRequests(MeasuredRequests):
                     f"{ctx.restart_s:.0f}s, pi {pi:.3f}" + (f"; {floor_why}" if floor_why else ""))
             basis[key] = "; ".join(ctx.notes + (f"{line} [progress]",))
         jobs = tuple(out[j.job_id] for j in state.elastic_jobs if j.job_id in out)
+        present = {j.job_id for j in state.elastic_jobs}
+        for gone in [jid for jid in self._seen if jid not in present]:      # ended: nothing more to credit
+            self._seen.pop(gone)
+            self._attained.pop(gone, None)
         return Requests(jobs, basis, waits, bad)
 
     def _credit(self, job: Job, now: float, ctx: JobContext) -> float:
