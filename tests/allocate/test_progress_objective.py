@@ -3,11 +3,16 @@ and every scorer (exact MILP, two-stage, greedy, brute force) agrees on what "be
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, highs, solve
+from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
-from tests.allocate.test_properties import brute_force, check_rules
+from tests.allocate.test_properties import brute_force, check_rules, clusters
 
 PROGRESS = Policy(objective="progress")
 MODES = ["exact", "two-stage", "greedy"]
@@ -138,3 +143,60 @@ def test_explain_names_the_restart_when_the_stay_bonus_decided():
     (decision,) = alloc.decisions
     assert decision.cause == "restart-cost" and "the restart loses 2.4" in decision.reason
     assert "50% of its best" in decision.reason          # V(4) of V(8), not of a normaliser it has not got
+
+
+@st.composite
+def progress_clusters(draw):
+    """test_properties' random clusters, every job with values, a stay fraction and a floor instead."""
+    base = draw(clusters(max_jobs=3, max_nodes=2, max_node_gpus=4, max_gpus=4))
+    jobs = []
+    for j in base.jobs:
+        values = tuple((g, draw(st.floats(0.0, 5.0))) for g in range(1, j.max_gpus + 1))
+        jobs.append(dataclasses.replace(
+            j, must_run=False, values=values, stay_fraction=draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+            floor_gpus=draw(st.integers(0, j.max_gpus)), floor_priority=draw(st.floats(0.0, 4.0))))
+    policy = dataclasses.replace(base.policy, objective="progress")
+    return AllocationProblem(tuple(jobs), base.nodes, policy)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(progress_clusters())
+def test_random_progress_problems_the_exact_milp_equals_brute_force_and_every_path_scores_alike(problem):
+    exact = solve(problem, mode="exact")
+    check_rules(problem, exact)
+    assert exact.objective == pytest.approx(brute_force(problem), rel=1e-6, abs=1e-6)
+    inst = Instance(problem)
+    for mode in ("two-stage", "greedy"):
+        alloc = solve(problem, mode=mode)
+        check_rules(problem, alloc)
+        rows = [{inst.node_index[n]: g for n, g in alloc.placement[j.key].items()} for j in problem.jobs]
+        scored = inst.objective(rows)
+        assert alloc.objective == pytest.approx(scored, rel=1e-9, abs=1e-9)
+        assert scored <= exact.objective + 1e-6
+        # the exact model's value at a placement is the scorers'; the counts model's bounds it
+        assert Formulation(inst, exact=True).value(Formulation(inst, exact=True).point(rows)) == pytest.approx(
+            scored, rel=1e-9, abs=1e-9)
+        counts = Formulation(inst, exact=False)
+        assert counts.value(counts.point_from_counts([sum(r.values()) for r in rows])) >= scored - 1e-9
+
+
+def _raw_exact(problem: AllocationProblem) -> tuple[float, list[dict[int, int]], Instance]:
+    """The exact model's own optimum, without solve()'s re-scoring and fallbacks (which would hide a wrong row)."""
+    inst = Instance(problem)
+    form = Formulation(inst, exact=True)
+    res = highs.solve(form.model, limits=highs.Limits(threads=1), mip_rel_gap=0.0)
+    return res.objective, form.rows_of(res.x), inst
+
+
+@pytest.mark.parametrize("mode", ["exact", "two-stage"])
+def test_a_move_to_another_node_at_the_same_count_loses_the_stay_bonus(mode):
+    # a holds 1 GPU of n0 (pi = 0.5: staying keeps 10, moving 5); b needs a whole 4-GPU node, and only n0
+    # has one if a moves to n1. Running b must gain more than a's restart loses.
+    a = JobRequest("a", 1, 1, current={"n0": 1}, values=((1, 10.0),), stay_fraction=0.5)
+    nodes = (node("n0", 4), node("n1", 3))
+    for b_value, expected in ((4.0, {"a": {"n0": 1}, "b": {}}), (12.0, {"a": {"n1": 1}, "b": {"n0": 4}})):
+        problem = AllocationProblem((a, JobRequest("b", 4, 4, values=((4, b_value),))), nodes, PROGRESS)
+        assert solve(problem, mode=mode).placement == expected
+        value, rows, inst = _raw_exact(problem)
+        assert value == pytest.approx(inst.objective(rows))        # the model's k = 1 only where x = x0
+        assert value == pytest.approx(brute_force(problem))
