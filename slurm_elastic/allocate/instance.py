@@ -79,7 +79,9 @@ class Instance:
         """Each floor GPU's penalty: M_f x floor priority, M_f = 10 x the most any GPU of any job is worth, so
         one floor GPU outweighs any progress, and floors are relaxed lowest priority first when they cannot
         all hold (a slack, never a dropped row: the problem stays feasible)."""
-        per_gpu = [v / g for t in self.terms for g, v in t.hull if g > 0]
+        # in each job's own units: V_j as given, or (no values) its weighted, normalised speed
+        per_gpu = [v / g * (1.0 if j.values is not None else float(j.weight) / t.norm)
+                   for j, t in zip(self.jobs, self.terms) for g, v in t.hull if g > 0]
         unit = 10.0 * max(per_gpu, default=1.0)
         unit = unit if unit > 0 else 1.0
         for i, j in enumerate(self.jobs):
