@@ -14,7 +14,7 @@ then prints one row per run and the targets of issues 15 and 18 side by side
 (measured, target, met), all in one run:
 
     .venv/bin/python benchmarks/simulate_targets.py [--workloads 1 2 3 4] [--policy controller ...]
-        [--modes fixed adaptive mixed] [--json | --jcts]
+        [--modes fixed adaptive mixed] [--objective legacy|progress] [--json | --jcts]
 
 `--jcts` prints every job's JCT (full precision) and restarts per run and
 nothing measured in wall time, so the outputs of two branches can be diffed.
@@ -59,12 +59,12 @@ def _makespan(submit: dict[str, float], jct: dict[str, float]) -> float:
 
 
 def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: str = "fixed",
-        max_scale: float | None = None, failures: str | None = None) -> dict[str, object]:
+        max_scale: float | None = None, failures: str | None = None, objective: str = "legacy") -> dict[str, object]:
     jobs = load_workload(TRACES / "workloads" / f"{workload}.csv", adaptive=MODES[mode])
     if max_scale is None:
         max_scale = 2.0 if mode == "fixed" else 0.0
     t0 = time.perf_counter()
-    sim_policy = make_policy(policy, max_scale=max_scale)
+    sim_policy = make_policy(policy, max_scale=max_scale, objective=objective)
     config = SimConfig(parse_cluster(f"16x{GPUS_PER_NODE}"), failures=parse_failures(failures), immediate=False)
     result = Simulation(jobs, sim_policy, config).run()
     wall = time.perf_counter() - t0
@@ -83,7 +83,8 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
     worst_app = max(apps, key=lambda a: apps[a])
     row: dict[str, object] = {
         "workload": workload, "policy": policy, "mode": mode if policy == "controller" else "fixed",
-        "max_scale": max_scale or None, "failures": failures, "jobs": len(jobs), "finished": s["finished"],
+        "max_scale": max_scale or None, "failures": failures,
+        "objective": objective if policy == "controller" else None, "jobs": len(jobs), "finished": s["finished"],
         "avg_jct_s": round(float(s["avg_jct_s"]), 1), "makespan_s": round(float(s["makespan_s"]), 1),
         "ref_tiresias_avg_jct_s": round(avg["tiresias"], 1), "ref_optimus_avg_jct_s": round(avg["optimus"], 1),
         "ref_pollux_avg_jct_s": round(avg["pollux"], 1),
@@ -196,6 +197,8 @@ def main() -> int:
                         help="elastic range as a multiple of the request (0: the trace's); default 2 fixed, 0 else")
     parser.add_argument("--failures", default=None, help="node failures for every run, as simulate's --failures "
                         "(e.g. every:7200:600); the reference has none, so only 'still ahead' is comparable")
+    parser.add_argument("--objective", default="legacy", choices=["legacy", "progress"],
+                        help="what the controller's allocator maximises (settings.OBJECTIVE; docs/allocator.md)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows (runs, then targets)")
     parser.add_argument("--jcts", action="store_true",
                         help="print only every job's JCT and restarts, one tab-separated line per job and run "
@@ -211,7 +214,8 @@ def main() -> int:
         name = f"workload-{w}"
         for policy in args.policy or ["tiresias", "optimus", "controller"]:
             for mode in (args.modes if policy == "controller" else ["fixed"]):
-                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures))
+                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures,
+                                objective=args.objective))
                 print(_line(rows[-1]), file=sys.stderr if args.json or args.jcts else sys.stdout, flush=True)
                 if args.jcts:
                     r = rows[-1]
@@ -232,7 +236,8 @@ def main() -> int:
 def _line(r: dict[str, object]) -> str:
     cal = (f"  calibration avg {r['calibration_avg_ratio']:.3f}x, median job {r['calibration_median_job_ratio']:.3f}x,"
            f" {r['calibration_jobs_within_10pct_share']:.0%} of jobs within 10 %" if "calibration_avg_ratio" in r else "")
-    return (f"{r['workload']:<11} {r['policy']:<10} {r['mode']:<8} avg JCT {r['avg_jct_s']:>7.0f} s | ref Tiresias "
+    objective = f" {r['objective']}" if r.get("objective") else ""
+    return (f"{r['workload']:<11} {r['policy']:<10} {r['mode']:<8}{objective} avg JCT {r['avg_jct_s']:>7.0f} s | ref Tiresias "
             f"{r['ref_tiresias_avg_jct_s']:.0f} ({r['vs_ref_tiresias_ratio']:.3f}x) Optimus "
             f"{r['ref_optimus_avg_jct_s']:.0f} ({r['vs_ref_optimus_ratio']:.3f}x) Pollux {r['ref_pollux_avg_jct_s']:.0f} "
             f"({r['vs_ref_pollux_ratio']:.3f}x) | makespan {r['makespan_s']:.0f} s ({r['vs_ref_pollux_makespan_ratio']:.3f}x"

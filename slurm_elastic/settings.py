@@ -128,6 +128,11 @@ SPEED: Setting[str] = Setting(
     "speed", "measured", "Jobs' speed per GPU count: fitted from their metrics, or the default linear model "
     "(for GPUs that are not real, such as the local cluster's, which share CPU cores).", CONTROLLER,
     kind="choice", option="--speed", commands=(DAEMON,), heartbeat="speed", choices=("measured", "linear"))
+OBJECTIVE: Setting[str] = Setting(
+    "objective", "legacy", "What the allocator maximises: the rule chain's weighted speed with L1 restart "
+    "charges (legacy), or each job's progress with heSRPT rank weights, the restart priced in lost progress and "
+    "finish-time-fairness floors as penalised slacks (progress; docs/allocator.md).", CONTROLLER, kind="choice",
+    env="SLURM_ELASTIC_OBJECTIVE", choices=("legacy", "progress"))
 DRAIN_ON_PEER_LOSS: Setting[bool] = Setting(
     "drain_on_peer_loss", False, "Also drain a node that a job reports its ranks lost on (with the job and user "
     "as the reason; at most 2 nodes per user per hour). Off: only that job avoids the node.", CONTROLLER,
@@ -211,7 +216,7 @@ CRASH_AFTER: Setting[str | None] = Setting(
     "hold, resize, release).", TEST, env="SLURM_ELASTIC_CRASH_AFTER")
 
 SETTINGS: tuple[Setting[object], ...] = (
-    INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED,
+    INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED, OBJECTIVE,
     DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
     RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,

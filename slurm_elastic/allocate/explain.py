@@ -53,9 +53,11 @@ def _why(inst: Instance, lay: Layout, i: int, unplaceable: str | None) -> tuple[
 def _speeds(inst: Instance, i: int, before: int, after: int) -> str:
     """'; speed 12 -> 4 GPUs: 100% -> 100% of its best': what the solver's speed model says of both sizes."""
     t = inst.terms[i]
+    # the progress objective's curve is the job's value, not normalised: its best is the curve's last point
+    best = t.norm if inst.policy.objective != "progress" else max((v for _, v in t.hull), default=0.0) or 1.0
 
     def share(g: int) -> str:
-        return f"{evaluate_curve(t.hull, g) / t.norm:.0%}" if g > 0 else "0%"
+        return f"{evaluate_curve(t.hull, g) / best:.0%}" if g > 0 else "0%"
 
     if before == after:
         return f"; speed at {after} GPUs: {share(after)} of its best"
@@ -90,6 +92,11 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
     restart = t.objective.per_moved_gpu * (moved_new - moved_old)
     nodes = t.objective.per_node * (len(new) - len(row))
     total = inst.job_objective(i, new) - base
+    stays = t.objective.stay > 0 and {n: v for n, v in row.items() if v > 0} == cur
+    if total <= 0 and stays:
+        return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would be worth {gain_s:.4g} more "
+                                f"after a restart, but the restart loses {t.objective.stay:.4g} (pi x its value "
+                                f"now, in progress per second)")
     if total <= 0 and restart > 0 and restart >= gain_s + gain_d - nodes:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would add {gain_s + gain_d:.4g} "
                                 f"but cost {restart:.4g} in restarts")

@@ -57,6 +57,8 @@ class JobCols:
     e: dict[int, int] = field(default_factory=dict)   # |x - x0| on nodes the job holds now
     G: int = -1                                   # GPUs per node when spanning
     span: int = -1
+    k: int = -1                                   # progress objective: 1 = stays exactly as it is
+    sigma: int = -1                               # progress objective: GPUs short of its fairness floor
 
 
 class Formulation:
@@ -111,10 +113,28 @@ class Formulation:
                 self._exact_job(i)
             else:
                 self._counts_job(i)
+            self._progress_job(i)
         if self.exact:
             self._exact_capacity()
         else:
             self._counts_capacity()
+
+    def _progress_job(self, i: int) -> None:
+        """The progress objective's stay binary k_j and floor slack sigma_j (nothing under the legacy one)."""
+        inst, mdl, c, obj = self.inst, self.model, self.cols[i], self.inst.terms[i].objective
+        if obj.stay > 0:
+            # k = 1 only when g = g0 (and, in the exact model, x_n >= x0_n on every node it holds, so x = x0)
+            g0 = float(sum(inst.current[i].values()))
+            top = float(inst.terms[i].candidates[-1])
+            c.k = mdl.add_col(cost=obj.stay, lo=0, hi=1, integer=True)
+            mdl.add_row([c.g, c.k], [1.0, top], hi=g0 + top)           # g - g0 <= top (1 - k)
+            mdl.add_row([c.g, c.k], [1.0, -g0], lo=0)                  # g >= g0 k
+            if self.exact:
+                for n, x0 in inst.current[i].items():
+                    mdl.add_row([c.x[n], c.k], [1.0, -float(x0)], lo=0)   # x_n >= x0_n k
+        if obj.floor > 0 and obj.per_short_gpu > 0:
+            c.sigma = mdl.add_col(cost=-obj.per_short_gpu, lo=0, hi=float(obj.floor))
+            mdl.add_row([c.g, c.sigma], [1.0, 1.0], lo=float(obj.floor))   # g + sigma >= phi
 
     def _counts_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
@@ -270,4 +290,10 @@ class Formulation:
                 x[c.G] = used[0] if used else 0
             if c.span >= 0:
                 x[c.span] = 1.0 if len(used) >= 2 else 0.0
+            if c.k >= 0:
+                cur = inst.current[i]
+                same = ({n: v for n, v in row.items() if v > 0} == cur) if self.exact else g == sum(cur.values())
+                x[c.k] = 1.0 if same else 0.0
+            if c.sigma >= 0:
+                x[c.sigma] = max(inst.terms[i].objective.floor - g, 0)
         return x

@@ -72,6 +72,23 @@ class Instance:
             if not terms.candidates and j.key not in unplaceable:
                 unplaceable[j.key] = Unplaceable(j.key, why)
         self.unplaceable = tuple(unplaceable.values())
+        if self.policy.objective == "progress":
+            self._price_floors()
+
+    def _price_floors(self) -> None:
+        """Each floor GPU's penalty: M_f x floor priority, M_f = 10 x the most any GPU of any job is worth, so
+        one floor GPU outweighs any progress, and floors are relaxed lowest priority first when they cannot
+        all hold (a slack, never a dropped row: the problem stays feasible)."""
+        # in each job's own units: V_j as given, or (no values) its weighted, normalised speed
+        per_gpu = [v / g * (1.0 if j.values is not None else float(j.weight) / t.norm)
+                   for j, t in zip(self.jobs, self.terms) for g, v in t.hull if g > 0]
+        unit = 10.0 * max(per_gpu, default=1.0)
+        unit = unit if unit > 0 else 1.0
+        for i, j in enumerate(self.jobs):
+            t = self.terms[i]
+            if t.objective.floor > 0:
+                price = unit * max(float(j.floor_priority), 1.0)
+                self.terms[i] = dataclasses.replace(t, objective=dataclasses.replace(t.objective, per_short_gpu=price))
 
     # -- commitments -----------------------------------------------------------------------
     def commitment_ranks(self) -> list[int]:
@@ -108,19 +125,36 @@ class Instance:
                    f"{', allowed ' + str(self.policy.allowed_shapes) if self.policy.allowed_shapes else ''})")
         elif not feasible:
             why = self._why_not_placeable(i, allowed[0])
-        model = job.throughput if job.throughput is not None else tp.LinearThroughput()
-        if isinstance(model, Mapping):
-            model = tp.table_throughput(model)      # a profile table given as is
-        points = sorted({g for g in allowed if g <= self.total[0]} | {job.max_gpus})
-        hull = tp.curve(model, points, self.nodes_for, job.key)
-        norm = tp.evaluate_curve(hull, job.max_gpus)
-        if norm <= 0:
-            raise AllocationError(f"job {job.key}: throughput at its max of {job.max_gpus} GPUs must be > 0")
-        # A job that must restart anyway (a node it is on is gone or too small now) pays no restart cost
-        # for where it goes next: the restart is not the solver's choice.
-        kappa = float(job.restart_cost_s) if job.current_gpus > 0 and not self.displaced(i) else 0.0
+        progress = self.policy.objective == "progress"
+        if progress and job.values is not None:
+            # V_j at its allowed counts, already weighted and in the objective's units: no normaliser
+            hull = tp.concave_hull((g, v) for g, v in job.values if g in allowed)
+            norm = 1.0
+            weight = 1.0
+        else:
+            model = job.throughput if job.throughput is not None else tp.LinearThroughput()
+            if isinstance(model, Mapping):
+                model = tp.table_throughput(model)      # a profile table given as is
+            points = sorted({g for g in allowed if g <= self.total[0]} | {job.max_gpus})
+            hull = tp.curve(model, points, self.nodes_for, job.key)
+            norm = tp.evaluate_curve(hull, job.max_gpus)
+            if norm <= 0:
+                raise AllocationError(f"job {job.key}: throughput at its max of {job.max_gpus} GPUs must be > 0")
+            weight = float(job.weight)
+        running = job.current_gpus > 0 and not self.displaced(i)
         spans = any(spanning_widths(g, self.node_sizes, self.whole) for g in feasible) and len(self.nodes) > 1
-        objective = JobObjective.of(self.policy, weight=float(job.weight), norm=norm, gmax=job.max_gpus,
+        if progress:
+            # The restart is priced in the objective's own units: a change keeps (1 - pi) of the new value,
+            # staying keeps all of the current one. A job that must restart anyway (a node it is on is gone
+            # or too small now) has nothing to keep: the restart is not the solver's choice.
+            pi = float(job.stay_fraction)
+            g0 = job.current_gpus
+            stay = pi * weight * tp.evaluate_curve(hull, g0) / norm if running and g0 in feasible else 0.0
+            objective = JobObjective(weight * (1.0 - pi), norm, job.max_gpus, 0.0, 0.0, self.policy.gamma,
+                                     stay=stay, floor=min(job.floor_gpus, feasible[-1] if feasible else 0))
+            return JobTerms(feasible, hull, norm, 0.0, objective, spans, allowed), why
+        kappa = float(job.restart_cost_s) if running else 0.0
+        objective = JobObjective.of(self.policy, weight=weight, norm=norm, gmax=job.max_gpus,
                                     per_gpu_resources=self.rho[i], total=self.total, kappa=kappa)
         return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why
 
@@ -203,7 +237,8 @@ class Instance:
         if t.kappa > 0:
             cur = self.current[i]
             moved = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
-        return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0))
+        stays = t.objective.stay > 0 and {n: v for n, v in row.items() if v > 0} == self.current[i]
+        return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0), stays)
 
     def objective(self, placement: Sequence[Mapping[int, int]]) -> float:
         return float(sum(self.job_objective(i, row) for i, row in enumerate(placement)))

@@ -21,7 +21,14 @@ class JobObjective:
 
         w_j s_j(g) / s_j(gmax)  -  d_j (gmax - g)  -  beta kappa_j |x_j - x0_j|_1  -  gamma nodes_j
 
-    with d_j = alpha sum_r rho[j,r] / Cap_r (allocated against demanded resources).
+    with d_j = alpha sum_r rho[j,r] / Cap_r (allocated against demanded resources). Under the progress
+    objective (Policy.objective "progress") the same fields carry
+
+        (1 - pi_j) V_j(g)  +  pi_j V_j(g0) [x_j == x0_j]  -  M_j max(phi_j - g, 0)  -  gamma nodes_j
+
+    (weight = 1 - pi_j, norm = 1, the speed curve is V_j; d_j = beta kappa_j = 0): staying exactly as it is
+    keeps V_j(g0), any change loses pi_j of the new value (the restart's seconds of lost progress over
+    the horizon), and each GPU below the fairness floor phi_j costs M_j.
     """
 
     weight: float             # w_j
@@ -30,6 +37,9 @@ class JobObjective:
     per_gpu: float            # d_j, per GPU below gmax
     per_moved_gpu: float      # beta kappa_j, per GPU added or removed on a node (0 when no restart is charged)
     per_node: float           # gamma, per node the job spans
+    stay: float = 0.0         # pi_j V_j(g0): added when the placement is exactly the current one
+    floor: int = 0            # phi_j
+    per_short_gpu: float = 0.0  # M_j, per GPU below the floor
 
     @classmethod
     def of(cls, policy: Policy, *, weight: float, norm: float, gmax: int, per_gpu_resources: Sequence[float],
@@ -54,11 +64,16 @@ class JobObjective:
     def speed_value(self, speed: float) -> float:
         return self.weight * speed / self.norm
 
-    def value(self, g: int, speed: float, moved: int, nodes: int) -> float:
-        """The job's objective at g GPUs running at `speed`, `moved` GPUs changed per node, on `nodes` nodes."""
+    def value(self, g: int, speed: float, moved: int, nodes: int, stays: bool = False) -> float:
+        """The job's objective at g GPUs running at `speed`, `moved` GPUs changed per node, on `nodes` nodes;
+        `stays`: the placement is exactly the current one."""
         out = self.speed_value(speed) if g > 0 else 0.0
         out -= self.per_gpu * (self.gmax - g)
         if moved:
             out -= self.per_moved_gpu * moved
         out -= self.per_node * nodes
+        if stays:
+            out += self.stay
+        if g < self.floor:
+            out -= self.per_short_gpu * (self.floor - g)
         return out

@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.errors import AllocationError
+from slurm_elastic.settings import OBJECTIVE
 
 
 @runtime_checkable
@@ -65,6 +66,15 @@ class JobRequest:
     # why it must run, as a rank (allocate/commitments.py's Commitment): when the must-run jobs cannot all
     # run, the lowest ranks are given up first
     commitment: int = 0
+    # The progress objective (Policy.objective "progress"; docs/allocator.md). `values`: the job's value
+    # V_j(g) at its allowed counts, in weighted 1-GPU-seconds of progress per second (replaces throughput
+    # and weight); `stay_fraction`: pi_j, the share of V_j(g0) any change of its placement loses (restart
+    # seconds over the horizon); `floor_gpus`: its finish-time-fairness floor phi_j, held by a penalised
+    # slack whose penalty per GPU short rises with `floor_priority` (rho_FTF_j: the most overdue kept first).
+    values: tuple[tuple[int, float], ...] | None = None
+    stay_fraction: float = 0.0
+    floor_gpus: int = 0
+    floor_priority: float = 0.0
 
     @property
     def current_gpus(self) -> int:
@@ -108,6 +118,16 @@ class JobRequest:
             raise AllocationError(f"job {self.key}: allowed GPU counts must be whole numbers, got {self.allowed_gpus!r}")
         if self.throughput is not None and not (callable(self.throughput) or isinstance(self.throughput, Mapping)):
             raise AllocationError(f"job {self.key}: throughput must be a callable or a GPUs -> speed table")
+        if self.values is not None and (not self.values or any(
+                not isinstance(g, int) or isinstance(g, bool) or g < 1 or not _number(v) or v < 0
+                for g, v in self.values)):
+            raise AllocationError(f"job {self.key}: values must be (GPUs >= 1, value >= 0) pairs, got {self.values!r}")
+        if not _number(self.stay_fraction) or not 0 <= self.stay_fraction <= 1:
+            raise AllocationError(f"job {self.key}: stay fraction must be in [0, 1], got {self.stay_fraction!r}")
+        if not isinstance(self.floor_gpus, int) or isinstance(self.floor_gpus, bool) or self.floor_gpus < 0:
+            raise AllocationError(f"job {self.key}: floor GPUs must be a whole number >= 0, got {self.floor_gpus!r}")
+        if not _number(self.floor_priority) or self.floor_priority < 0:
+            raise AllocationError(f"job {self.key}: floor priority must be >= 0, got {self.floor_priority!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +151,14 @@ class Policy:
     # two-stage only: accept the LP relaxation's rounded counts when HiGHS's LP bound already proves them
     # within mip_rel_gap (branch-and-bound could only confirm that); False always runs the MIP
     lp_certificate: bool = True
+    # "legacy": weighted speed minus the L1 terms above; "progress": each job's value V_j(g) with its
+    # restart priced as a stay bonus and its fairness floor as a penalised slack (docs/allocator.md)
+    objective: str = OBJECTIVE.default
 
     def validate(self) -> None:
+        if self.objective not in OBJECTIVE.choices:
+            raise AllocationError(f"policy objective must be one of {', '.join(OBJECTIVE.choices)}, "
+                                  f"got {self.objective!r}")
         for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):
             v = getattr(self, name)
             if name == "time_limit_s" and v is None:

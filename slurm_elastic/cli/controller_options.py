@@ -10,6 +10,7 @@ import re
 
 from slurm_elastic import settings
 from slurm_elastic.allocate.from_state import RigidPolicy
+from slurm_elastic.allocate.problem import Policy
 from slurm_elastic.control.protocol import ProtocolSettings
 from slurm_elastic.control.reconcile import ControllerConfig
 from slurm_elastic.errors import SpecError
@@ -60,7 +61,9 @@ def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int
         sig = normalise(signal_name)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
-    return ControllerConfig(protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
+    # the objective has no option: a site picks it once, by its variable (settings.OBJECTIVE)
+    return ControllerConfig(policy=Policy(objective=settings.OBJECTIVE.read()),
+                            protocol=ProtocolSettings(signal=sig, ack_timeout_s=ack_timeout),
                             min_resize_interval_s=hysteresis, restart_budget_per_hour=restart_budget, user=user)
 
 

@@ -10,6 +10,7 @@ import click
 
 from slurm_elastic.cli._common import echo_json, elastic_errors
 from slurm_elastic.errors import TraceError
+from slurm_elastic.settings import OBJECTIVE
 
 RESTARTS = ("forward-layer", "traditional", "both")
 
@@ -49,6 +50,8 @@ RESTARTS = ("forward-layer", "traditional", "both")
                    "half: every other job).")
 @click.option("--max-scale", default=2.0, show_default=True,
               help="Elastic jobs declare at most this many times their requested GPUs (0: the trace's max).")
+@click.option("--objective", default=OBJECTIVE.default, show_default=True, type=click.Choice(OBJECTIVE.choices),
+              help="What the controller's allocator maximises (docs/allocator.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of result rows.")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -61,6 +64,7 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
              failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
              checkpoint_interval: float,
              sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, adaptive: str, max_scale: float,
+             objective: str,
              as_json: bool, markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the shipped controller and the baselines.
 
@@ -107,7 +111,7 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
                         if bar is not None:
                             bar.update(_task, completed=done)
 
-                    result = Simulation(jobs, make_policy(name, max_scale=max_scale), config, report).run()
+                    result = Simulation(jobs, make_policy(name, max_scale=max_scale, objective=objective), config, report).run()
                     if bar is not None:
                         bar.update(task, completed=len(jobs))
                     results.append(result)

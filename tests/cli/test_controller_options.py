@@ -30,3 +30,16 @@ def test_the_daemon_refuses_a_bad_minimum_choice_before_it_starts(monkeypatch, t
     monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path))
     out = CliRunner().invoke(main, ["admin", "daemon", "--elastic-minimum", "never"])
     assert out.exit_code == 2 and "--elastic-minimum" in out.output
+
+
+def test_the_objective_variable_reaches_every_controllers_policy(monkeypatch) -> None:
+    from slurm_elastic.cli.controller_options import controller_config
+    from slurm_elastic.errors import SettingError
+
+    monkeypatch.delenv("SLURM_ELASTIC_OBJECTIVE", raising=False)
+    assert controller_config(60.0, 300.0, 6, "USR2").policy.objective == "legacy"
+    monkeypatch.setenv("SLURM_ELASTIC_OBJECTIVE", "progress")
+    assert controller_config(60.0, 300.0, 6, "USR2").policy.objective == "progress"
+    monkeypatch.setenv("SLURM_ELASTIC_OBJECTIVE", "fastest")
+    with pytest.raises(SettingError, match="SLURM_ELASTIC_OBJECTIVE='fastest': must be one of legacy, progress"):
+        controller_config(60.0, 300.0, 6, "USR2")

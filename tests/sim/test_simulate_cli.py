@@ -78,3 +78,26 @@ def test_adaptive_jobs_finish_sooner_alone_on_a_node(pollux, tmp_path):
     assert adaptive < 0.9 * fixed
     bad = CliRunner().invoke(main, args + ["--adaptive", "some"])
     assert bad.exit_code == 2
+
+
+def test_simulate_runs_the_controller_with_the_objective_asked_for(tmp_path, monkeypatch):
+    import slurm_elastic.sim as sim
+
+    made = []
+
+    def recording(name, **kwargs):
+        policy = real(name, **kwargs)
+        made.append(type(policy.reconciler.requests).__name__)
+        return policy
+
+    real = sim.make_policy
+    monkeypatch.setattr(sim, "make_policy", recording)
+    args = ["simulate", str(DATA / "sacct-4x4.txt"), "--cluster", "4x4", "--json", "--no-progress",
+            "--policy", "controller"]
+    result = CliRunner().invoke(main, args + ["--objective", "progress"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output[result.output.index("["):])
+    assert rows[0]["finished"] == rows[0]["jobs"] == 26
+    assert made == ["ProgressRequests"]
+    result = CliRunner().invoke(main, args + ["--objective", "fastest"])
+    assert result.exit_code == 2 and "fastest" in result.output

@@ -10,10 +10,12 @@ from slurm_elastic.control.requests.measuring import (BATCH_FILE, JobMeasurement
                                                       read_job_metrics, validate_row)
 from slurm_elastic.control.requests.rules import RULES, JobContext, Rule, nearest_placeable, quantised
 from slurm_elastic.control.requests.settings import RequestSettings
-from slurm_elastic.control.requests.source import (MeasuredRequests, Requests, RequestSource, default_request_source,
+from slurm_elastic.control.requests.source import (MeasuredRequests, ProgressRequests, Requests, RequestSource,
+                                                   default_request_source,
                                                    fair_shares, with_basis)
 
 __all__ = ["BATCH_FILE", "JobContext", "JobMeasurements", "MeasuredRequests", "Measurement", "MetricsTail",
+           "ProgressRequests",
            "RULES", "RequestSettings", "RequestSource", "Requests", "Rule", "default_request_source",
            "fair_shares", "measure", "nearest_placeable", "owner_uid", "quantised", "read_batch_range", "read_job_geometry",
            "read_job_metrics", "validate_row", "with_basis"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S
 from slurm_elastic.allocate.throughput import LinearThroughput
-from slurm_elastic.settings import HYSTERESIS, SPEED
+from slurm_elastic.settings import HYSTERESIS, OBJECTIVE, SPEED
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +34,5 @@ class RequestSettings:
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
     measured_speed: bool = SPEED.default == "measured"
+    objective: str = OBJECTIVE.default        # "legacy": the rule chain (rules.py); "progress": progress.py
+    ftf_target: float = 2.0                   # progress: a job is at risk past this x its fair-share finish time

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
 from slurm_elastic.allocate.from_state import job_request
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
+from slurm_elastic.control.requests import progress
 from slurm_elastic.control.requests.measuring import JobFiles
 from slurm_elastic.control.requests.rules import RULES, JobContext, Rule, apply_rules
 from slurm_elastic.control.requests.settings import RequestSettings
@@ -74,16 +76,7 @@ class MeasuredRequests:
         bad: dict[int, str] = {}
         shares = fair_shares(state)
         for job in state.elastic_jobs:
-            running = job.state is JobState.RUNNING
-            if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
-                # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
-                self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
-            if running:
-                self._waiting_since.pop(job.job_id, None)
-            elif not job.held:
-                self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
-                                               min(now, job.submit_time))
-            self._running[job.job_id] = running
+            self._remember(job, now)
             try:
                 ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
                 req = dataclasses.replace(
@@ -103,6 +96,19 @@ class MeasuredRequests:
             basis[req.key] = why
         return Requests(tuple(out), basis, waits, bad)
 
+    def _remember(self, job: Job, now: float) -> None:
+        """What the rules need from earlier cycles: the size it asked for, since when it waits, if it runs."""
+        running = job.state is JobState.RUNNING
+        if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
+            # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
+            self._asked[job.job_id] = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)
+        if running:
+            self._waiting_since.pop(job.job_id, None)
+        elif not job.held:
+            self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
+                                           min(now, job.submit_time))
+        self._running[job.job_id] = running
+
     def decided(self, allocation: Allocation, now: float) -> None:
         for key, g in allocation.gpus.items():
             if key.isdigit() and g == 0 and self._running.get(int(key)):
@@ -119,6 +125,96 @@ class MeasuredRequests:
         return apply_rules(ctx, self.rules)
 
 
+class ProgressRequests(MeasuredRequests):
+    """The progress objective's request source (settings.objective "progress"): the kept rules measure each
+    job (progress.PROGRESS_RULES); then, across the jobs that want GPUs, heSRPT rank weights on remaining
+    work, the stay fraction of the restart and the finish-time-fairness floor (progress.py)."""
+
+    def __init__(self, settings: RequestSettings = RequestSettings(),
+                 rules: tuple[Rule, ...] = progress.PROGRESS_RULES) -> None:
+        super().__init__(settings, rules)
+        self._attained: dict[int, float] = {}                    # job id -> 1-GPU-seconds of progress credited
+        self._seen: dict[int, tuple[float, float]] = {}          # job id -> (when, S at the size Slurm ran it)
+        self._ran: set[int] = set()
+
+    def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
+        node_sizes = frozenset(n.gpus for n in state.nodes if n.gpus > 0)
+        shares = fair_shares(state)
+        s = self.settings
+        built: list[tuple[Job, JobContext, progress.ProgressTerms]] = []
+        out: dict[int, JobRequest] = {}
+        basis: dict[str, str] = {}
+        waits: dict[int, str] = {}
+        bad: dict[int, str] = {}
+        for job in state.elastic_jobs:
+            self._remember(job, now)
+            try:
+                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
+                terms = progress.progress_terms(ctx, self._credit(job, now, ctx))
+            except Exception as exc:
+                # as MeasuredRequests: a job's files are its user's input; only this job gets the default
+                out[job.job_id] = job_request(job)
+                basis[str(job.job_id)] = f"default model: its files could not be used ({exc!r})"
+                self.files.report(job, "its job directory", f"raised {type(exc).__name__} while read ({exc!r:.200})")
+                continue
+            if ctx.wait:
+                waits[job.job_id] = ctx.wait
+            if ctx.bad_geometry:
+                bad[job.job_id] = ctx.bad_geometry
+            built.append((job, ctx, terms))
+        wanting = [(job, ctx, t) for job, ctx, t in built if t.speedup and (
+            job.state is JobState.RUNNING or (job.state is JobState.PENDING and not job.held))]
+        p = progress.elasticity([(t, shares.get(job.job_id, 0)) for job, _, t in wanting])
+        ranks = progress.hesrpt_weights({str(job.job_id): t.work_s for job, _, t in wanting}, p)
+        user_mean: dict[str, list[float]] = {}
+        for job, _, _ in wanting:
+            user_mean.setdefault(job.user, []).append(job.spec.weight if job.spec else 1.0)
+        m = len(wanting)
+        rank_of = {k: r for r, k in enumerate(sorted(ranks, key=lambda k: (ranks[k], k)), start=1)}
+        for job, ctx, t in built:
+            key = str(job.job_id)
+            omega = ranks.get(key, 1.0)
+            own = (job.spec.weight if job.spec else 1.0) / (statistics.mean(user_mean[job.user])
+                                                            if job.user in user_mean else 1.0)
+            values = tuple((g, own * omega * v) for g, v in t.speedup if v > 0)
+            pi = progress.stay_fraction(ctx.restart_s, s.hold_s, t.left_s)
+            phi, overdue, floor_why = 0, 0.0, ""
+            if not yielding and not ctx.bad_geometry and key in ranks:
+                started = job.submit_time if job.submit_time is not None else self._waiting_since.get(job.job_id, now)
+                phi, overdue, floor_why = progress.ftf_floor(
+                    t, age_s=max(now - started, 0.0), attained_s=self._attained.get(job.job_id, 0.0),
+                    fair=shares.get(job.job_id, 0), counts=[g for g, _ in t.speedup], hold_s=s.hold_s,
+                    target=s.ftf_target, ever_ran=job.job_id in self._ran)
+            req = job_request(job, restart_cost_s=ctx.restart_s, throughput=ctx.model, allowed_gpus=ctx.allowed)
+            out[job.job_id] = dataclasses.replace(req, values=values or None, stay_fraction=pi, floor_gpus=phi,
+                                                  floor_priority=overdue)
+            line = (f"rank {rank_of.get(key, 0)}/{m} (p {p:.1f}) omega {omega:.3g}; {t.why}"
+                    f"{'' if t.trusted else ' [LAS]'}; S({job.gpus}) {t.at(job.gpus):.3g}; restart "
+                    f"{ctx.restart_s:.0f}s, pi {pi:.3f}" + (f"; {floor_why}" if floor_why else ""))
+            basis[key] = "; ".join(ctx.notes + (f"{line} [progress]",))
+        jobs = tuple(out[j.job_id] for j in state.elastic_jobs if j.job_id in out)
+        present = {j.job_id for j in state.elastic_jobs}
+        for gone in [jid for jid in self._seen if jid not in present]:      # ended: nothing more to credit
+            self._seen.pop(gone)
+            self._attained.pop(gone, None)
+        return Requests(jobs, basis, waits, bad)
+
+    def _credit(self, job: Job, now: float, ctx: JobContext) -> float:
+        """Attained service: 1-GPU-seconds of progress at the sizes Slurm ran the job at (LAS's measure; the
+        job's files say nothing here but its own speed ratio, which is capped at the GPU count)."""
+        jid = job.job_id
+        last = self._seen.get(jid)
+        if last is not None:
+            self._attained[jid] = self._attained.get(jid, 0.0) + max(now - last[0], 0.0) * last[1]
+        rate = 0.0
+        if job.state is JobState.RUNNING and job.gpus > 0 and ctx.model is not None:
+            self._ran.add(jid)
+            curve = progress.speedup_curve(ctx.model, [job.gpus], ctx.nodes_for)
+            rate = curve[0][1] if curve else float(job.gpus)
+        self._seen[jid] = (now, rate)
+        return self._attained.get(jid, 0.0)
+
+
 def fair_shares(state: ClusterState) -> dict[int, int]:
     """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its user weight / the sum of
     the weights of the elastic jobs that want GPUs (running, or pending and not held), rounded down."""
@@ -133,8 +229,12 @@ def fair_shares(state: ClusterState) -> dict[int, int]:
 
 
 def default_request_source(settings: RequestSettings | None = None) -> RequestSource:
-    """The request source every controller uses unless told otherwise (one home for that choice)."""
-    return MeasuredRequests(settings or RequestSettings())
+    """The request source every controller uses unless told otherwise (one home for that choice): the rule
+    chain, or the progress objective's source when `settings.objective` is "progress"."""
+    settings = settings or RequestSettings()
+    if settings.objective == "progress":
+        return ProgressRequests(settings)
+    return MeasuredRequests(settings)
 
 
 def with_basis(allocation: Allocation, basis: Mapping[str, str]) -> Allocation:
