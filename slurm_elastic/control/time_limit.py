@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from slurm_elastic import settings
 from slurm_elastic.errors import SpecError
 
 # Measured on the local cluster, a signalled commit of the digits MLP reached its ACK in 0.3 s and
@@ -21,14 +22,14 @@ from slurm_elastic.errors import SpecError
 # writer's measured 1.1-1.4 GB/s per node. 120 s leaves room for ~100 GB per node and a loaded
 # filesystem; a job that knows better sets --signal-before.
 DEFAULT_SIGNAL_BEFORE_S = 120
-MAX_SIGNAL_BEFORE_S = 65535          # sbatch's limit on --signal's @time
+MAX_SIGNAL_BEFORE_S = int(settings.LIMIT_WARNING_S.maximum or 65535)   # sbatch takes --signal=...@0..65535
 # sbatch(1): "the signal may be sent up to 60 seconds earlier than specified"; a limit shorter than
 # the warning plus this would signal an incarnation as it starts.
 SLURM_SIGNAL_EARLY_S = 60
 
 # What the job template reads (job_templates/*.sbatch); set by the wrapper, kept by Slurm across requeues.
-WARNING_ENV = "SLURM_ELASTIC_LIMIT_WARNING_S"   # seconds before the limit the warning comes; unset: none
-DEADLINE_ENV = "SLURM_ELASTIC_RUN_DEADLINE"     # epoch seconds after which the job does not requeue itself
+WARNING_ENV = str(settings.LIMIT_WARNING_S.env)
+DEADLINE_ENV = str(settings.RUN_DEADLINE.env)
 
 OPTIONS = {"signal-before": "signal_before", "total-time": "total_time"}   # elastic options, job-side only
 TIMELIMIT_ENV = "SBATCH_TIMELIMIT"              # sbatch's variable for --time

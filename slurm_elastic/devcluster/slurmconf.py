@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_elastic.devcluster.layout import ClusterLayout
+from slurm_elastic.devcluster.layout import PREEMPT_PARTITION, ClusterLayout
 from slurm_elastic.devcluster.version import SlurmVersion
 
 SPARE_REASON = "spare: not started (slurm-elastic cluster node-up NAME)"
@@ -65,6 +65,14 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
     if d.expedited_requeue:
         # Lets jobs ask for `--requeue=expedite` (25.11 on): without it slurmctld refuses such a submission.
         lines.append("SlurmctldParameters=enable_expedited_requeue")
+    if d.preemption:
+        lines += [
+            "PreemptType=preempt/partition_prio",
+            f"PreemptMode={d.preempt_mode}",
+            # A preempted job gets its own --signal (an elastic job's checkpoint signal) at once, not
+            # SIGTERM, which would end the ranks before they commit.
+            "PreemptParameters=send_user_signal",
+        ]
     lines.append("")
     for node in d.node_specs:
         line = (
@@ -78,9 +86,13 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
             # (ReturnToService=2) brings it to IDLE: a node gained.
             line += f' State=DOWN Reason="{SPARE_REASON}"'
         lines.append(line)
-    lines.append(
-        f"PartitionName={d.partition} Nodes={','.join(d.node_names)} Default=YES MaxTime=INFINITE State=UP"
-    )
+    partition = f"PartitionName={d.partition} Nodes={','.join(d.node_names)} Default=YES MaxTime=INFINITE State=UP"
+    if d.preemption:
+        partition += f" PriorityTier=1 PreemptMode={d.preempt_mode} GraceTime={d.grace_time_s}"
+    lines.append(partition)
+    if d.preemption:
+        lines.append(f"PartitionName={PREEMPT_PARTITION} Nodes={','.join(d.node_names)} MaxTime=INFINITE State=UP "
+                     "PriorityTier=2 PreemptMode=OFF")
     return "\n".join(lines) + "\n"
 
 
