@@ -128,7 +128,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     passthrough: list[str] = []
     own = {flag: False for flag in OWN_FLAGS}
     exports: list[str] = []
-    time_limits: list[str] = []
+    times: list[str] = []
     for option in parsed.options:
         if option.name in OWN_FLAGS:
             own[option.name] = True
@@ -140,9 +140,9 @@ def parse_command_line(args: list[str] | tuple[str, ...],
             elastic[ELASTIC_OPTIONS[option.name]] = option.value
         elif option.name == "export":
             exports.append(option.value or "")
-        elif option.name != "ignore-pbs":
+        elif option.name != "ignore-pbs":   # always given (see describe_submission)
             if option.name == "time":
-                time_limits.append(option.value or "")   # always given (see describe_submission)
+                times.append(option.value or "")
             passthrough.append(option.as_argument())
     if not parsed.rest:
         raise SpecError("missing the batch script (usage: slurm-elastic sbatch [OPTIONS] SCRIPT [ARGS...])")
@@ -154,7 +154,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     options.update(elastic)  # the command line wins over #ELASTIC lines
     policy = time_limit.policy_from_options({k: options.pop(k) for k in time_limit.OPTIONS.values() if k in options})
     # sbatch reads --time from the command line, else SBATCH_TIMELIMIT, else the script.
-    given_time = (time_limits[-1] if time_limits else environ.get(time_limit.TIMELIMIT_ENV)
+    given_time = (times[-1] if times else environ.get(time_limit.TIMELIMIT_ENV)
                   or (script_times[-1] if script_times else None))
     time_limit.check_time_limit(policy, given_time)
     spec = spec_from_options(options)

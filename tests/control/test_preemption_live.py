@@ -1,5 +1,5 @@
-"""Live: Slurm's own preemption of an elastic job (PreemptMode=REQUEUE, a GraceTime): it commits within the grace
-time, is requeued and resumes where it stopped, losing no step.
+"""Live: Slurm's own preemption of an elastic job (PreemptMode=REQUEUE or CANCEL, a GraceTime): it commits within
+the grace time, requeues itself and resumes where it stopped, losing no step.
 
 A private cluster of its own comes up with preemption configured (`LocalCluster.up(preempt_mode=...)`:
 partition `urgent` preempts `gpu`, `PreemptParameters=send_user_signal`). No controller runs: the
@@ -31,8 +31,8 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
 GRACE_S = 60
 
 
-@pytest.fixture(scope="module")
-def preempting_cluster() -> Iterator[ElasticCluster]:
+@pytest.fixture(scope="module", params=["REQUEUE", "CANCEL"])
+def preempting_cluster(request: pytest.FixtureRequest) -> Iterator[ElasticCluster]:
     from slurm_elastic.devcluster import LocalCluster
     from slurm_elastic.devcluster.version import find_program
 
@@ -48,7 +48,7 @@ def preempting_cluster() -> Iterator[ElasticCluster]:
     local = LocalCluster(root / "cluster")
     try:
         local.up(nodes=2, spares=0, port_base=_free_port_base(2), timeout=60, slurmd_timeout=300,
-                 preempt_mode="REQUEUE", grace_time_s=GRACE_S)
+                 preempt_mode=request.param, grace_time_s=GRACE_S)
     except ElasticError as exc:
         if local.exists():
             local.down()
@@ -84,7 +84,7 @@ def _ack(job_dir: Path, job_id: int, restart: int) -> shim.Ack | None:
         return None
 
 
-def test_a_job_preempted_with_requeue_commits_in_its_grace_time_and_resumes_losing_no_step(preempting_cluster):
+def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(preempting_cluster):
     cluster = preempting_cluster
     ckpt = cluster.root / "ckpt"
     loss_log = cluster.root / "out" / "preempted-loss.jsonl"
