@@ -31,7 +31,7 @@ while :; do sleep 0.1; done
 SCONTROL = """#!/bin/bash
 echo "scontrol $*" >> "$FAKE_DIR/calls"
 case "$*" in
-    "-o show job "*) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=0 EndTime=$(cat "$FAKE_DIR/end") NumNodes=1 " ;;
+    "-o show job "*) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=0 EndTime=$(cat "$FAKE_DIR/end") PreemptTime=$(cat "$FAKE_DIR/preempted" 2>/dev/null || echo None) NumNodes=1 " ;;
     "show hostnames "*) echo n1 ;;
     "-o show node "*) echo "NodeName=n1 NodeAddr=127.0.0.1 State=ALLOCATED " ;;
 esac
@@ -46,8 +46,9 @@ def _slurm_time(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch))
 
 
-def _run(tmp_path: Path, template: str, *, end_in_s: float, moved_to_s: float | None = None,
-         env: dict[str, str] | None = None, signal_ranks_too: bool = False) -> tuple[int, list[str], str]:
+def _run(tmp_path: Path, template: str, *, end_in_s: float, preempted: bool = False,
+         env: dict[str, str] | None = None, signal_ranks_too: bool = False,
+         signal_shell: bool = True) -> tuple[int, list[str], str]:
     """Start the template, signal its shell once the ranks run; (exit code, Slurm calls, its output)."""
     fake = tmp_path / "fake"
     bin_dir = fake / "bin"
@@ -71,11 +72,12 @@ def _run(tmp_path: Path, template: str, *, end_in_s: float, moved_to_s: float | 
             assert proc.poll() is None, out.read_text()
             assert time.monotonic() < deadline, "the template never launched the ranks"
             time.sleep(0.05)
-        if moved_to_s is not None:      # Slurm moved the end at preemption (now + GraceTime)
-            (fake / "end").write_text(_slurm_time(time.time() + moved_to_s))
-        if signal_ranks_too:            # the controller's `scancel --full`: the ranks get it as well
+        if preempted:                   # scontrol shows when Slurm started preempting the job
+            (fake / "preempted").write_text(_slurm_time(time.time()))
+        if signal_ranks_too:            # the controller's `scancel --full`, or Slurm's SIGTERM to the tasks
             os.kill(int((fake / "srun.pid").read_text()), signal.SIGUSR2)
-        proc.send_signal(signal.SIGUSR2)
+        if signal_shell:
+            proc.send_signal(signal.SIGUSR2)
         rc = proc.wait(60)
     finally:
         if proc.poll() is None:
@@ -93,10 +95,16 @@ def test_the_warning_before_the_limit_reaches_the_ranks_and_the_job_requeues_its
     assert rc == 85 and "requeues itself before its end" in out, out
 
 
-def test_a_preemption_that_moves_the_end_earlier_is_taken_for_slurms_signal(tmp_path) -> None:
-    # A GraceTime longer than the warning: the end is still far, but earlier than at the start.
-    rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, moved_to_s=600)
+def test_a_preemption_is_taken_for_slurms_signal_however_far_the_end(tmp_path) -> None:
+    rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, preempted=True)
     assert f"scancel --signal=USR2 {JOB}" in calls and f"scontrol requeue {JOB}" in calls, (calls, out)
+
+
+def test_ranks_that_slurm_signalled_alone_at_a_preemption_commit_and_the_job_requeues_itself(tmp_path) -> None:
+    # 22.05 without the job's own signal at preemption: SIGTERM to the tasks only (the shim commits on it).
+    rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, preempted=True, signal_ranks_too=True, signal_shell=False)
+    assert f"scontrol requeue {JOB}" in calls and not any(c.startswith("scancel") for c in calls), (calls, out)
+    assert "the ranks committed on Slurm's signal before the job's end" in out, out
 
 
 def test_the_controllers_signal_is_left_to_the_controller(tmp_path) -> None:

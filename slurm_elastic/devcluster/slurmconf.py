@@ -45,7 +45,8 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         "SchedulerType=sched/backfill",
         # The main loop runs every 60 s by default; a short interval lets a
         # released or requeued job start within seconds on this small cluster.
-        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5",
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5"
+        + (",preempt_send_user_signal" if d.preemption and not _has_preempt_parameters(version) else ""),
         "JobRequeue=1",
         # A DOWN node returns to service as soon as its slurmd registers again.
         "ReturnToService=2",
@@ -69,10 +70,11 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         lines += [
             "PreemptType=preempt/partition_prio",
             f"PreemptMode={d.preempt_mode}",
-            # A preempted job gets its own --signal (an elastic job's checkpoint signal) at once, not
-            # SIGTERM, which would end the ranks before they commit.
-            "PreemptParameters=send_user_signal",
         ]
+        if _has_preempt_parameters(version):
+            # A preempted job gets its own --signal (an elastic job's checkpoint signal) at once, not
+            # SIGTERM, which would end the ranks before they commit (22.05: preempt_send_user_signal above).
+            lines.append("PreemptParameters=send_user_signal")
     lines.append("")
     for node in d.node_specs:
         line = (
@@ -94,6 +96,11 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         lines.append(f"PartitionName={PREEMPT_PARTITION} Nodes={','.join(d.node_names)} MaxTime=INFINITE State=UP "
                      "PriorityTier=2 PreemptMode=OFF")
     return "\n".join(lines) + "\n"
+
+
+def _has_preempt_parameters(version: SlurmVersion) -> bool:
+    """22.05's slurmctld refuses the PreemptParameters key (seen: fatal at start); 24.11 and 26.05 have it."""
+    return (version.major, version.minor) >= (23, 2)
 
 
 def render_gres_conf(layout: ClusterLayout) -> str:

@@ -118,7 +118,11 @@ def test_preemption_puts_a_higher_tier_partition_over_the_same_nodes(mode: str) 
     conf = _settings(text)
     assert conf["PreemptType"] == "preempt/partition_prio"
     assert conf["PreemptMode"] == mode
-    assert conf["PreemptParameters"] == "send_user_signal"   # the job's own --signal, not SIGTERM, at preemption
+    # The job's own --signal, not SIGTERM, at preemption: 24.11 on in PreemptParameters, 22.05 in SchedulerParameters.
+    assert conf["PreemptParameters"] == "send_user_signal"
+    assert "preempt_send_user_signal" not in conf["SchedulerParameters"]
+    old = _settings(render_slurm_conf(_layout(preempt_mode=mode), V22))
+    assert "PreemptParameters" not in old and old["SchedulerParameters"].endswith(",preempt_send_user_signal")
     parts = {line.split()[0]: dict(f.split("=", 1) for f in line.split()) for line in text.splitlines()
              if line.startswith("PartitionName=")}
     gpu, urgent = parts["PartitionName=gpu"], parts["PartitionName=urgent"]
