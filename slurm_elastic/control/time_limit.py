@@ -22,7 +22,7 @@ from slurm_elastic.errors import SpecError
 # writer's measured 1.1-1.4 GB/s per node. 120 s leaves room for ~100 GB per node and a loaded
 # filesystem; a job that knows better sets --signal-before.
 DEFAULT_SIGNAL_BEFORE_S = 120
-MAX_SIGNAL_BEFORE_S = int(settings.LIMIT_WARNING_S.maximum or 65535)   # sbatch takes --signal=...@0..65535
+MAX_SIGNAL_BEFORE_S = int(settings.LIMIT_WARNING_S.maximum or 0)   # sbatch takes --signal=...@0..65535
 # sbatch(1): "the signal may be sent up to 60 seconds earlier than specified"; a limit shorter than
 # the warning plus this would signal an incarnation as it starts.
 SLURM_SIGNAL_EARLY_S = 60
