@@ -200,6 +200,14 @@ IN_PLACE_WAIT_S: Setting[int] = Setting(
     "in_place_wait_s", 120, "Seconds a job template whose ranks lost a node watches for Slurm shrinking the "
     "job in place (else it waits for the requeue).", JOB, kind="int", env="SLURM_ELASTIC_IN_PLACE_WAIT_S",
     minimum=0, read_by="job_templates")
+LIMIT_WARNING_S: Setting[int] = Setting(
+    "limit_warning_s", 0, "Seconds before its time limit a job gets the checkpoint signal and then requeues "
+    "itself (set by `slurm-elastic sbatch --signal-before`; 0: none).", JOB, kind="int",
+    env="SLURM_ELASTIC_LIMIT_WARNING_S", minimum=0, maximum=65535, read_by="job_templates")
+RUN_DEADLINE: Setting[int] = Setting(
+    "run_deadline", 0, "Epoch seconds after which a job at its time limit commits but no longer requeues itself "
+    "(set by `slurm-elastic sbatch --total-time`; 0: none).", JOB, kind="int", env="SLURM_ELASTIC_RUN_DEADLINE",
+    minimum=0, read_by="job_templates")
 
 # -- the local test cluster ---------------------------------------------------------------------------------
 CLUSTER_DIR: Setting[str | None] = Setting(
@@ -220,7 +228,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
     RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
-    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S,
+    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, LIMIT_WARNING_S, RUN_DEADLINE,
     CLUSTER_DIR, PORT_SEARCH_START,
     CRASH_AFTER,
 )

@@ -218,6 +218,9 @@ _DIRECTIVE_OPTIONS = {
     "--weight": "weight",
     "--ckpt-dir": "ckpt_dir",
     "--batch": "batch",
+    # The job's time-limit policy (control/time_limit.py): read by the wrapper, not part of the spec.
+    "--signal-before": "signal_before",
+    "--total-time": "total_time",
 }
 
 

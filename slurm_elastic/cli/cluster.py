@@ -15,8 +15,11 @@ from slurm_elastic.devcluster.local import require_root
 from slurm_elastic.devcluster.layout import (
     CLUSTER_DIR_ENV,
     DEFAULT_PORT_BASE,
+    DEFAULT_GRACE_TIME_S,
     DEFAULT_SLURMD_TIMEOUT_S,
+    MAX_GRACE_TIME_S,
     MAX_SLURMD_TIMEOUT_S,
+    PREEMPT_PARTITION,
     UnusableStateDir,
 )
 
@@ -114,6 +117,11 @@ def cluster() -> None:
               help="SlurmdTimeout: seconds before Slurm calls a silent node DOWN (many sites run 300).")
 @click.option("--expedited-requeue", is_flag=True,
               help="SlurmctldParameters=enable_expedited_requeue (Slurm 25.11 on): jobs may use --requeue=expedite.")
+@click.option("--preempt-mode", type=click.Choice(["requeue", "cancel"], case_sensitive=False), default=None,
+              help=f"Configure Slurm preemption: jobs of partition '{PREEMPT_PARTITION}' preempt the default "
+                   "partition's (PreemptType=preempt/partition_prio, this PreemptMode).")
+@click.option("--grace-time", "grace_time_s", type=click.IntRange(0, MAX_GRACE_TIME_S), default=DEFAULT_GRACE_TIME_S,
+              show_default=True, help="GraceTime of the preempted partition: seconds a preempted job gets to leave.")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON instead of the export line.")
 @elastic_errors
 @_bad_input
@@ -129,6 +137,8 @@ def cluster_up(
     timeout: float,
     slurmd_timeout: int,
     expedited_requeue: bool,
+    preempt_mode: str | None,
+    grace_time_s: int,
     as_json: bool,
 ) -> None:
     """Start munged, slurmctld and the slurmd of each node; return when all are IDLE.
@@ -153,6 +163,8 @@ def cluster_up(
         timeout=timeout,
         slurmd_timeout=slurmd_timeout,
         expedited_requeue=expedited_requeue,
+        preempt_mode=(preempt_mode or "").upper(),
+        grace_time_s=grace_time_s,
     )
     elapsed = time.monotonic() - started
     if as_json:

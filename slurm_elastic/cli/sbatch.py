@@ -36,6 +36,11 @@ def sbatch(args: tuple[str, ...]) -> None:
       --batch adaptive:MIN-MAX
                            let the shim choose the global batch by goodput (opt-in;
                            exported as SLURM_ELASTIC_BATCH; default: the fixed batch)
+      --signal-before S    Slurm sends the checkpoint signal S seconds before the
+                           time limit; the job commits and requeues itself
+                           (default 120; 0: none)
+      --total-time TIME    stop requeueing at time limits once TIME (Slurm's format)
+                           has passed since submission (default: never)
     Own flags:
       --watch              stay in the foreground and rebalance your elastic jobs (user mode)
       --dry-run            print the sbatch command instead of submitting
@@ -45,7 +50,8 @@ def sbatch(args: tuple[str, ...]) -> None:
     bundled short options such as -Ha 0-2, #SBATCH or #SLURM lines, SBATCH_*
     variables): --array/-a, --nodes/-N, --gres, -G, --gpus-per-*,
     --tres-per-task, --no-requeue, --comment, --wrap, --mem, --mem-per-cpu,
-    --cpus-per-task/-c (the controller sets the shape); in #SBATCH lines also
+    --cpus-per-task/-c (the controller sets the shape), --signal (set by
+    --signal-before); in #SBATCH lines also
     --gpus, --cpus-per-gpu, --mem-per-gpu (write them as #ELASTIC lines).
     #PBS/#BSUB lines are refused (sbatch runs with --ignore-pbs). Your --export (command line,
     #SBATCH or SBATCH_EXPORT) keeps its meaning; the wrapper's variables

@@ -8,6 +8,7 @@ import os
 import re
 import stat
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -19,6 +20,8 @@ from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
+from slurm_elastic.control import time_limit
+from slurm_elastic.control.time_limit import TimeLimitPolicy
 from slurm_elastic.errors import ElasticError, SpecError
 from slurm_elastic.spec import ElasticSpec, parse_directives, spec_from_options
 from slurm_elastic import jobfiles as shim
@@ -29,7 +32,8 @@ log = logging.getLogger(__name__)
 # `batch` is the job's batch range (adaptive:MIN-MAX); it takes over sbatch's rarely used --batch
 # (node features of the batch step), which an `#SBATCH --batch` line still gives.
 ELASTIC_OPTIONS = {"gpus": "gpus", "gpu-step": "gpu_step", "cpus-per-gpu": "cpus_per_gpu",
-                   "mem-per-gpu": "mem_per_gpu", "weight": "weight", "ckpt-dir": "ckpt_dir", "batch": "batch"}
+                   "mem-per-gpu": "mem_per_gpu", "weight": "weight", "ckpt-dir": "ckpt_dir", "batch": "batch",
+                   **time_limit.OPTIONS}
 OWN_FLAGS = ("watch", "dry-run", "parsable")
 
 # The wrapper's command line is sbatch's grammar plus ours: prefixes resolve over both, so
@@ -65,6 +69,8 @@ REFUSED = {
     "mem": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem",
     "mem-per-cpu": "memory is given per GPU (--mem-per-gpu), which Slurm does not allow next to --mem-per-cpu",
     "cpus-per-task": "CPUs are given per GPU (--cpus-per-gpu), which Slurm does not allow next to {}",
+    "signal": ("the warning before the time limit is slurm-elastic's: set --signal-before SECONDS "
+               f"(the signal is ${settings.SIGNAL.env}); drop {{}}"),
 }
 # In #SBATCH lines sbatch's --gpus/--cpus-per-gpu/--mem-per-gpu keep sbatch's meaning and
 # the wrapper's command line would silently override them: say where they belong instead.
@@ -80,7 +86,7 @@ REFUSED_IN_ENV = {
     "SBATCH_ARRAY_INX": "array", "SBATCH_GPUS": _SBATCH_GPUS, "SBATCH_GPUS_PER_NODE": "gpus-per-node",
     "SBATCH_GPUS_PER_TASK": "gpus-per-task", "SBATCH_GPUS_PER_SOCKET": "gpus-per-socket",
     "SBATCH_TRES_PER_TASK": "tres-per-task", "SBATCH_MEM_PER_CPU": "mem-per-cpu", "SBATCH_MEM_PER_NODE": "mem",
-    "SBATCH_CPUS_PER_TASK": "cpus-per-task",
+    "SBATCH_CPUS_PER_TASK": "cpus-per-task", "SBATCH_SIGNAL": "signal",
 }
 EXPORT_ENV = "SBATCH_EXPORT"
 _HETJOB_WORDS = ("hetjob", "packjob")
@@ -109,6 +115,8 @@ class SubmitRequest:
     job_name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     user_export: str | None = None         # the user's own --export (command line, #SBATCH or SBATCH_EXPORT)
+    time_limits: TimeLimitPolicy = TimeLimitPolicy()
+    signal: str = shim.DEFAULT_SIGNAL      # the checkpoint signal, as scancel and sbatch --signal take it
 
 
 def parse_command_line(args: list[str] | tuple[str, ...],
@@ -120,6 +128,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     passthrough: list[str] = []
     own = {flag: False for flag in OWN_FLAGS}
     exports: list[str] = []
+    times: list[str] = []
     for option in parsed.options:
         if option.name in OWN_FLAGS:
             own[option.name] = True
@@ -132,6 +141,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
         elif option.name == "export":
             exports.append(option.value or "")
         elif option.name != "ignore-pbs":   # always given (see describe_submission)
+            if option.name == "time":
+                times.append(option.value or "")
             passthrough.append(option.as_argument())
     if not parsed.rest:
         raise SpecError("missing the batch script (usage: slurm-elastic sbatch [OPTIONS] SCRIPT [ARGS...])")
@@ -139,14 +150,24 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     script, script_args = parsed.rest[0], tuple(parsed.rest[1:])
     text = read_script(script)
     options = parse_directives(text)
-    script_exports = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
+    script_exports, script_times = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
+    policy = time_limit.policy_from_options({k: options.pop(k) for k in time_limit.OPTIONS.values() if k in options})
+    # sbatch reads --time from the command line, else SBATCH_TIMELIMIT, else the script.
+    given_time = (times[-1] if times else environ.get(time_limit.TIMELIMIT_ENV)
+                  or (script_times[-1] if script_times else None))
+    time_limit.check_time_limit(policy, given_time)
     spec = spec_from_options(options)
     if spec.ckpt_dir is None:
         spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
     if spec.batch is not None:
         env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
+    env.update(policy.env(submitted_at=time.time()))
+    try:
+        signal = shim.signal_name(settings.SIGNAL.read(environ))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     # The job templates run this interpreter, which has slurm_elastic (and torch) - not whatever
     # `python3` the job's PATH finds - unless the user named one.
     env[PYTHON_ENV] = settings.PYTHON.read(environ) or sys.executable
@@ -158,7 +179,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     _refuse_job_key(environ, user_export, text)
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
-                         dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export)
+                         dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export,
+                         time_limits=policy, signal=signal)
 
 
 def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
@@ -269,11 +291,11 @@ def _file_kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
+def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str], list[str]]:
     """#SBATCH/#SLURM options that would fight the elastic request are refused like their command-line form.
 
     Read with sbatch's own grammar (all the lines' words are one argument list to sbatch, so
-    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export values found.
+    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export and --time values found.
     """
     words = directive_words(text)
     if not ignore_pbs:
@@ -281,7 +303,7 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
         if foreign:
             raise SpecError(f"line {foreign[0]}: #PBS/#BSUB directives are not read for elastic jobs "
                             "(sbatch runs with --ignore-pbs); write them as #SBATCH lines")
-    exports = []
+    exports, times = [], []
     try:
         parsed = parse([w.word for w in words], SBATCH, stop_at_operand=False)
     except SpecError as exc:
@@ -297,7 +319,9 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> list[str]:
                             f"{REFUSED_IN_SCRIPT[option.name].format(option.typed)}")
         if option.name == "export":
             exports.append(option.value or "")
-    return exports
+        elif option.name == "time":
+            times.append(option.value or "")
+    return exports, times
 
 
 # -- the initial size -------------------------------------------------------------------------------
@@ -325,7 +349,8 @@ def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDe
     """
     spec = request.spec
     export = merged_export(request.user_export, request.env)
-    extra = (*request.sbatch_args, "--ignore-pbs", *((f"--export={export}",) if export else ()))
+    extra = (*request.sbatch_args, "--ignore-pbs", *request.time_limits.sbatch_args(request.signal),
+             *((f"--export={export}",) if export else ()))
     return SubmitDescription(script=request.script, shape=shape, comment=spec.to_comment(), job_name=request.job_name, requeue=True,
                              extra_args=extra, script_args=request.script_args)
 

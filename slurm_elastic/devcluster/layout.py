@@ -28,6 +28,12 @@ _SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
 # slurmd can miss 10 s, so tests that kill no node ask for a long one.
 DEFAULT_SLURMD_TIMEOUT_S = 10
 MAX_SLURMD_TIMEOUT_S = 65533
+# Slurm preemption (`up --preempt-mode`): jobs of PREEMPT_PARTITION (a higher PriorityTier over the
+# same nodes) preempt the default partition's, which get `grace_time_s` (GraceTime) to leave.
+PREEMPT_MODES = ("", "REQUEUE", "CANCEL")
+PREEMPT_PARTITION = "urgent"
+DEFAULT_GRACE_TIME_S = 60
+MAX_GRACE_TIME_S = 65533
 
 
 def default_state_dir() -> Path:
@@ -65,6 +71,12 @@ class ClusterLayout:
     node_prefix: str = "n"
     slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S
     expedited_requeue: bool = False   # SlurmctldParameters=enable_expedited_requeue (Slurm 25.11 on)
+    preempt_mode: str = ""            # "": no preemption; REQUEUE or CANCEL (PREEMPT_PARTITION preempts)
+    grace_time_s: int = DEFAULT_GRACE_TIME_S
+
+    @property
+    def preemption(self) -> bool:
+        return bool(self.preempt_mode)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -73,6 +85,12 @@ class ClusterLayout:
         if not 1 <= self.slurmd_timeout <= MAX_SLURMD_TIMEOUT_S:
             problems.append(f"--slurmd-timeout must be between 1 and {MAX_SLURMD_TIMEOUT_S} s "
                             f"(got {self.slurmd_timeout})")
+        if self.preempt_mode not in PREEMPT_MODES:
+            problems.append(f"--preempt-mode must be REQUEUE or CANCEL (got {self.preempt_mode!r})")
+        if not 0 <= self.grace_time_s <= MAX_GRACE_TIME_S:
+            problems.append(f"--grace-time must be between 0 and {MAX_GRACE_TIME_S} s (got {self.grace_time_s})")
+        if self.preempt_mode and self.partition == PREEMPT_PARTITION:
+            problems.append(f"the partition cannot be named {PREEMPT_PARTITION!r} with preemption (that is the preemptor's)")
         if self.nodes < 1:
             problems.append(f"--nodes must be at least 1 (got {self.nodes})")
         if self.spares < 0:
@@ -277,10 +295,12 @@ _REQUIRED_KEYS = ("state_dir", "slurm_version", "nodes", "spares", "gpus_per_nod
 
 def _check_types(layout: ClusterLayout) -> None:
     """A layout read back from cluster.json is input: every field must have its type before any arithmetic."""
-    for name, kind in (("slurm_version", str), ("partition", str), ("cluster_name", str), ("node_prefix", str)):
+    for name, kind in (("slurm_version", str), ("partition", str), ("cluster_name", str), ("node_prefix", str),
+                       ("preempt_mode", str)):
         if not isinstance(getattr(layout, name), kind):
             raise ClusterSetupError(f"{name} must be text, got {getattr(layout, name)!r}")
-    for name in ("nodes", "spares", "gpus_per_node", "cpus_per_node", "memory_mb", "port_base", "slurmd_timeout"):
+    for name in ("nodes", "spares", "gpus_per_node", "cpus_per_node", "memory_mb", "port_base", "slurmd_timeout",
+                 "grace_time_s"):
         value = getattr(layout, name)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ClusterSetupError(f"{name} must be a whole number, got {value!r}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slurm_elastic.devcluster import processes
 from slurm_elastic.devcluster.layout import (
+    DEFAULT_GRACE_TIME_S,
     DEFAULT_PORT_BASE,
     DEFAULT_SLURMD_TIMEOUT_S,
     ClusterLayout,
@@ -210,11 +211,15 @@ class LocalCluster:
         timeout: float = 60.0,
         slurmd_timeout: int = DEFAULT_SLURMD_TIMEOUT_S,
         expedited_requeue: bool = False,
+        preempt_mode: str = "",
+        grace_time_s: int = DEFAULT_GRACE_TIME_S,
     ) -> ClusterStatus:
         """Write the configuration, start munged, slurmctld and one slurmd per non-spare node; wait until IDLE.
 
         slurmd_timeout: seconds before Slurm calls a silent node DOWN (SlurmdTimeout).
         expedited_requeue: let jobs use `--requeue=expedite` (Slurm 25.11 on; refused before).
+        preempt_mode: "REQUEUE" or "CANCEL": jobs of the `urgent` partition preempt the default
+            partition's, which get `grace_time_s` (GraceTime) and their own --signal first; "": none.
         """
         check_state_dir(self.state_dir)
         require_root("up", "slurmd runs jobs as their users")
@@ -246,6 +251,8 @@ class LocalCluster:
             job_submit_lua=lua_source is not None,
             slurmd_timeout=slurmd_timeout,
             expedited_requeue=expedited_requeue,
+            preempt_mode=preempt_mode,
+            grace_time_s=grace_time_s,
         )
         self._check_ports(layout)
         self._write_files(layout, version, lua_source)

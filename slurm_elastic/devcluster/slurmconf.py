@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_elastic.devcluster.layout import ClusterLayout
+from slurm_elastic.devcluster.layout import PREEMPT_PARTITION, ClusterLayout
 from slurm_elastic.devcluster.version import SlurmVersion
 
 SPARE_REASON = "spare: not started (slurm-elastic cluster node-up NAME)"
@@ -45,7 +45,8 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
         "SchedulerType=sched/backfill",
         # The main loop runs every 60 s by default; a short interval lets a
         # released or requeued job start within seconds on this small cluster.
-        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5",
+        "SchedulerParameters=batch_sched_delay=0,sched_interval=5,bf_interval=5"
+        + (",preempt_send_user_signal" if d.preemption and not _has_preempt_parameters(version) else ""),
         "JobRequeue=1",
         # A DOWN node returns to service as soon as its slurmd registers again.
         "ReturnToService=2",
@@ -65,6 +66,15 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
     if d.expedited_requeue:
         # Lets jobs ask for `--requeue=expedite` (25.11 on): without it slurmctld refuses such a submission.
         lines.append("SlurmctldParameters=enable_expedited_requeue")
+    if d.preemption:
+        lines += [
+            "PreemptType=preempt/partition_prio",
+            f"PreemptMode={d.preempt_mode}",
+        ]
+        if _has_preempt_parameters(version):
+            # A preempted job gets its own --signal (an elastic job's checkpoint signal) at once, not
+            # SIGTERM, which would end the ranks before they commit (22.05: preempt_send_user_signal above).
+            lines.append("PreemptParameters=send_user_signal")
     lines.append("")
     for node in d.node_specs:
         line = (
@@ -78,10 +88,19 @@ def render_slurm_conf(layout: ClusterLayout, version: SlurmVersion) -> str:
             # (ReturnToService=2) brings it to IDLE: a node gained.
             line += f' State=DOWN Reason="{SPARE_REASON}"'
         lines.append(line)
-    lines.append(
-        f"PartitionName={d.partition} Nodes={','.join(d.node_names)} Default=YES MaxTime=INFINITE State=UP"
-    )
+    partition = f"PartitionName={d.partition} Nodes={','.join(d.node_names)} Default=YES MaxTime=INFINITE State=UP"
+    if d.preemption:
+        partition += f" PriorityTier=1 PreemptMode={d.preempt_mode} GraceTime={d.grace_time_s}"
+    lines.append(partition)
+    if d.preemption:
+        lines.append(f"PartitionName={PREEMPT_PARTITION} Nodes={','.join(d.node_names)} MaxTime=INFINITE State=UP "
+                     "PriorityTier=2 PreemptMode=OFF")
     return "\n".join(lines) + "\n"
+
+
+def _has_preempt_parameters(version: SlurmVersion) -> bool:
+    """22.05's slurmctld refuses the PreemptParameters key (seen: fatal at start); 24.11 and 26.05 have it."""
+    return (version.major, version.minor) >= (23, 2)
 
 
 def render_gres_conf(layout: ClusterLayout) -> str:

@@ -107,9 +107,11 @@ class ElasticSession:
         self.restored_step: int | None = None
         self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest
         self._signalled = False
+        self._signalled_by = ""                 # the signal's name, for the log (the checkpoint signal or TERM)
         self._exit_after_snapshot = False
         self._owns_group = False
         self._old_handler: Any = None
+        self._old_term_handler: Any = None
         self._old_mask: set[signal_module.Signals] = set()
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -155,6 +157,10 @@ class ElasticSession:
     def __enter__(self) -> ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
         self._old_handler = signal_module.signal(sig, self._on_signal)
+        # Slurm ends a job's tasks with SIGTERM first (a preemption's GraceTime where the site does not
+        # send the job's own signal - seen on 22.05 -, scancel, a limit without a warning), SIGKILL
+        # KillWait or GraceTime later: the ranks commit on it as on the checkpoint signal.
+        self._old_term_handler = signal_module.signal(signal_module.SIGTERM, self._on_signal)
         # The job templates start the ranks with the signal blocked, so one sent while Python and torch
         # import stays pending instead of being lost; with the handler in place it is delivered now.
         self._old_mask = signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, {sig})
@@ -214,6 +220,7 @@ class ElasticSession:
             self._liveness.stop(peers.DONE if clean else peers.FAILED)
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
+        signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
         signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
         if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
             _quiesce_gloo()
@@ -231,6 +238,7 @@ class ElasticSession:
         # Only a flag: checkpointing inside a signal handler could interrupt a
         # collective or the optimizer halfway.
         self._signalled = True
+        self._signalled_by = signal_module.Signals(signum).name.removeprefix("SIG")
 
     @property
     def rank(self) -> int:
@@ -457,7 +465,7 @@ class ElasticSession:
         self._settle_upto(min_finished)
         if signal_now:
             log.info("rank %d: signal %s seen after step %d; next forward pass is the checkpoint pass",
-                     self.rank, self.signal_name, self.step)
+                     self.rank, self._signalled_by or self.signal_name, self.step)
             self._arm()
             self._exit_after_snapshot = True
         elif due:

@@ -27,7 +27,7 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
     if any(r == restart and s < env.step_id for _, r, s in lost):
         return "a lost peer (the survivors committed and were relaunched in place)"
     if restart > 0 and protocol.ack_file_name(job, restart - 1) in names:
-        return "a resize by the controller (checkpoint acknowledged)"
+        return "a signalled stop: a resize by the controller, a time limit or a preemption (checkpoint acknowledged)"
     if any(r == restart - 1 for _, r, _ in lost):
         return "a lost peer (the survivors committed before the requeue)"
     if restart > 0:

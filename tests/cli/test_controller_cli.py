@@ -113,12 +113,13 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
     assert line.startswith("sbatch --parsable --nodes=")
     assert "--requeue" in line and "'--comment=elastic:v1 gpus=2-8 step=2" in line
     assert "SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt" in line
-    # sbatch's options pass on spelled out in full; the user's come last but for the two the
-    # wrapper must have the last word on (--ignore-pbs, and the one merged --export).
-    # The interpreter the wrapper runs on is recorded for the job templates (unless the user set one).
+    # sbatch's options pass on spelled out in full; the user's come last but for the three the
+    # wrapper must have the last word on (--ignore-pbs, the warning before the time limit, and
+    # the one merged --export). The interpreter the wrapper runs on is recorded for the job
+    # templates (unless the user set one).
     python = os.environ.get("SLURM_ELASTIC_PYTHON") or sys.executable
-    assert line.endswith(f"--time=5 --ignore-pbs --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt,"
-                         f"SLURM_ELASTIC_PYTHON={python} {script} arg1")
+    assert line.endswith(f"--time=5 --ignore-pbs --signal=B:USR2@120 --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt,"
+                         f"SLURM_ELASTIC_LIMIT_WARNING_S=120,SLURM_ELASTIC_PYTHON={python} {script} arg1")
     assert line.count("--export") == 1
     assert not slurm.jobs
 

@@ -105,3 +105,37 @@ def test_job_submit_lua_turns_the_plugin_on() -> None:
     conf = _settings(render_slurm_conf(_layout(job_submit_lua=True), V24))
     assert conf["JobSubmitPlugins"] == "lua"
     assert _layout().job_submit_lua_path == Path("/srv/dc/etc/job_submit.lua")
+
+
+def test_no_preemption_unless_asked() -> None:
+    text = render_slurm_conf(_layout(), V22)
+    assert "Preempt" not in text and "urgent" not in text
+
+
+@pytest.mark.parametrize("mode", ["REQUEUE", "CANCEL"])
+def test_preemption_puts_a_higher_tier_partition_over_the_same_nodes(mode: str) -> None:
+    text = render_slurm_conf(_layout(preempt_mode=mode, grace_time_s=45), V24)
+    conf = _settings(text)
+    assert conf["PreemptType"] == "preempt/partition_prio"
+    assert conf["PreemptMode"] == mode
+    # The job's own --signal, not SIGTERM, at preemption: 24.11 on in PreemptParameters, 22.05 in SchedulerParameters.
+    assert conf["PreemptParameters"] == "send_user_signal"
+    assert "preempt_send_user_signal" not in conf["SchedulerParameters"]
+    old = _settings(render_slurm_conf(_layout(preempt_mode=mode), V22))
+    assert "PreemptParameters" not in old and old["SchedulerParameters"].endswith(",preempt_send_user_signal")
+    parts = {line.split()[0]: dict(f.split("=", 1) for f in line.split()) for line in text.splitlines()
+             if line.startswith("PartitionName=")}
+    gpu, urgent = parts["PartitionName=gpu"], parts["PartitionName=urgent"]
+    assert (gpu["PriorityTier"], gpu["PreemptMode"], gpu["GraceTime"]) == ("1", mode, "45")
+    assert (urgent["PriorityTier"], urgent["PreemptMode"]) == ("2", "OFF")
+    assert urgent["Nodes"] == gpu["Nodes"] and "Default" not in urgent
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [({"preempt_mode": "SUSPEND"}, "--preempt-mode must be REQUEUE or CANCEL"),
+                                              ({"preempt_mode": "REQUEUE", "grace_time_s": -1}, "--grace-time"),
+                                              ({"preempt_mode": "REQUEUE", "partition": "urgent"}, "cannot be named")])
+def test_a_bad_preemption_layout_is_refused(kwargs: dict, says: str) -> None:
+    from slurm_elastic.errors import ClusterSetupError
+
+    with pytest.raises(ClusterSetupError, match=says):
+        _layout(**kwargs)

@@ -152,8 +152,8 @@ def test_every_start_says_where_it_resumed_from_and_why_whatever_logging_says(
     assert [ln for ln in first.splitlines() if ln.startswith("slurm-elastic:")] == [
         f"slurm-elastic: started at step 0 (epoch 0): no checkpoint in {job_dir}"]
     assert [ln for ln in second.splitlines() if ln.startswith("slurm-elastic:")] == [
-        f"slurm-elastic: resumed at step 5 (epoch 2) from {job_dir / protocol.step_dir_name(5)} after a resize "
-        "by the controller (checkpoint acknowledged)"]
+        f"slurm-elastic: resumed at step 5 (epoch 2) from {job_dir / protocol.step_dir_name(5)} after a signalled "
+        "stop: a resize by the controller, a time limit or a preemption (checkpoint acknowledged)"]
     assert loop.step == 8
 
 

@@ -31,7 +31,7 @@ def _model(width: int = 16) -> nn.Module:
 
 
 def _train(root: Path, steps: int, *, signal_at: int | None = None, every: int | None = None, width: int = 16,
-           restart: int = 0, micro: int = 4) -> tuple[ElasticSession, nn.Module, list[float]]:
+           restart: int = 0, micro: int = 4, signum: int = signal.SIGUSR2) -> tuple[ElasticSession, nn.Module, list[float]]:
     env = JobEnvironment(**{**{f: getattr(ENV, f) for f in ENV.__slots__}, "restart_count": restart})
     losses: list[float] = []
     model = _model(width)
@@ -48,7 +48,7 @@ def _train(root: Path, steps: int, *, signal_at: int | None = None, every: int |
             s.optimizer_step()
             losses.append(total / 16)
             if signal_at is not None and s.step == signal_at:
-                os.kill(os.getpid(), signal.SIGUSR2)
+                os.kill(os.getpid(), signum)
     return s, model, losses
 
 
@@ -68,6 +68,17 @@ def test_signal_commits_acknowledges_and_exits_85_with_no_step_lost(tmp_path: Pa
     assert tail == pytest.approx(ref[5:], rel=1e-12)
     for a, b in zip(ref_model.parameters(), model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_sigterm_commits_like_the_checkpoint_signal_and_the_old_handler_is_back(tmp_path: Path) -> None:
+    """Slurm's SIGTERM (a preemption's GraceTime on 22.05, scancel) ends the loop with a commit, not a kill."""
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info:
+        _train(tmp_path, 10, signal_at=4, signum=signal.SIGTERM)
+    assert info.value.code == protocol.REQUEUE_EXIT_CODE
+    ack = json.loads((tmp_path / "55" / protocol.ack_file_name("55", 0)).read_text())
+    assert ack["step"] == 5 and ack["committed"] is True
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_periodic_checkpoints_and_retention(tmp_path: Path) -> None:

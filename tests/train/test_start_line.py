@@ -17,7 +17,7 @@ def _env(restart: int, step_id: int = 0) -> JobEnvironment:
 
 
 @pytest.mark.parametrize("files, restart, step_id, cause", [
-    ([protocol.ack_file_name(7, 0)], 1, 0, "a resize by the controller (checkpoint acknowledged)"),
+    ([protocol.ack_file_name(7, 0)], 1, 0, "a signalled stop: a resize by the controller, a time limit or a preemption (checkpoint acknowledged)"),
     ([protocol.peer_lost_file_name(7, 1, 0)], 1, 1, "a lost peer (the survivors committed and were relaunched"),
     ([protocol.peer_lost_file_name(7, 0, 0)], 1, 0, "a lost peer (the survivors committed before the requeue)"),
     ([protocol.ack_file_name(7, 0)], 2, 0, "a requeue (restart 2) with no acknowledged checkpoint"),

@@ -1,0 +1,113 @@
+"""An elastic job through its time limits: Slurm's warning before the limit, the run's bound, the check at submit.
+
+At `--signal-before` seconds before a job's time limit Slurm sends the checkpoint signal to
+the batch shell alone (`--signal=B:SIG@N`); the job template passes it on to the ranks, which
+commit as for a resize, and the job requeues itself (`scontrol requeue` of its own id, which
+an owner may do on every Slurm from 22.05 on and needs no site setting, where a requeue by
+exit code needs the site's `RequeueExit`). Once `--total-time` has passed since submission
+the job commits at its limit but no longer requeues itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+from slurm_elastic import settings
+from slurm_elastic.errors import SpecError
+
+# Measured on the local cluster, a signalled commit of the digits MLP reached its ACK in 0.3 s and
+# the launcher's end in 0.8 s (docs/training.md); a larger model adds its checkpoint at the
+# writer's measured 1.1-1.4 GB/s per node. 120 s leaves room for ~100 GB per node and a loaded
+# filesystem; a job that knows better sets --signal-before.
+DEFAULT_SIGNAL_BEFORE_S = 120
+MAX_SIGNAL_BEFORE_S = int(settings.LIMIT_WARNING_S.maximum or 0)   # sbatch takes --signal=...@0..65535
+# sbatch(1): "the signal may be sent up to 60 seconds earlier than specified"; a limit shorter than
+# the warning plus this would signal an incarnation as it starts.
+SLURM_SIGNAL_EARLY_S = 60
+
+# What the job template reads (job_templates/*.sbatch); set by the wrapper, kept by Slurm across requeues.
+WARNING_ENV = str(settings.LIMIT_WARNING_S.env)
+DEADLINE_ENV = str(settings.RUN_DEADLINE.env)
+
+OPTIONS = {"signal-before": "signal_before", "total-time": "total_time"}   # elastic options, job-side only
+TIMELIMIT_ENV = "SBATCH_TIMELIMIT"              # sbatch's variable for --time
+
+_UNLIMITED = ("UNLIMITED", "INFINITE")
+_DURATION = re.compile(r"(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLimitPolicy:
+    """How an elastic job meets its time limit: the warning's lead (0: none) and the run's bound (None: none)."""
+
+    signal_before_s: int = DEFAULT_SIGNAL_BEFORE_S
+    total_time_s: int | None = None
+
+    def sbatch_args(self, signal: str) -> tuple[str, ...]:
+        """sbatch's option asking for the warning; `signal` in the form scancel takes ('USR2')."""
+        return (f"--signal=B:{signal}@{self.signal_before_s}",) if self.signal_before_s else ()
+
+    def env(self, submitted_at: float) -> dict[str, str]:
+        """The variables the job template reads."""
+        out = {WARNING_ENV: str(self.signal_before_s)} if self.signal_before_s else {}
+        if self.total_time_s is not None:
+            out[DEADLINE_ENV] = str(int(submitted_at + self.total_time_s))
+        return out
+
+
+def parse_duration(text: str, option: str) -> int | None:
+    """Slurm's time format in seconds ('90' minutes, 'M:S', 'H:M:S', 'D-H', 'D-H:M', 'D-H:M:S'); None: unlimited."""
+    value = text.strip()
+    if value.upper() in _UNLIMITED:
+        return None
+    m = _DURATION.fullmatch(value)
+    if m is None:
+        raise SpecError(f"{option} {text!r}: expected minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+    days, a, b, c = (int(g) if g is not None else None for g in m.group("d", "a", "b", "c"))
+    if days is not None:      # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = a, b or 0, c or 0
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif c is not None:       # H:M:S
+        total = (a * 60 + b) * 60 + c
+    elif b is not None:       # M:S
+        total = a * 60 + b
+    else:                     # minutes
+        total = a * 60
+    return total
+
+
+def policy_from_options(options: Mapping[str, str]) -> TimeLimitPolicy:
+    """The policy from the elastic options `signal_before` (seconds) and `total_time` (Slurm's time format)."""
+    policy = TimeLimitPolicy()
+    raw = options.get("signal_before")
+    if raw is not None:
+        if not re.fullmatch(r"\d{1,6}", raw.strip()):
+            raise SpecError(f"--signal-before {raw!r}: expected whole seconds (0: no warning before the time limit)")
+        seconds = int(raw)
+        if seconds > MAX_SIGNAL_BEFORE_S:
+            raise SpecError(f"--signal-before {seconds}: Slurm takes at most {MAX_SIGNAL_BEFORE_S} s")
+        policy = TimeLimitPolicy(signal_before_s=seconds)
+    if options.get("total_time") is not None:
+        total = parse_duration(options["total_time"], "--total-time")
+        if total is not None and total <= 0:
+            raise SpecError(f"--total-time {options['total_time']!r} must be longer than 0")
+        policy = TimeLimitPolicy(policy.signal_before_s, total)
+    return policy
+
+
+def check_time_limit(policy: TimeLimitPolicy, time_limit: str | None) -> None:
+    """One line when the job's own limit leaves no time before the warning (each incarnation would be
+    signalled as it starts). `time_limit` is the job's --time as given; None: the partition's default,
+    which the wrapper does not read."""
+    if time_limit is None or not policy.signal_before_s:
+        return
+    limit_s = parse_duration(time_limit, "--time")
+    if limit_s is None:
+        return
+    needed = policy.signal_before_s + SLURM_SIGNAL_EARLY_S
+    if limit_s <= needed:
+        raise SpecError(f"--time {time_limit} ({limit_s} s) leaves no training before the checkpoint warning "
+                        f"(--signal-before {policy.signal_before_s} s, which Slurm may send up to "
+                        f"{SLURM_SIGNAL_EARLY_S} s early): give more than {needed} s or a smaller --signal-before")

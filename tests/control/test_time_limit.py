@@ -1,0 +1,104 @@
+"""The time-limit options at submit: Slurm's warning asked for, the run's deadline passed to the job, impossible limits refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.cluster.cli_backend import sbatch_args
+from slurm_elastic.cluster.shape import RequestShape
+from slurm_elastic.control import time_limit
+from slurm_elastic.control.submit import describe_submission, parse_command_line
+from slurm_elastic.errors import SpecError
+
+SITE = {"SLURM_ELASTIC_CKPT_DIR": "/scratch/site/ckpt"}
+
+
+def _script(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "job.sbatch"
+    path.write_text("\n".join(["#!/bin/bash", *lines, "srun true", ""]))
+    return str(path)
+
+
+def _sbatch(request) -> list[str]:
+    return sbatch_args(describe_submission(request, RequestShape(nodes=1, gpus_per_node=2, cpus_per_gpu=1, mem_per_gpu_mb=1024)))
+
+
+def test_every_job_asks_for_the_checkpoint_signal_before_its_limit_by_default(tmp_path: Path) -> None:
+    request = parse_command_line(["--gpus=2-8", _script(tmp_path)], environ=SITE)
+    argv = _sbatch(request)
+    assert f"--signal=B:USR2@{time_limit.DEFAULT_SIGNAL_BEFORE_S}" in argv
+    assert request.env[time_limit.WARNING_ENV] == str(time_limit.DEFAULT_SIGNAL_BEFORE_S)
+    assert time_limit.DEADLINE_ENV not in request.env     # no --total-time: requeued at every limit
+    export = next(a for a in argv if a.startswith("--export="))
+    assert f"{time_limit.WARNING_ENV}={time_limit.DEFAULT_SIGNAL_BEFORE_S}" in export
+
+
+def test_the_signal_is_the_configured_checkpoint_signal(tmp_path: Path) -> None:
+    request = parse_command_line(["--gpus=2-8", "--signal-before=300", _script(tmp_path)],
+                                 environ={**SITE, "SLURM_ELASTIC_SIGNAL": "SIGUSR1"})
+    assert "--signal=B:USR1@300" in _sbatch(request)
+
+
+def test_an_elastic_line_sets_the_lead_and_the_command_line_wins(tmp_path: Path) -> None:
+    script = _script(tmp_path, "#ELASTIC --gpus 1-4 --signal-before 600")
+    assert "--signal=B:USR2@600" in _sbatch(parse_command_line([script], environ=SITE))
+    assert "--signal=B:USR2@90" in _sbatch(parse_command_line(["--signal-before=90", script], environ=SITE))
+
+
+def test_zero_asks_for_no_warning(tmp_path: Path) -> None:
+    request = parse_command_line(["--gpus=1-4", "--signal-before=0", "--time=1", _script(tmp_path)], environ=SITE)
+    assert not any(a.startswith("--signal") for a in _sbatch(request))
+    assert time_limit.WARNING_ENV not in request.env
+
+
+def test_total_time_becomes_a_deadline_from_submission(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_elastic.control.submit.time.time", lambda: 1_000_000.0)
+    request = parse_command_line(["--gpus=1-4", "--total-time=1-02:03:04", _script(tmp_path)], environ=SITE)
+    assert request.env[time_limit.DEADLINE_ENV] == str(1_000_000 + ((24 + 2) * 60 + 3) * 60 + 4)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 5400), ("3:30", 210), ("1:02:03", 3723), ("2-3", 183600),
+                                               ("2-3:04", 183840), ("2-3:04:05", 183845), ("UNLIMITED", None),
+                                               ("infinite", None)])
+def test_slurm_time_formats(text: str, seconds: int | None) -> None:
+    assert time_limit.parse_duration(text, "--time") == seconds
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--time=2"], "--time 2 (120 s) leaves no training before the checkpoint warning"),
+    (["--time=3:00", "--signal-before=200"], "--time 3:00 (180 s) leaves no training"),
+    (["--signal-before=70000"], "Slurm takes at most 65535 s"),
+    (["--signal-before=-5"], "expected whole seconds"),
+    (["--total-time=soon"], "--total-time 'soon': expected minutes"),
+    (["--total-time=0"], "must be longer than 0"),
+    (["--signal=B:USR1@60"], "--signal: the warning before the time limit is slurm-elastic's"),
+])
+def test_a_limit_that_cannot_work_is_refused_in_one_line(tmp_path: Path, args: list[str], says: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_command_line(["--gpus=1-4", *args, _script(tmp_path)], environ=SITE)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_limit_is_read_where_sbatch_reads_it(tmp_path: Path) -> None:
+    short = _script(tmp_path, "#SBATCH --time=2")
+    with pytest.raises(SpecError, match="--time 2 "):
+        parse_command_line(["--gpus=1-4", short], environ=SITE)
+    # sbatch takes the command line over SBATCH_TIMELIMIT over the script.
+    parse_command_line(["--gpus=1-4", "--time=1:00:00", short], environ=SITE)
+    parse_command_line(["--gpus=1-4", short], environ={**SITE, "SBATCH_TIMELIMIT": "60"})
+    with pytest.raises(SpecError, match="--time 1 "):
+        parse_command_line(["--gpus=1-4", _script(tmp_path)], environ={**SITE, "SBATCH_TIMELIMIT": "1"})
+
+
+def test_a_signal_option_in_the_script_or_environment_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="line 2: #SBATCH --signal"):
+        parse_command_line(["--gpus=1-4", _script(tmp_path, "#SBATCH --signal=USR1@60")], environ=SITE)
+    with pytest.raises(SpecError, match="SBATCH_SIGNAL is set"):
+        parse_command_line(["--gpus=1-4", _script(tmp_path)], environ={**SITE, "SBATCH_SIGNAL": "USR1@60"})
+
+
+def test_a_bad_checkpoint_signal_is_refused_at_submit(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="must name a signal"):
+        parse_command_line(["--gpus=1-4", _script(tmp_path)], environ={**SITE, "SLURM_ELASTIC_SIGNAL": "NOPE"})
