@@ -200,6 +200,20 @@ class Liveness:
             seen = self._seen.get(rank)
         return seen[2].get("node") if seen and seen[2].get("node") else None
 
+    def loss_seen(self) -> str | None:
+        """What tells this rank that a peer is lost, if anything does now: another rank's `lost` file,
+        or a watched peer that failed or stopped beating (read afresh; for a rank about to end)."""
+        try:
+            if self.run.exists(protocol.LOST_FILE):
+                body = self.run.read(protocol.LOST_FILE) or {}
+                return f"rank {body.get('rank')} reported: {body.get('reason')}"
+            self.observe(self.watched)
+        except (OSError, ValueError) as exc:
+            log.debug("rank %d: looking for a lost peer failed: %s", self.rank, exc)
+            return None
+        stale = [r for r in self.watched if self.gone(r) and self._seen[r][2].get("state", RUNNING) != DONE]
+        return f"no heartbeat from rank(s) {stale} for {self.timeout_s:g} s" if stale else None
+
     def declare_lost(self, reason: str) -> None:
         """Tell every rank (the `lost` file); this rank's own handler is not called."""
         with self._lock:
