@@ -659,13 +659,15 @@ class ElasticSession:
         Frameworks hide the cause: a Hydra-style runner catches, logs and exits 1, a Lightning-style
         loop re-raises its own error. So the cause is looked for along the exception's chain, and,
         when the chain does not tell, in what the peers say: a `lost` file or a watched peer that
-        stopped beating, within one liveness timeout. A failure with all peers alive exits as it was.
+        stopped beating, within one liveness timeout. A failure with all peers alive exits as it was,
+        also when they fail alike (the liveness thread is quiet meanwhile, `failed` peers not counted).
         """
         cause = _peer_loss_in(exc)
         if cause is not None:
             self._peer_lost(f"{type(cause).__name__}: {cause}", "collective-error")
         if self._liveness is None or self._ckpt is None:
             return
+        self._liveness.quiet()
         end = time.monotonic() + self.liveness_timeout_s + 2 * self.heartbeat_s
         while time.monotonic() < end:
             seen = self._liveness.loss_seen()

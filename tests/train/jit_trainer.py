@@ -152,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--liveness-timeout", type=float, default=3.0)
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=240.0)
+    p.add_argument("--fail", type=int, default=None,
+                   help="STEP: every rank raises an error of its own there, rank r r/2 s after rank 0")
     p.add_argument("--catch", choices=("carry-on", "swallow", *RUNNERS), default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SLURM_ELASTIC_LOG", "INFO"),
@@ -222,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def one_step() -> None:
             at("forward")
+            if args.fail is not None and session.step + 1 == args.fail:
+                time.sleep(rank / 2)
+                raise ValueError(f"rank {rank}: the user's own error at step {args.fail}")
             if slow and int(slow[0]) == rank and int(slow[1]) == session.step + 1:
                 time.sleep(float(slow[2]))
             total = torch.zeros(1, dtype=torch.float64)

@@ -225,6 +225,17 @@ def test_the_commit_happens_whatever_the_loop_does_with_the_error(forks: ForkSer
     _run_case(forks, reference, tmp_path, case)
 
 
+def test_an_error_of_every_ranks_own_under_a_hydra_style_runner_is_not_a_lost_peer(forks: ForkServer,
+                                                                                    tmp_path: Path) -> None:
+    """Every rank raises at step 3, half a second apart, and the runner exits 1 after its except block:
+    each rank looks for a lost peer for one liveness timeout, finds none (the first to end says
+    `failed`, which is not a loss), and ends with 1; nothing is committed, no peer-lost report."""
+    forks.start(_args(tmp_path, "--fail", "3", "--catch", "hydra-detached"), tmp_path)
+    codes = forks.codes()
+    assert codes == [1, 1, 1], (codes, (tmp_path / "rank0.log").read_text()[-3000:])
+    assert not list((tmp_path / "ck" / "900").glob(protocol.PEER_LOST_PREFIX + "*"))
+
+
 def test_kill_point_summary() -> None:
     """The count of kill points and of torn commits (printed; run with -s to see it)."""
     if not RESULTS:
