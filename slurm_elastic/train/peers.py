@@ -142,6 +142,7 @@ class Liveness:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._fired = False
+        self._quiet = False
         self._thread = threading.Thread(target=self._loop, name="liveness", daemon=True)
 
     def start(self) -> None:
@@ -200,6 +201,26 @@ class Liveness:
             seen = self._seen.get(rank)
         return seen[2].get("node") if seen and seen[2].get("node") else None
 
+    def quiet(self) -> None:
+        """Keep beating, act on nothing: this rank is ending by an error of its own and asks
+        `loss_seen` itself. Acting here would take a peer ending by the same error for a loss."""
+        self._quiet = True
+
+    def loss_seen(self) -> str | None:
+        """What tells this rank that a peer is lost, if anything does now: another rank's `lost` file,
+        or a watched peer whose heartbeat stopped while it was running (read afresh). A peer that says
+        `failed` is not counted: on an error of every rank's own, the first to end would say it."""
+        try:
+            if self.run.exists(protocol.LOST_FILE):
+                body = self.run.read(protocol.LOST_FILE) or {}
+                return f"rank {body.get('rank')} reported: {body.get('reason')}"
+            self.observe(self.watched)
+        except (OSError, ValueError) as exc:
+            log.debug("rank %d: looking for a lost peer failed: %s", self.rank, exc)
+            return None
+        stale = [r for r in self.watched if self.gone(r) and self._seen[r][2].get("state", RUNNING) == RUNNING]
+        return f"no heartbeat from rank(s) {stale} for {self.timeout_s:g} s" if stale else None
+
     def declare_lost(self, reason: str) -> None:
         """Tell every rank (the `lost` file); this rank's own handler is not called."""
         with self._lock:
@@ -221,7 +242,7 @@ class Liveness:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()
-                if self._fired:
+                if self._fired or self._quiet:
                     continue
                 if self.run.exists(protocol.LOST_FILE):
                     body = self.run.read(protocol.LOST_FILE) or {}

@@ -201,8 +201,8 @@ class ElasticSession:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None and _is_peer_loss(exc) and self.env.world_size > 1:
-            self._peer_lost(f"{type(exc).__name__}: {exc}", "collective-error")   # does not return
+        if exc is not None and not _clean_exit(exc) and self.env.world_size > 1:
+            self._peer_lost_behind(exc)       # does not return when a peer was lost
         if exc is None and self._ckpt is not None:
             if self._exit_after_snapshot:
                 # The loop ended between the signal and the checkpoint pass: take it now.
@@ -216,13 +216,12 @@ class ElasticSession:
         if self._liveness is not None:
             # A clean end must not look like a loss to the watchers; an error must (the peers
             # are stuck in a collective with this rank otherwise, for the collective timeout).
-            clean = exc is None or isinstance(exc, SystemExit)
-            self._liveness.stop(peers.DONE if clean else peers.FAILED)
+            self._liveness.stop(peers.DONE if exc is None or _clean_exit(exc) else peers.FAILED)
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
         signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
         signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
-        if self._owns_group and dist.is_initialized() and (exc is None or isinstance(exc, SystemExit)):
+        if self._owns_group and dist.is_initialized() and (exc is None or _clean_exit(exc)):
             _quiesce_gloo()
             log.debug("process group quiesced after %.3f s", time.monotonic() - t0)
             dist.destroy_process_group()
@@ -453,6 +452,9 @@ class ElasticSession:
             assert self.geometry is not None
             self.noise.step_done(micro_batch=self.geometry.micro_batch, global_batch=self.geometry.global_batch,
                                  micro_batches=self.geometry.accumulation)
+        # The per-step agreement runs before the update: a rank whose loop swallowed a failed
+        # gradient all-reduce learns here, before it applies gradients its peers never added to.
+        signal_now, due, min_finished = self._agree(self.step + 1)
         with self._state_lock:
             self._step_optimizer()            # the step pre-hook waits for outstanding layer copies
             if self._scheduler is not None:
@@ -461,7 +463,6 @@ class ElasticSession:
             self.step += 1
             self._mark_boundary()
         self._write_metrics()
-        signal_now, due, min_finished = self._agree()
         self._settle_upto(min_finished)
         if signal_now:
             log.info("rank %d: signal %s seen after step %d; next forward pass is the checkpoint pass",
@@ -516,13 +517,14 @@ class ElasticSession:
         self._ckpt.arm(self.step)
         self._last_arm_time = time.monotonic()
 
-    def _agree(self) -> tuple[bool, bool, int]:
-        """One small all-reduce per step: any rank signalled, rank 0's periodic decision, snapshots done everywhere."""
+    def _agree(self, step: int) -> tuple[bool, bool, int]:
+        """One small all-reduce per step: any rank signalled, rank 0's periodic decision for `step`, snapshots
+        done everywhere. A failure is a lost peer, handled here: raised, the user's loop might swallow it."""
         assert self._ckpt is not None
         self._finished.extend(self._ckpt.poll())
         due = 0
         if self.env.is_main:
-            due = int((self.every_steps is not None and self.step % self.every_steps == 0) or
+            due = int((self.every_steps is not None and step % self.every_steps == 0) or
                       (self.every_seconds is not None and time.monotonic() - self._last_arm_time >= self.every_seconds))
         if self.world_size == 1:
             return self._signalled, bool(due), len(self._finished)
@@ -530,7 +532,7 @@ class ElasticSession:
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         except Exception as exc:
-            raise PeerLost(f"step {self.step}: all-reduce failed: {exc}") from exc
+            self._peer_lost(f"step {self.step}: all-reduce failed: {type(exc).__name__}: {exc}", "collective-error")
         return bool(t[0]), bool(t[1]), int(-t[2])
 
     def _settle(self, *, block: bool) -> None:
@@ -657,6 +659,29 @@ class ElasticSession:
             sys.stderr.flush()
             # A broken process group can hang in destroy/atexit; leave at once.
             os._exit(code)
+
+    def _peer_lost_behind(self, exc: BaseException) -> None:
+        """The session ends by an error (a raised exception, or an exit code other than 0 and the
+        contract's): when a peer loss is behind it, handle that loss (never returns).
+
+        Frameworks hide the cause: a Hydra-style runner catches, logs and exits 1, a Lightning-style
+        loop re-raises its own error. So the cause is looked for along the exception's chain, and,
+        when the chain does not tell, in what the peers say: a `lost` file or a watched peer that
+        stopped beating, within one liveness timeout. A failure with all peers alive exits as it was,
+        also when they fail alike (the liveness thread is quiet meanwhile, `failed` peers not counted).
+        """
+        cause = _peer_loss_in(exc)
+        if cause is not None:
+            self._peer_lost(f"{type(cause).__name__}: {cause}", "collective-error")
+        if self._liveness is None or self._ckpt is None:
+            return
+        self._liveness.quiet()
+        end = time.monotonic() + self.liveness_timeout_s + 2 * self.heartbeat_s
+        while time.monotonic() < end:
+            seen = self._liveness.loss_seen()
+            if seen is not None:
+                self._peer_lost(f"{seen} (this rank was ending by {type(exc).__name__}: {exc})", "heartbeat")
+            time.sleep(self.heartbeat_s / 2)
 
     def _status(self, state: ReplicaState | None) -> dict[str, Any]:
         rng = {str(step): rng_json(raw) for step, raw in self._boundary_rng.items()}
@@ -787,6 +812,24 @@ def _quiesce_gloo() -> None:
 
 def _node_or_unknown(name: Any) -> str:
     return name if protocol.valid_node_name(name) else "unknown"
+
+
+def _clean_exit(exc: BaseException) -> bool:
+    """An end that is not a failure: sys.exit() with 0 or one of the contract's codes to the batch script."""
+    return isinstance(exc, SystemExit) and (exc.code in (None, 0) or exc.code in (
+        protocol.REQUEUE_EXIT_CODE, protocol.PEER_LOST_EXIT_CODE, protocol.GEOMETRY_EXIT_CODE))
+
+
+def _peer_loss_in(exc: BaseException) -> BaseException | None:
+    """The peer-loss error `exc` is or was raised from or during (its __cause__/__context__ chain), if any."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if _is_peer_loss(link):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def _is_peer_loss(exc: BaseException) -> bool:

@@ -264,3 +264,75 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
             cluster.local.node_up(victim, timeout=120)
         cluster.cancel_all()
     assert rc == 0
+
+
+def test_a_hydra_style_runner_that_exits_1_still_commits_and_the_job_trains_on_in_place(elastic_cluster, tmp_path):
+    """The training loop runs under a runner that catches the lost peer's error, logs it and exits 1
+    (tests/control/hydra_style_train.py, as Hydra's run_and_report does): the survivor still commits
+    the last step every rank completed, the batch script still relaunches in place, 0 steps lost."""
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    blockers = _blockers(cluster)
+    cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
+                                 if j.job_id in blockers.values()), 60, what="the blockers running")
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20",
+                           log=tmp_path / "daemon.log")
+    victim = None
+    try:
+        ckpt = cluster.root / "ckpt"
+        loss_log = cluster.root / "out" / "hydra-loss.jsonl"
+        script = Path(__file__).resolve().parent / "hydra_style_train.py"
+        out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=hydra",
+                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
+                          sys.executable, str(script), "--loss-log", str(loss_log))
+        job_id = int(out.stdout.strip())
+        job_dir = ckpt / str(job_id)
+
+        def job_now():
+            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+
+        first = cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and len(j.nodes) == 2 and j,
+                                 180, what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
+        for node in ("n1", "n2", "n3", "n4"):   # nothing free elsewhere: the daemon shrinks in place
+            if node not in first.nodes:
+                subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
+                                "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
+                                "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+        cluster.wait_for(lambda: len(_rows(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        batch_host = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
+        victim = next(n for n in first.nodes if n != batch_host)
+        logged_before = _rows(loss_log)
+
+        cluster.local.node_down(victim)      # slurmd and the rank there SIGKILLed: the survivor's collective fails
+        report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
+
+        def settled() -> bool:
+            try:
+                return shim.PeerLostReport.parse(report_path.read_bytes()).commit != "pending"
+            except (OSError, ValueError):
+                return False
+        cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
+        rows_at_loss = len(_rows(loss_log))
+        cluster.wait_for(lambda: len(_rows(loss_log)) >= rows_at_loss + 3, 240, 0.5,
+                         what=lambda: f"training again in place; {cluster.job_outputs()}")
+
+        outputs = (cluster.root / "out" / f"{job_id}.out").read_text()
+        caught = outputs.find("Error executing job")               # the runner did catch the error and exit 1,
+        assert caught >= 0 and outputs.find("exiting with 86", caught) > caught, outputs[-4000:]   # then 86
+        report = shim.PeerLostReport.parse(report_path.read_bytes())
+        assert report.commit == "done" and report.lost_nodes == (victim,), report
+        assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
+        resumed = [r["step"] for r in _rows(loss_log)[rows_at_loss:]]
+        assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])   # 0 steps lost
+        job = job_now()
+        assert job.state is JobState.RUNNING and job.nodes == (batch_host,) and job.restarts == 0, job
+        assert "relaunching the ranks (step 1)" in outputs
+        print(f"hydra-style: lost {victim}, committed step {report.committed_step}, resumed at {resumed[0]}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-4000:])
+        if victim is not None:
+            cluster.local.node_up(victim, timeout=120)
+        cluster.cancel_all()
+    assert rc == 0

@@ -2,13 +2,21 @@
 
     python -m tests.train.jit_trainer --ckpt-dir D --steps 12 --log-dir L \
         [--die RANK:STEP:POINT:kill|stop] [--lag RANK:STEP:POINT:SECONDS] [--slow RANK:STEP:SECONDS]
+        [--catch carry-on|swallow|hydra|hydra-detached|lightning]
 
 Points of step STEP (the step being computed, i.e. after STEP-1 completed steps):
 forward, mid-forward (after the first layer: a periodic snapshot is half taken),
 bucket-first / bucket-last (in DDP's gradient all-reduce, before that bucket is
 sent), bucket-done (the last bucket's all-reduce came back), after-backward,
-before-step, in-step (half the parameters updated), after-step (updated, before
-the session's per-step agreement), after-agree.
+before-step (before the session's per-step agreement), in-step (half the
+parameters updated), after-step (updated), after-agree (optimizer_step returned).
+
+--catch: how the training loop treats exceptions, as frameworks do: carry-on
+(a try/except around each step that logs and goes on), swallow (a try/except
+around each collective alone: the step goes on to optimizer_step), hydra (a runner that
+catches, logs and exits 1 inside its except block, as Hydra's does),
+hydra-detached (the same, exiting after the except block: no exception chain
+left), lightning (a runner that re-raises its own error from the original).
 
 Every rank logs `applied-<rank>.jsonl`: {"step", "digest"} right after each
 optimizer update (state digest as checkpoints compute it), and rank 0
@@ -25,7 +33,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -80,6 +88,49 @@ def warm() -> None:
     _DATA = load_digits_tensors()
 
 
+class FitError(Exception):
+    """What a Lightning-style runner raises instead of the error it caught."""
+
+
+def hydra_style(fn: Callable[[], None]) -> Callable[[], None]:
+    """Hydra's run_and_report: log the error, exit 1 (inside the except block)."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception:
+            logging.getLogger("hydra").exception("Error executing job")
+            sys.exit(1)
+    return run
+
+
+def hydra_detached_style(fn: Callable[[], None]) -> Callable[[], None]:
+    """Like hydra_style, but the exit comes after the except block: SystemExit(1) carries no chain."""
+    def run() -> None:
+        failed = False
+        try:
+            fn()
+        except Exception:
+            logging.getLogger("hydra").exception("Error executing job")
+            failed = True
+        if failed:
+            sys.exit(1)
+    return run
+
+
+def lightning_style(fn: Callable[[], None]) -> Callable[[], None]:
+    """A trainer that tears down and raises its own error from the one it caught."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            raise FitError("fit failed") from exc
+    return run
+
+
+RUNNERS: dict[str, Callable[[Callable[[], None]], Callable[[], None]]] = {
+    "hydra": hydra_style, "hydra-detached": hydra_detached_style, "lightning": lightning_style}
+
+
 def _spec(text: str | None, n: int) -> list[str] | None:
     if not text:
         return None
@@ -101,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--liveness-timeout", type=float, default=3.0)
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--timeout-s", type=float, default=240.0)
+    p.add_argument("--fail", type=int, default=None,
+                   help="STEP: every rank raises an error of its own there, rank r r/2 s after rank 0")
+    p.add_argument("--catch", choices=("carry-on", "swallow", *RUNNERS), default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("SLURM_ELASTIC_LOG", "INFO"),
                         format="%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
@@ -158,8 +212,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         net.register_comm_hook(None, comm_hook)
         scale = session.world_size / global_batch
         loss_fn = nn.CrossEntropyLoss(reduction="sum")
-        while not session.done(args.steps):
+        @contextlib.contextmanager
+        def swallowed() -> Iterator[None]:
+            if args.catch != "swallow":
+                yield
+                return
+            try:
+                yield
+            except Exception as exc:
+                logging.getLogger("loop").warning("ignoring %s", type(exc).__name__)
+
+        def one_step() -> None:
             at("forward")
+            if args.fail is not None and session.step + 1 == args.fail:
+                time.sleep(rank / 2)
+                raise ValueError(f"rank {rank}: the user's own error at step {args.fail}")
             if slow and int(slow[0]) == rank and int(slow[1]) == session.step + 1:
                 time.sleep(float(slow[2]))
             total = torch.zeros(1, dtype=torch.float64)
@@ -167,10 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i, idx in enumerate(micro):
                 with (net.no_sync() if i < len(micro) - 1 else contextlib.nullcontext()):
                     loss = loss_fn(net(x[idx]), y[idx])
-                    (loss * scale).backward()
+                    with swallowed():
+                        (loss * scale).backward()
                 total += loss.detach()
             at("after-backward")
-            dist.all_reduce(total)
+            with swallowed():
+                dist.all_reduce(total)
             at("before-step")
             session.optimizer_step()
             at("after-agree")
@@ -178,6 +247,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(os.path.join(args.log_dir, "loss.jsonl"), "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": session.step, "loss": float(total) / global_batch,
                                         "world_size": session.world_size}) + "\n")
+
+        def loop() -> None:
+            while not session.done(args.steps):
+                if args.catch != "carry-on":
+                    one_step()
+                    continue
+                try:
+                    one_step()
+                except Exception as exc:     # the user's loop: log and go on with the next batch
+                    logging.getLogger("loop").warning("step %d failed (%s); going on", session.step + 1,
+                                                      type(exc).__name__)
+        RUNNERS.get(args.catch or "", lambda fn: fn)(loop)()
     return 0
 
 

@@ -101,12 +101,14 @@ class Case:
     mode: str                 # kill (connections reset) or stop (frozen: only the heartbeat tells)
     every_steps: int | None = None
     lag: str | None = None    # RANK:POINT:SECONDS - a survivor late at a point of the same step
+    catch: str | None = None  # how the loop treats exceptions (jit_trainer --catch)
 
     @property
     def id(self) -> str:
         lag = f"-lag{self.lag.replace(':', '-')}" if self.lag else ""
         every = f"-every{self.every_steps}" if self.every_steps else ""
-        return f"r{self.victim}-{self.point}-{self.mode}{every}{lag}"
+        catch = f"-{self.catch}" if self.catch else ""
+        return f"r{self.victim}-{self.point}-{self.mode}{every}{lag}{catch}"
 
 
 CASES = [
@@ -139,6 +141,8 @@ def _run_case(forks: ForkServer, reference: dict, tmp: Path, case: Case) -> dict
     extra = ["--die", f"{case.victim}:{DIE_AT}:{case.point}:{case.mode}"]
     if case.every_steps:
         extra += ["--every-steps", str(case.every_steps)]
+    if case.catch:
+        extra += ["--catch", case.catch]
     if case.lag:
         rank, point, seconds = case.lag.split(":")
         extra += ["--lag", f"{rank}:{DIE_AT}:{point}:{seconds}"]
@@ -203,6 +207,33 @@ def test_peer_loss_commits_the_last_step_all_survivors_applied(forks: ForkServer
 @pytest.mark.parametrize("case", LONG_CASES, ids=[c.id for c in LONG_CASES])
 def test_peer_loss_every_point_rank_and_mode(forks: ForkServer, reference: dict, tmp_path: Path, case: Case) -> None:
     _run_case(forks, reference, tmp_path, case)
+
+
+# A victim killed while the survivors are in a collective (DDP's gradient all-reduce, or the loop's
+# own all-reduce): the error reaches the user's loop, which hides it in each framework's way.
+CATCH_CASES = [Case(2, point, "kill", catch=catch)
+               for catch in ("carry-on", "swallow", "hydra", "hydra-detached", "lightning")
+               for point in ("bucket-first", "after-backward")]
+
+
+@pytest.mark.parametrize("case", CATCH_CASES, ids=[c.id for c in CATCH_CASES])
+def test_the_commit_happens_whatever_the_loop_does_with_the_error(forks: ForkServer, reference: dict,
+                                                                  tmp_path: Path, case: Case) -> None:
+    """A loop that swallows the error and goes on (even to optimizer_step), a Hydra-style runner that
+    logs and exits 1, a Lightning-style one that raises its own error: the survivors still commit the
+    last step all of them completed (bit for bit the reference's) and end with the peer-lost code."""
+    _run_case(forks, reference, tmp_path, case)
+
+
+def test_an_error_of_every_ranks_own_under_a_hydra_style_runner_is_not_a_lost_peer(forks: ForkServer,
+                                                                                    tmp_path: Path) -> None:
+    """Every rank raises at step 3, half a second apart, and the runner exits 1 after its except block:
+    each rank looks for a lost peer for one liveness timeout, finds none (the first to end says
+    `failed`, which is not a loss), and ends with 1; nothing is committed, no peer-lost report."""
+    forks.start(_args(tmp_path, "--fail", "3", "--catch", "hydra-detached"), tmp_path)
+    codes = forks.codes()
+    assert codes == [1, 1, 1], (codes, (tmp_path / "rank0.log").read_text()[-3000:])
+    assert not list((tmp_path / "ck" / "900").glob(protocol.PEER_LOST_PREFIX + "*"))
 
 
 def test_kill_point_summary() -> None:
