@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS revivals (
     at       REAL    NOT NULL,
     PRIMARY KEY (job_id, restarts)
 );
+CREATE TABLE IF NOT EXISTS ran_at (
+    job_id INTEGER NOT NULL,
+    gpus   INTEGER NOT NULL,
+    nodes  INTEGER NOT NULL,
+    at     REAL    NOT NULL,
+    PRIMARY KEY (job_id, gpus, nodes)
+);
 CREATE TABLE IF NOT EXISTS drains (
     node    TEXT    NOT NULL,
     user    TEXT    NOT NULL,
@@ -261,6 +268,18 @@ class Journal:
         out = [DrainRecord(int(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4]), str(r[5]), float(r[6]),
                            None if r[7] is None else float(r[7]), str(r[8])) for r in rows]
         return out if active else out[::-1]
+
+    def record_ran_at(self, job_id: int, size: tuple[int, int], now: float | None = None) -> None:
+        """Slurm was seen running `job_id` at `size` (gpus, nodes): kept across daemon restarts and read by dry
+        runs, so a speed row at that size stays believed (requests.measuring)."""
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO ran_at(job_id, gpus, nodes, at) VALUES (?,?,?,?)",
+                       (job_id, size[0], size[1], time.time() if now is None else now))
+
+    def ran_at(self, job_id: int) -> frozenset[tuple[int, int]]:
+        """The (gpus, nodes) sizes Slurm has been seen running `job_id` at."""
+        rows = self._db.execute("SELECT gpus, nodes FROM ran_at WHERE job_id=?", (job_id,)).fetchall()
+        return frozenset((int(g), int(n)) for g, n in rows)
 
     def open_plans(self) -> list[PlanRecord]:
         return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))

@@ -316,7 +316,7 @@ class Reconciler:
         self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
         self.requests = requests if requests is not None else default_request_source(
             RequestSettings(measured_speed=config.measured_speed, hold_s=config.min_resize_interval_s,
-                            objective=config.policy.objective))
+                            objective=config.policy.objective), sizes=journal)
         self.allocator = allocator if allocator is not None else solve
         self._clock = clock
         self._sleep = sleep

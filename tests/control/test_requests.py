@@ -411,3 +411,27 @@ def test_speed_rows_at_sizes_never_run_are_ignored_and_win_no_gpus(tmp_path, cap
     ran_at(slurm, src, liar, (8, 2), (4, 1))
     got = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}
     assert got[str(liar)].throughput(8, 2) == pytest.approx(2.0)
+
+
+def test_sizes_seen_running_are_remembered_in_the_journal_for_a_dry_run_and_a_restarted_daemon(tmp_path):
+    """The sizes Slurm ran a job at live in the controller's journal: `admin rebalance --dry-run` (a fresh
+    process on the daemon's journal) and a restarted daemon believe the same speed rows as the daemon did."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+
+    slurm = InMemorySlurm(nodes=4)
+    ckpt = str(tmp_path / "ckpt")
+    job = slurm.add_job(ElasticSpec(1, 16, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    _rows(shim.metrics_path(ckpt, str(job)), [_row(100, 0, 4, 1.0, total=20_000), _row(200, 100, 4, 1.0),
+                                              _row(300, 150, 8, 2.0, nodes=2), _row(400, 200, 8, 2.0, nodes=2)])
+    path = tmp_path / "journal.sqlite"
+    config = ControllerConfig(node_confirm_s=0, min_resize_interval_s=0)
+    daemon = Reconciler(slurm, Journal(path), config)
+    ran_at(slurm, daemon.requests, job, (8, 2), (4, 1))
+    assert Journal(path).ran_at(job) == {(4, 1), (8, 2)}
+    fresh = Reconciler(slurm, Journal(path), config)              # what a dry run builds
+    got = {r.key: r for r in fresh.requests.requests(slurm.snapshot(), slurm.now, Policy())}
+    assert got[str(job)].throughput(8, 2) == pytest.approx(2.0)
+    forgetful = MeasuredRequests()                                # no journal: the 8-GPU rows are not believed
+    got = {r.key: r for r in forgetful.requests(slurm.snapshot(), slurm.now, Policy())}
+    assert got[str(job)].throughput(8, 2) != pytest.approx(2.0)

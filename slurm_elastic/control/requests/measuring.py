@@ -18,8 +18,9 @@ What is read, per job, from `<ckpt_dir>/<job id>/`:
 A job's file is input, never authority: it is opened without following links, must be a regular file
 owned by the job's user, is read up to a bounded size, and every field is validated; anything else gives
 the default model and one log line. A speed row counts only at a size Slurm ran the job at (gpus, nodes as
-the snapshots showed it RUNNING, `JobFiles.observe`): a row at any other size is ignored, with one log line
-per job, so a job cannot claim a speed at a size nobody saw it run.
+the snapshots showed it RUNNING, `JobFiles.observe`, remembered in the controller's journal so a restarted
+daemon and a dry run believe the same rows): a row at any other size is ignored, with one log line per job,
+so a job cannot claim a speed at a size nobody saw it run.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import os
 import pwd
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.allocate.stepmodel import step_time_model
@@ -227,27 +228,47 @@ class Measurement:
     geometry: JobGeometry | None = None
 
 
+class SizesRan(Protocol):
+    """Where the sizes Slurm ran each job at are remembered (the controller's Journal, or `SizesInMemory`)."""
+
+    def record_ran_at(self, job_id: int, size: tuple[int, int]) -> None: ...
+
+    def ran_at(self, job_id: int) -> frozenset[tuple[int, int]]: ...
+
+
+class SizesInMemory:
+    """SizesRan for one process's lifetime (tests and sources built without a journal)."""
+
+    def __init__(self) -> None:
+        self._ran: dict[int, frozenset[tuple[int, int]]] = {}
+
+    def record_ran_at(self, job_id: int, size: tuple[int, int]) -> None:
+        self._ran[job_id] = self._ran.get(job_id, frozenset()) | {size}
+
+    def ran_at(self, job_id: int) -> frozenset[tuple[int, int]]:
+        return self._ran.get(job_id, frozenset())
+
+
 class JobFiles:
     """Reads each job's files for the request source: the metrics files' tails kept between cycles (only
     what was appended is read), and each problem logged once per job and kind, not every cycle."""
 
-    def __init__(self, settings: RequestSettings) -> None:
+    def __init__(self, settings: RequestSettings, sizes: SizesRan | None = None) -> None:
         self.settings = settings
+        self.sizes = sizes if sizes is not None else SizesInMemory()
         self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements, frozenset[tuple[int, int]]]] = {}
         self._reported: dict[int, str] = {}
-        self._ran: dict[int, frozenset[tuple[int, int]]] = {}      # job id -> (gpus, nodes) Slurm ran it at
 
     def observe(self, job: Job) -> None:
-        """Remember the size Slurm runs `job` at now: only speed rows at sizes remembered here are used."""
+        """Remember the size Slurm runs `job` at now: only speed rows at sizes remembered are used."""
         if job.state is JobState.RUNNING and job.gpus > 0:
             size = (job.gpus, len(job.nodes) or job.num_nodes)
-            ran = self._ran.get(job.job_id, frozenset())
-            if size not in ran:
-                self._ran[job.job_id] = ran | {size}
+            if size not in self.sizes.ran_at(job.job_id):
+                self.sizes.record_ran_at(job.job_id, size)
 
     def ran(self, job: Job) -> frozenset[tuple[int, int]]:
         """The (gpus, nodes) sizes Slurm has been seen running `job` at."""
-        return self._ran.get(job.job_id, frozenset())
+        return self.sizes.ran_at(job.job_id)
 
     def measure(self, job: Job) -> Measurement:
         """The job's Measurement, its files read in the order metrics, batch range, geometry (the size

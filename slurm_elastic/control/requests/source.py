@@ -18,7 +18,7 @@ from slurm_elastic.allocate.from_state import job_request
 from slurm_elastic.allocate.problem import Allocation, JobRequest, Policy
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.requests import progress
-from slurm_elastic.control.requests.measuring import JobFiles
+from slurm_elastic.control.requests.measuring import JobFiles, SizesRan
 from slurm_elastic.control.requests.rules import RULES, JobContext, Rule, apply_rules
 from slurm_elastic.control.requests.settings import RequestSettings
 
@@ -59,10 +59,11 @@ class RequestSource(Protocol):
 class MeasuredRequests:
     """The default request source: what each job measured (measuring.py), decided by the rules (rules.py)."""
 
-    def __init__(self, settings: RequestSettings = RequestSettings(), rules: tuple[Rule, ...] = RULES) -> None:
+    def __init__(self, settings: RequestSettings = RequestSettings(), rules: tuple[Rule, ...] = RULES,
+                 sizes: SizesRan | None = None) -> None:
         self.settings = settings
         self.rules = rules
-        self.files = JobFiles(settings)
+        self.files = JobFiles(settings, sizes)
         self._waiting_since: dict[int, float] = {}
         self._running: dict[int, bool] = {}
         self._preempted: dict[int, int] = {}
@@ -131,8 +132,8 @@ class ProgressRequests(MeasuredRequests):
     work, the stay fraction of the restart and the finish-time-fairness floor (progress.py)."""
 
     def __init__(self, settings: RequestSettings = RequestSettings(),
-                 rules: tuple[Rule, ...] = progress.PROGRESS_RULES) -> None:
-        super().__init__(settings, rules)
+                 rules: tuple[Rule, ...] = progress.PROGRESS_RULES, sizes: SizesRan | None = None) -> None:
+        super().__init__(settings, rules, sizes)
         self._attained: dict[int, float] = {}                    # job id -> 1-GPU-seconds of progress credited
         self._seen: dict[int, tuple[float, float]] = {}          # job id -> (when, S at the size Slurm ran it)
         self._ran: set[int] = set()
@@ -228,13 +229,14 @@ def fair_shares(state: ClusterState) -> dict[int, int]:
     return {j.job_id: int(usable * j.spec.weight / total_w + 1e-9) for j in wanting if j.spec is not None}
 
 
-def default_request_source(settings: RequestSettings | None = None) -> RequestSource:
+def default_request_source(settings: RequestSettings | None = None, sizes: SizesRan | None = None) -> RequestSource:
     """The request source every controller uses unless told otherwise (one home for that choice): the rule
-    chain, or the progress objective's source when `settings.objective` is "progress"."""
+    chain, or the progress objective's source when `settings.objective` is "progress". `sizes`: where the
+    sizes Slurm ran each job at are remembered (the controller's journal)."""
     settings = settings or RequestSettings()
     if settings.objective == "progress":
-        return ProgressRequests(settings)
-    return MeasuredRequests(settings)
+        return ProgressRequests(settings, sizes=sizes)
+    return MeasuredRequests(settings, sizes=sizes)
 
 
 def with_basis(allocation: Allocation, basis: Mapping[str, str]) -> Allocation:
