@@ -178,20 +178,23 @@ def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, 
 
 def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,
                 throughput: Callable[..., float] | None = None, weight: float = 1.0,
-                allowed_gpus: tuple[int, ...] | None = None, must_run: bool = False) -> JobRequest:
+                own_weight: float | None = None, allowed_gpus: tuple[int, ...] | None = None,
+                must_run: bool = False) -> JobRequest:
     """The one translation of an elastic Slurm job into a JobRequest.
 
     The range, step, CPUs and memory per GPU come from the job's spec; what
-    it holds now from Slurm; `weight` multiplies the user's own weight; the
-    rest is what a request source learned about the job.
+    it holds now from Slurm; `weight` multiplies `own_weight`, the job's weight
+    among its user's jobs (None: its `--weight` as written); the rest is what a
+    request source learned about the job.
     """
     spec = job.spec
     if spec is None:
         raise ValueError(f"job {job.job_id} is not elastic")
     current = {n: job.gpus_per_node for n in job.nodes} if job.state.active and job.gpus_per_node > 0 else {}
+    own = spec.weight if own_weight is None else own_weight
     return JobRequest(key=str(job.job_id), min_gpus=spec.min_gpus, max_gpus=spec.max_gpus, gpu_step=spec.gpu_step,
-                      cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb,
-                      weight=spec.weight * weight, current=current, restart_cost_s=restart_cost_s,
+                      cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, weight=own * weight,
+                      current=current, user=job.user, own_weight=own, restart_cost_s=restart_cost_s,
                       throughput=throughput, allowed_gpus=allowed_gpus, must_run=must_run)
 
 

@@ -197,6 +197,10 @@ def solve(model: Model, *, limits: Limits, mip_rel_gap: float, warm: np.ndarray 
         h.setOptionValue("simplex_iteration_limit", int(limits.max_iterations))
     h.setOptionValue("random_seed", int(limits.seed))
     h.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    # HiGHS 1.16's root reduced-cost heuristic, after a feasible warm start and presolve, corrupts the heap
+    # on some of our models (the process aborts in free(); tests/allocate/data/highs_warm_start_abort.npz):
+    # a controller must not die in its solver, so it is off.
+    h.setOptionValue("mip_heuristic_run_root_reduced_cost", False)
     if limits.threads:
         _use_threads(h, int(limits.threads))
     lp = highspy.HighsLp()

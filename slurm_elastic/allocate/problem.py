@@ -15,6 +15,7 @@ The formulation, the solve methods and their measured cost: docs/allocator.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, runtime_checkable
@@ -75,6 +76,16 @@ class JobRequest:
     stay_fraction: float = 0.0
     floor_gpus: int = 0
     floor_priority: float = 0.0
+    # Whose job it is, and the factor of `weight` (or of `values`) that its user's `--weight` put there:
+    # that factor moves GPUs among the user's own jobs only (allocate/users.py).
+    user: str = ""
+    own_weight: float = 1.0
+
+    def neutral(self) -> JobRequest:
+        """This request as if its user had given every job the same weight."""
+        own = self.own_weight
+        values = None if self.values is None else tuple((g, v / own) for g, v in self.values)
+        return dataclasses.replace(self, weight=self.weight / own, values=values, own_weight=1.0)
 
     @property
     def current_gpus(self) -> int:
@@ -103,6 +114,8 @@ class JobRequest:
                 raise AllocationError(f"job {self.key}: {name} must be a non-negative number, got {v!r}")
         if not _number(self.weight) or self.weight <= 0:
             raise AllocationError(f"job {self.key}: weight must be a positive finite number, got {self.weight!r}")
+        if not _number(self.own_weight) or self.own_weight <= 0:
+            raise AllocationError(f"job {self.key}: own weight must be a positive finite number, got {self.own_weight!r}")
         if not _number(self.restart_cost_s) or self.restart_cost_s < 0:
             raise AllocationError(f"job {self.key}: restart cost must be >= 0 seconds, got {self.restart_cost_s!r}")
         if not isinstance(self.current, Mapping) or any(

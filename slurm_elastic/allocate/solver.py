@@ -8,7 +8,7 @@ import math
 import time
 from typing import Sequence
 
-from slurm_elastic.allocate import commitments, explain, highs
+from slurm_elastic.allocate import commitments, explain, highs, users
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
 from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, make_room, pack
@@ -38,6 +38,9 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     t0 = time.perf_counter()
     if not isinstance(problem, AllocationProblem):
         raise AllocationError(f"solve() needs an AllocationProblem, got {type(problem).__name__}")
+    problem.validate()
+    if users.weighted_users(problem):
+        return users.solve_by_user(problem, lambda p: solve(p, mode=mode))
     inst = Instance(problem)
     notes: list[str] = []
     if mode not in ("auto", "exact", "two-stage", "greedy"):

@@ -435,3 +435,27 @@ def test_sizes_seen_running_are_remembered_in_the_journal_for_a_dry_run_and_a_re
     forgetful = MeasuredRequests()                                # no journal: the 8-GPU rows are not believed
     got = {r.key: r for r in forgetful.requests(slurm.snapshot(), slurm.now, Policy())}
     assert got[str(job)].throughput(8, 2) != pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("objective", ["legacy", "progress"])
+def test_a_users_weight_moves_gpus_only_among_that_users_own_jobs(objective):
+    """Issue 31 item 5: `--weight 1000000` on one user's job takes nothing from another user's job; among
+    that user's own jobs it still decides who gets more."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+    from slurm_elastic.control.requests import default_request_source
+
+    def targets(weight_a: float) -> dict[str, int]:
+        slurm = InMemorySlurm(nodes=4)                 # 16 GPUs, three jobs that could each use them all
+        ids = {"alice-heavy": slurm.add_job(ElasticSpec(1, 16, weight=weight_a), nodes=1, gpus_per_node=4, user="alice"),
+               "alice-light": slurm.add_job(ElasticSpec(1, 16), nodes=1, gpus_per_node=4, user="alice"),
+               "bob": slurm.add_job(ElasticSpec(1, 16), nodes=1, gpus_per_node=4, user="bob")}
+        config = ControllerConfig(node_confirm_s=0, min_resize_interval_s=0)
+        src = default_request_source(RequestSettings(objective=objective))
+        report = Reconciler(slurm, Journal(":memory:"), config, requests=src).cycle(dry_run=True)
+        return {name: report.target(job) for name, job in ids.items()}
+
+    fair, heavy = targets(1.0), targets(1_000_000.0)
+    assert heavy["bob"] >= fair["bob"] >= 4, (fair, heavy)      # bob keeps what he had with honest weights
+    assert heavy["alice-heavy"] > heavy["alice-light"], heavy   # alice's weight still ranks her own jobs
+    assert heavy["alice-heavy"] + heavy["alice-light"] <= fair["alice-heavy"] + fair["alice-light"], (fair, heavy)

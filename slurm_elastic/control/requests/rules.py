@@ -25,8 +25,9 @@ The rules, stated:
   The size it asked for is the GPUs it was submitted at, as the source first saw it pending (a job the
   controller started below its request still asked for its request); for a job first seen running, the
   GPU count of its metrics file's first row (a file whose beginning was not read gives no floor). Its
-  fair share (`source.fair_shares`) is the GPUs elastic work can use x its user weight / the sum of the
-  user weights of the elastic jobs that want GPUs. Why: remaining-time weights alone make a long job lose
+  fair share (`source.fair_shares`) is the GPUs elastic work can use x its own weight / the sum of the
+  own weights of the elastic jobs that want GPUs (`source.own_weights`: a `--weight` counts only among its
+  user's own jobs). Why: remaining-time weights alone make a long job lose
   every trade against each shorter arrival, so over its life it was shrunk and grown back again and
   again, each a restart (workload 1 before the floor: yolov3 on 2.2 GPUs of the 4 it asked for, 27.7
   restarts per job, 1.77x its Tiresias JCT; with it: 3.6 GPUs, 5 restarts, 1.14x).
@@ -69,6 +70,7 @@ class JobContext:
     measured: Measurement
     node_sizes: frozenset[int]
     share: int                                # its fair share of the GPUs elastic work can use
+    own_weight: float                         # its weight among its user's jobs (source.own_weights)
     asked: int | None                         # the GPUs it was submitted at (None: not known)
     waiting_s: float                          # how long it has waited without GPUs
     preempted: bool                           # the controller has taken it to zero GPUs before
@@ -315,13 +317,14 @@ class RestartCharge:
         # loses over a size held `hold_s` (linear approximation), at this job's weight but never below the
         # neutral 1: scaled by a small remaining-time weight, restarts of long jobs were nearly free and
         # they were resized again and again (yolov3: 27 restarts each on workload 1).
-        total_w = spec.weight * ctx.weight
-        charge_w = spec.weight * max(ctx.weight, 1.0)
+        total_w = ctx.own_weight * ctx.weight
+        charge_w = ctx.own_weight * max(ctx.weight, 1.0)
         # The hold is at least measure_first_s: a restarted job keeps its new size until it has measured
         # there, and a charge spread over a hysteresis of 0 s would be infinite (no resize, ever).
         hold = max(s.hold_s, s.measure_first_s)
         kappa = (ctx.restart_s * charge_w / (policy.beta * hold * spec.max_gpus)) if policy.beta > 0 else ctx.restart_s
-        return ctx.with_(self, f"weight {total_w:.3g}" + (f" (user {spec.weight:g})" if spec.weight != 1 else ""),
+        own = f" (--weight {spec.weight:g}: {ctx.own_weight:.3g} among its user's jobs)" if spec.weight != 1 else ""
+        return ctx.with_(self, f"weight {total_w:.3g}{own}",
                          restart_charge_s=kappa)
 
 

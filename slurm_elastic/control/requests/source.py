@@ -76,13 +76,16 @@ class MeasuredRequests:
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
         shares = fair_shares(state)
+        own = own_weights(state)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
-                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
+                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), own[job.job_id],
+                                   yielding)
                 req = dataclasses.replace(
                     job_request(job, restart_cost_s=ctx.restart_charge_s, throughput=ctx.model, weight=ctx.weight,
-                                allowed_gpus=ctx.allowed, must_run=ctx.must_run), commitment=ctx.commitment)
+                                own_weight=ctx.own_weight, allowed_gpus=ctx.allowed, must_run=ctx.must_run),
+                    commitment=ctx.commitment)
                 why = "; ".join(ctx.notes)
                 if ctx.wait:
                     waits[job.job_id] = ctx.wait
@@ -91,7 +94,8 @@ class MeasuredRequests:
             except Exception as exc:
                 # The job's own files are its user's input: whatever reading them raises (deep JSON, a
                 # defect a crafted file finds), only this job falls back to the default model.
-                req, why = job_request(job), f"default model: its files could not be used ({exc!r})"
+                req = job_request(job, own_weight=own[job.job_id])
+                why = f"default model: its files could not be used ({exc!r})"
                 self.files.report(job, "its job directory", f"raised {type(exc).__name__} while read ({exc!r:.200})")
             out.append(req)
             basis[req.key] = why
@@ -116,10 +120,10 @@ class MeasuredRequests:
                 self._preempted[int(key)] = self._preempted.get(int(key), 0) + 1
 
     def _decide(self, job: Job, now: float, policy: Policy, node_sizes: frozenset[int], share: int,
-                yielding: bool = False) -> JobContext:
+                own_weight: float = 1.0, yielding: bool = False) -> JobContext:
         measured = self.files.measure(job)
         ctx = JobContext(job=job, now=now, policy=policy, settings=self.settings, measured=measured,
-                         node_sizes=node_sizes, share=share,
+                         node_sizes=node_sizes, share=share, own_weight=own_weight,
                          asked=self._asked.get(job.job_id, measured.metrics.first_gpus),
                          waiting_s=now - self._waiting_since.get(job.job_id, now),
                          preempted=self._preempted.get(job.job_id, 0) >= 1, yielding=yielding)
@@ -141,6 +145,7 @@ class ProgressRequests(MeasuredRequests):
     def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
         node_sizes = frozenset(n.gpus for n in state.nodes if n.gpus > 0)
         shares = fair_shares(state)
+        own = own_weights(state)
         s = self.settings
         built: list[tuple[Job, JobContext, progress.ProgressTerms]] = []
         out: dict[int, JobRequest] = {}
@@ -150,11 +155,12 @@ class ProgressRequests(MeasuredRequests):
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
-                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), yielding)
+                ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), own[job.job_id],
+                                   yielding)
                 terms = progress.progress_terms(ctx, self._credit(job, now, ctx))
             except Exception as exc:
                 # as MeasuredRequests: a job's files are its user's input; only this job gets the default
-                out[job.job_id] = job_request(job)
+                out[job.job_id] = job_request(job, own_weight=own[job.job_id])
                 basis[str(job.job_id)] = f"default model: its files could not be used ({exc!r})"
                 self.files.report(job, "its job directory", f"raised {type(exc).__name__} while read ({exc!r:.200})")
                 continue
@@ -167,17 +173,12 @@ class ProgressRequests(MeasuredRequests):
             job.state is JobState.RUNNING or (job.state is JobState.PENDING and not job.held))]
         p = progress.elasticity([(t, shares.get(job.job_id, 0)) for job, _, t in wanting])
         ranks = progress.hesrpt_weights({str(job.job_id): t.work_s for job, _, t in wanting}, p)
-        user_mean: dict[str, list[float]] = {}
-        for job, _, _ in wanting:
-            user_mean.setdefault(job.user, []).append(job.spec.weight if job.spec else 1.0)
         m = len(wanting)
         rank_of = {k: r for r, k in enumerate(sorted(ranks, key=lambda k: (ranks[k], k)), start=1)}
         for job, ctx, t in built:
             key = str(job.job_id)
             omega = ranks.get(key, 1.0)
-            own = (job.spec.weight if job.spec else 1.0) / (statistics.mean(user_mean[job.user])
-                                                            if job.user in user_mean else 1.0)
-            values = tuple((g, own * omega * v) for g, v in t.speedup if v > 0)
+            values = tuple((g, ctx.own_weight * omega * v) for g, v in t.speedup if v > 0)
             pi = progress.stay_fraction(ctx.restart_s, s.hold_s, t.left_s)
             phi, overdue, floor_why = 0, 0.0, ""
             if not yielding and not ctx.bad_geometry and key in ranks:
@@ -186,7 +187,8 @@ class ProgressRequests(MeasuredRequests):
                     t, age_s=max(now - started, 0.0), attained_s=self._attained.get(job.job_id, 0.0),
                     fair=shares.get(job.job_id, 0), counts=[g for g, _ in t.speedup], hold_s=s.hold_s,
                     target=s.ftf_target, ever_ran=job.job_id in self._ran)
-            req = job_request(job, restart_cost_s=ctx.restart_s, throughput=ctx.model, allowed_gpus=ctx.allowed)
+            req = job_request(job, restart_cost_s=ctx.restart_s, throughput=ctx.model, own_weight=ctx.own_weight,
+                              allowed_gpus=ctx.allowed)
             out[job.job_id] = dataclasses.replace(req, values=values or None, stay_fraction=pi, floor_gpus=phi,
                                                   floor_priority=overdue)
             line = (f"rank {rank_of.get(key, 0)}/{m} (p {p:.1f}) omega {omega:.3g}; {t.why}"
@@ -216,17 +218,41 @@ class ProgressRequests(MeasuredRequests):
         return self._attained.get(jid, 0.0)
 
 
+def _wanting(state: ClusterState) -> list[Job]:
+    """The elastic jobs that want GPUs: running, or pending and not held."""
+    return [j for j in state.elastic_jobs if j.state is JobState.RUNNING or (j.state is JobState.PENDING and not j.held)]
+
+
+def own_weights(state: ClusterState) -> dict[int, float]:
+    """Job id -> its weight among its own user's jobs: its `--weight` / the mean `--weight` of that user's
+    elastic jobs that want GPUs (of all the user's elastic jobs when none does).
+
+    A user's jobs weigh as many as they are whatever `--weight` says: the weight a user writes moves GPUs
+    among that user's own jobs, never from another user's (docs/security.md)."""
+    def weight(job: Job) -> float:
+        return job.spec.weight if job.spec else 1.0
+
+    every: dict[str, list[float]] = {}
+    wanting: dict[str, list[float]] = {}
+    for job in state.elastic_jobs:
+        every.setdefault(job.user, []).append(weight(job))
+    for job in _wanting(state):
+        wanting.setdefault(job.user, []).append(weight(job))
+    return {job.job_id: weight(job) / statistics.mean(wanting.get(job.user) or every[job.user])
+            for job in state.elastic_jobs}
+
+
 def fair_shares(state: ClusterState) -> dict[int, int]:
-    """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its user weight / the sum of
-    the weights of the elastic jobs that want GPUs (running, or pending and not held), rounded down."""
+    """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its own weight (`own_weights`)
+    / the sum of the own weights of the elastic jobs that want GPUs, rounded down."""
     usable = sum(n.gpus for n in state.nodes if n.available)
     usable -= sum(j.gpus for j in state.jobs if j.spec is None and j.state is JobState.RUNNING)
-    wanting = [j for j in state.elastic_jobs
-               if j.state is JobState.RUNNING or (j.state is JobState.PENDING and not j.held)]
-    total_w = sum(j.spec.weight for j in wanting if j.spec is not None)
+    wanting = _wanting(state)
+    own = own_weights(state)
+    total_w = sum(own[j.job_id] for j in wanting)
     if usable <= 0 or total_w <= 0:
         return {}
-    return {j.job_id: int(usable * j.spec.weight / total_w + 1e-9) for j in wanting if j.spec is not None}
+    return {j.job_id: int(usable * own[j.job_id] / total_w + 1e-9) for j in wanting}
 
 
 def default_request_source(settings: RequestSettings | None = None, sizes: SizesRan | None = None) -> RequestSource:
