@@ -24,6 +24,7 @@ import pytest
 
 from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
 from slurm_elastic import jobfiles as shim
+from tests.control.live_files import json_lines
 
 pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
 
@@ -39,18 +40,6 @@ def _blockers(cluster) -> dict[str, int]:
                                "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
         out[node] = int(proc.stdout.strip().split(";")[0])
     return out
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass    # a line being written
-    return rows
 
 
 def _show_job(cluster, job_id: int) -> str:
@@ -86,7 +75,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
 
         def training(since: int) -> bool:
             """Three more steps logged (rank 0 logs each completed step) than `since`."""
-            return len(_rows(loss_log)) >= since + 3
+            return len(json_lines(loss_log)) >= since + 3
 
         cluster.wait_for(lambda: (j := running_job()) and len(j.nodes) == 2, 180,
                          what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
@@ -97,7 +86,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         victim = next(n for n in job.nodes if n != batch_host)   # the node that dies: not the batch script's
 
         lost_at = time.time()
-        logged_before = _rows(loss_log)
+        logged_before = json_lines(loss_log)
         cluster.local.node_down(victim, freeze=how == "freeze")   # Slurm is not told
         report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
         cluster.wait_for(report_path.exists, 120, what=lambda: f"the peer-lost report; {cluster.job_outputs()}")
@@ -108,7 +97,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
             except ValueError:
                 return False      # being replaced
         cluster.wait_for(settled, 120, what="the survivor's just-in-time commit")
-        rows_at_restart = len(_rows(loss_log))     # the survivor has exited: what follows is the next incarnation
+        rows_at_restart = len(json_lines(loss_log))     # the survivor has exited: what follows is the next incarnation
 
         def restarted():
             j = running_job()
@@ -122,7 +111,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         # Left alone, the old srun (its step spanned the dead node) would give up KillWait (30 s) + 2 s after
         # the requeue and then cancel its step by id; the new incarnation must still be training after that.
         time.sleep(max(running_at + 40 - time.time(), 0))
-        rows_then = len(_rows(loss_log))
+        rows_then = len(json_lines(loss_log))
         cluster.wait_for(lambda: training(rows_then), 120, 0.5, what=lambda: f"still training; {cluster.job_outputs()}")
 
         # Slurm has not acted: the lost node is not DOWN (at most flagged not responding, after the
@@ -145,7 +134,7 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
         assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
         if how == "freeze":
             assert report.detected_by == "heartbeat", report   # no connection closed: nothing else could tell
-        resumed = [r["step"] for r in _rows(loss_log)[rows_at_restart:]]
+        resumed = [r["step"] for r in json_lines(loss_log)[rows_at_restart:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
         # admin status breaks the restart into its phases, from the marks the job and the daemon wrote.
         status = json.loads(cluster.cli("admin", "status", "--json").stdout)
@@ -211,7 +200,7 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
                                 "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
         cluster.wait_for(lambda: not [j for j in cluster.snapshot().jobs if j.state is JobState.PENDING], 60,
                          what="the fillers running")
-        cluster.wait_for(lambda: len(_rows(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
         batch_host = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
         victim = next(n for n in first.nodes if n != batch_host)
         survivor = batch_host
@@ -226,8 +215,8 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
             except (OSError, ValueError):
                 return False
         cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
-        rows_at_loss = len(_rows(loss_log))
-        cluster.wait_for(lambda: len(_rows(loss_log)) >= rows_at_loss + 3, 240, 0.5,
+        rows_at_loss = len(json_lines(loss_log))
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= rows_at_loss + 3, 240, 0.5,
                          what=lambda: f"training again in place; {cluster.job_outputs()}")
         trained_at = time.time()
 
@@ -237,7 +226,7 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
         assert cluster.snapshot().node(victim).state is not NodeState.DOWN
         report = shim.PeerLostReport.parse(report_path.read_bytes())
         assert report.commit == "done" and report.lost_nodes == (victim,)
-        resumed = [r["step"] for r in _rows(loss_log)[rows_at_loss:]]
+        resumed = [r["step"] for r in json_lines(loss_log)[rows_at_loss:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
         assert (job_dir / shim.launcher_stopped_file_name(job_id, 0, 0)).read_text().strip() == "in-place"
         assert "shrunk in place" in (tmp_path / "daemon.log").read_text()
@@ -298,10 +287,10 @@ def test_a_hydra_style_runner_that_exits_1_still_commits_and_the_job_trains_on_i
                 subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
                                 "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
                                 "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
-        cluster.wait_for(lambda: len(_rows(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
         batch_host = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
         victim = next(n for n in first.nodes if n != batch_host)
-        logged_before = _rows(loss_log)
+        logged_before = json_lines(loss_log)
 
         cluster.local.node_down(victim)      # slurmd and the rank there SIGKILLed: the survivor's collective fails
         report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
@@ -312,8 +301,8 @@ def test_a_hydra_style_runner_that_exits_1_still_commits_and_the_job_trains_on_i
             except (OSError, ValueError):
                 return False
         cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
-        rows_at_loss = len(_rows(loss_log))
-        cluster.wait_for(lambda: len(_rows(loss_log)) >= rows_at_loss + 3, 240, 0.5,
+        rows_at_loss = len(json_lines(loss_log))
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= rows_at_loss + 3, 240, 0.5,
                          what=lambda: f"training again in place; {cluster.job_outputs()}")
 
         outputs = (cluster.root / "out" / f"{job_id}.out").read_text()
@@ -322,7 +311,7 @@ def test_a_hydra_style_runner_that_exits_1_still_commits_and_the_job_trains_on_i
         report = shim.PeerLostReport.parse(report_path.read_bytes())
         assert report.commit == "done" and report.lost_nodes == (victim,), report
         assert report.committed_step is not None and report.committed_step >= logged_before[-1]["step"]
-        resumed = [r["step"] for r in _rows(loss_log)[rows_at_loss:]]
+        resumed = [r["step"] for r in json_lines(loss_log)[rows_at_loss:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])   # 0 steps lost
         job = job_now()
         assert job.state is JobState.RUNNING and job.nodes == (batch_host,) and job.restarts == 0, job

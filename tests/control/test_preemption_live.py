@@ -8,9 +8,7 @@ rigid job preempts through Slurm alone. Waits are on states, with generous timeo
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,11 +17,11 @@ from typing import Iterator
 
 import pytest
 
-from slurm_elastic import jobfiles as shim
 from slurm_elastic.cluster.model import JobState
 from slurm_elastic.devcluster.layout import PREEMPT_PARTITION
 from slurm_elastic.errors import ElasticError
 from tests.control.conftest import ElasticCluster, _free_port_base, _remove_scratch
+from tests.control.live_files import ack, json_lines
 
 pytestmark = pytest.mark.slurm
 
@@ -65,25 +63,6 @@ def preempting_cluster(request: pytest.FixtureRequest) -> Iterator[ElasticCluste
                 _remove_scratch(root)
 
 
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass    # a line being written
-    return rows
-
-
-def _ack(job_dir: Path, job_id: int, restart: int) -> shim.Ack | None:
-    try:
-        return shim.Ack.parse(json.loads((job_dir / shim.ack_file_name(job_id, restart)).read_bytes()))
-    except (OSError, ValueError):
-        return None
-
-
 def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(preempting_cluster):
     cluster = preempting_cluster
     ckpt = cluster.root / "ckpt"
@@ -100,7 +79,7 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
         return next((j for j in cluster.snapshot().jobs if j.job_id == job_id), None)
 
     try:
-        cluster.wait_for(lambda: len(_rows(loss_log)) >= 5, 300, 0.5,
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= 5, 300, 0.5,
                          what=lambda: f"training to start; {cluster.job_outputs()}")
         node = job().nodes[0]
         # A rigid job of the higher tier wants every GPU of the elastic job's node.
@@ -108,13 +87,13 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
                                "--gres=gpu:4", "--mem=1000", "--job-name=rigid", "--output=/dev/null",
                                "--wrap", "sleep 20"], env=cluster.env, capture_output=True, text=True, check=True)
         rigid = int(proc.stdout.strip().split(";")[0])
-        ack = cluster.wait_for(lambda: _ack(job_dir, job_id, 0), GRACE_S + 60, 0.5,
+        ack = cluster.wait_for(lambda: ack(job_dir, job_id, 0), GRACE_S + 60, 0.5,
                                what=lambda: f"the preempted job's ACK; {cluster.job_outputs()}")
         # The rigid job ran: the elastic one left its node.
         cluster.wait_for(lambda: next((j for j in cluster.snapshot().jobs if j.job_id == rigid), None) is not None
                          and next(j for j in cluster.snapshot().jobs if j.job_id == rigid).state
                          in (JobState.RUNNING, JobState.COMPLETED), 300, 1, what="the rigid job started")
-        cluster.wait_for(lambda: any(r["step"] >= (ack.step or 0) + 3 for r in _rows(loss_log)), 600, 1,
+        cluster.wait_for(lambda: any(r["step"] >= (ack.step or 0) + 3 for r in json_lines(loss_log)), 600, 1,
                          what=lambda: f"the elastic job resumed; job {job()}\n{cluster.job_outputs()}")
         again = job()
         assert again is not None and again.restarts >= 1 and not again.state.finished, again
@@ -127,6 +106,6 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
     assert "before the job's end (time limit or preemption)" in text, text[-3000:]
     assert f"restored step {ack.step} " in text, text[-3000:]
     assert "Killed" not in text and "SIGKILL" not in text, text[-3000:]
-    steps = [r["step"] for r in _rows(loss_log)]
+    steps = [r["step"] for r in json_lines(loss_log)]
     # Every completed step logged once: a step run again after the resume would be a lost one.
     assert steps == list(range(steps[0], steps[0] + len(steps))), steps

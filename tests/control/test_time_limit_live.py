@@ -8,39 +8,18 @@ to 60 s early and holds a requeued job back before starting it again, so the tim
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from slurm_elastic import jobfiles as shim
 from slurm_elastic.cluster.model import JobState
+from tests.control.live_files import ack, json_lines
 
 pytestmark = pytest.mark.slurm
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
 LIMITS = 2      # time limits the job must train through
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass    # a line being written
-    return rows
-
-
-def _ack(job_dir: Path, job_id: int, restart: int) -> shim.Ack | None:
-    path = job_dir / shim.ack_file_name(job_id, restart)
-    try:
-        return shim.Ack.parse(json.loads(path.read_bytes()))
-    except (OSError, ValueError):
-        return None
 
 
 def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
@@ -60,9 +39,9 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
 
         def trained_past_the_limits() -> bool:
             """The last limit's commit acknowledged and the next incarnation trained 3 steps past it."""
-            last = _ack(job_dir, job_id, LIMITS - 1)
+            last = ack(job_dir, job_id, LIMITS - 1)
             return last is not None and last.step is not None and any(
-                r["step"] >= last.step + 3 for r in _rows(loss_log))
+                r["step"] >= last.step + 3 for r in json_lines(loss_log))
 
         cluster.wait_for(trained_past_the_limits, 1200, 1,
                          what=lambda: f"{LIMITS} time limits trained through; job {job()}\n{cluster.job_outputs()}")
@@ -74,11 +53,11 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
     text = (cluster.root / "out" / f"{job_id}.out").read_text()
     assert text.count("requeues itself before its end") >= LIMITS, text[-3000:]
     assert text.count("before the job's end (time limit or preemption)") >= LIMITS, text[-3000:]
-    steps = [r["step"] for r in _rows(loss_log)]
+    steps = [r["step"] for r in json_lines(loss_log)]
     # Every completed step logged once, none twice: a step run again after a resume would be a lost one.
     assert steps == list(range(steps[0], steps[0] + len(steps))), steps
     for restart in range(LIMITS):
-        ack = _ack(job_dir, job_id, restart)
+        ack = ack(job_dir, job_id, restart)
         assert ack is not None and ack.committed and ack.step is not None, (restart, ack)
         # The next incarnation resumed at the step after the one committed at the warning.
         assert f"restored step {ack.step} " in text, (restart, ack.step, text[-3000:])
