@@ -22,7 +22,7 @@ def json_lines(path: Path) -> list[dict]:
     return rows
 
 
-def ack(job_dir: Path, job_id: int, restart: int) -> shim.Ack | None:
+def read_ack(job_dir: Path, job_id: int, restart: int) -> shim.Ack | None:
     """The job's ACK for `restart` (None until it is written whole)."""
     try:
         return shim.Ack.parse(json.loads((job_dir / shim.ack_file_name(job_id, restart)).read_bytes()))

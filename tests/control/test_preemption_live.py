@@ -21,7 +21,7 @@ from slurm_elastic.cluster.model import JobState
 from slurm_elastic.devcluster.layout import PREEMPT_PARTITION
 from slurm_elastic.errors import ElasticError
 from tests.control.conftest import ElasticCluster, _free_port_base, _remove_scratch
-from tests.control.live_files import ack, json_lines
+from tests.control.live_files import json_lines, read_ack
 
 pytestmark = pytest.mark.slurm
 
@@ -87,7 +87,7 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
                                "--gres=gpu:4", "--mem=1000", "--job-name=rigid", "--output=/dev/null",
                                "--wrap", "sleep 20"], env=cluster.env, capture_output=True, text=True, check=True)
         rigid = int(proc.stdout.strip().split(";")[0])
-        ack = cluster.wait_for(lambda: ack(job_dir, job_id, 0), GRACE_S + 60, 0.5,
+        ack = cluster.wait_for(lambda: read_ack(job_dir, job_id, 0), GRACE_S + 60, 0.5,
                                what=lambda: f"the preempted job's ACK; {cluster.job_outputs()}")
         # The rigid job ran: the elastic one left its node.
         cluster.wait_for(lambda: next((j for j in cluster.snapshot().jobs if j.job_id == rigid), None) is not None

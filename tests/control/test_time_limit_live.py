@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.cluster.model import JobState
-from tests.control.live_files import ack, json_lines
+from tests.control.live_files import json_lines, read_ack
 
 pytestmark = pytest.mark.slurm
 
@@ -39,7 +39,7 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
 
         def trained_past_the_limits() -> bool:
             """The last limit's commit acknowledged and the next incarnation trained 3 steps past it."""
-            last = ack(job_dir, job_id, LIMITS - 1)
+            last = read_ack(job_dir, job_id, LIMITS - 1)
             return last is not None and last.step is not None and any(
                 r["step"] >= last.step + 3 for r in json_lines(loss_log))
 
@@ -57,7 +57,7 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
     # Every completed step logged once, none twice: a step run again after a resume would be a lost one.
     assert steps == list(range(steps[0], steps[0] + len(steps))), steps
     for restart in range(LIMITS):
-        ack = ack(job_dir, job_id, restart)
+        ack = read_ack(job_dir, job_id, restart)
         assert ack is not None and ack.committed and ack.step is not None, (restart, ack)
         # The next incarnation resumed at the step after the one committed at the warning.
         assert f"restored step {ack.step} " in text, (restart, ack.step, text[-3000:])
