@@ -36,6 +36,7 @@ from typing import Callable
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
+from slurm_elastic.cluster.partitions import PartitionTimes
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
@@ -63,6 +64,8 @@ class InMemorySlurm:
                                       mem_mb=mem_per_node_mb, gpus=gpus_per_node, partitions=("gpu",))
             for i in range(1, nodes + 1)}
         self.jobs: dict[int, Job] = {}
+        # partition -> (DefaultTime, MaxTime) in seconds (None: none / unlimited); "gpu" is the default partition
+        self.partition_limits: dict[str, tuple[int | None, int | None]] = {}
         self.begin: dict[int, float] = {}          # job id -> earliest start (BeginTime)
         self.eligible_since: dict[int, float] = {}  # job id -> when it became startable (start latency)
         self.completing_until: dict[int, float] = {}
@@ -147,6 +150,11 @@ class InMemorySlurm:
         self.schedule()
         return ClusterState(nodes=tuple(self.nodes.values()), jobs=tuple(self.jobs.values()), taken_at=self.now,
                             slurm_version="memory")
+
+    def partition_times(self) -> tuple[PartitionTimes, ...]:
+        names = dict.fromkeys(p for n in self.nodes.values() for p in n.partitions) | dict.fromkeys(self.partition_limits)
+        return tuple(PartitionTimes(name, *self.partition_limits.get(name, (None, None)), is_default=name == "gpu")
+                     for name in names)
 
     def submit(self, description: SubmitDescription) -> int:
         spec = ElasticSpec.from_comment(description.comment) if description.comment else None

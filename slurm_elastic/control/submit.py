@@ -17,6 +17,7 @@ from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCa
 from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
+from slurm_elastic.cluster.partitions import PartitionReader
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
@@ -89,6 +90,7 @@ REFUSED_IN_ENV = {
     "SBATCH_CPUS_PER_TASK": "cpus-per-task", "SBATCH_SIGNAL": "signal",
 }
 EXPORT_ENV = "SBATCH_EXPORT"
+PARTITION_ENV = "SBATCH_PARTITION"       # sbatch's variable for --partition
 _HETJOB_WORDS = ("hetjob", "packjob")
 
 PYTHON_ENV = settings.PYTHON.env   # the interpreter job_templates/*.sbatch run
@@ -116,6 +118,8 @@ class SubmitRequest:
     env: dict[str, str] = field(default_factory=dict)
     user_export: str | None = None         # the user's own --export (command line, #SBATCH or SBATCH_EXPORT)
     time_limits: TimeLimitPolicy = TimeLimitPolicy()
+    time_limit: str | None = None          # its --time as sbatch will read it (None: the partition's default)
+    partition: str | None = None           # its --partition as sbatch will read it (None: the default one)
     signal: str = shim.DEFAULT_SIGNAL      # the checkpoint signal, as scancel and sbatch --signal take it
 
 
@@ -129,6 +133,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     own = {flag: False for flag in OWN_FLAGS}
     exports: list[str] = []
     times: list[str] = []
+    partitions: list[str] = []
     for option in parsed.options:
         if option.name in OWN_FLAGS:
             own[option.name] = True
@@ -143,6 +148,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
         elif option.name != "ignore-pbs":   # always given (see describe_submission)
             if option.name == "time":
                 times.append(option.value or "")
+            elif option.name == "partition":
+                partitions.append(option.value or "")
             passthrough.append(option.as_argument())
     if not parsed.rest:
         raise SpecError("missing the batch script (usage: slurm-elastic sbatch [OPTIONS] SCRIPT [ARGS...])")
@@ -150,13 +157,15 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     script, script_args = parsed.rest[0], tuple(parsed.rest[1:])
     text = read_script(script)
     options = parse_directives(text)
-    script_exports, script_times = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
+    script_exports, script_times, script_partitions = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
     policy = time_limit.policy_from_options({k: options.pop(k) for k in time_limit.OPTIONS.values() if k in options})
     # sbatch reads --time from the command line, else SBATCH_TIMELIMIT, else the script.
     given_time = (times[-1] if times else environ.get(time_limit.TIMELIMIT_ENV)
                   or (script_times[-1] if script_times else None))
     time_limit.check_time_limit(policy, given_time)
+    partition = (partitions[-1] if partitions else environ.get(PARTITION_ENV)
+                 or (script_partitions[-1] if script_partitions else None))
     spec = spec_from_options(options)
     if spec.ckpt_dir is None:
         spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
@@ -180,7 +189,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
                          dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export,
-                         time_limits=policy, signal=signal)
+                         time_limits=policy, time_limit=given_time, partition=partition, signal=signal)
 
 
 def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
@@ -291,11 +300,12 @@ def _file_kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str], list[str]]:
+def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str], list[str], list[str]]:
     """#SBATCH/#SLURM options that would fight the elastic request are refused like their command-line form.
 
     Read with sbatch's own grammar (all the lines' words are one argument list to sbatch, so
-    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export and --time values found.
+    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export, --time and --partition
+    values found.
     """
     words = directive_words(text)
     if not ignore_pbs:
@@ -303,7 +313,7 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str],
         if foreign:
             raise SpecError(f"line {foreign[0]}: #PBS/#BSUB directives are not read for elastic jobs "
                             "(sbatch runs with --ignore-pbs); write them as #SBATCH lines")
-    exports, times = [], []
+    exports, times, partitions = [], [], []
     try:
         parsed = parse([w.word for w in words], SBATCH, stop_at_operand=False)
     except SpecError as exc:
@@ -321,7 +331,9 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str],
             exports.append(option.value or "")
         elif option.name == "time":
             times.append(option.value or "")
-    return exports, times
+        elif option.name == "partition":
+            partitions.append(option.value or "")
+    return exports, times, partitions
 
 
 # -- the initial size -------------------------------------------------------------------------------
@@ -356,7 +368,14 @@ def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDe
 
 
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:
-    """Choose the initial shape and submit (or only describe it, with `dry_run`)."""
+    """Check the time limit against the partition's, choose the initial shape and submit (or only describe
+    it, with `dry_run`)."""
+    if isinstance(backend, PartitionReader):
+        time_limit.check_partition_time(request.time_limits, request.time_limit, request.partition,
+                                        backend.partition_times())
+    else:
+        log.info("the %s backend cannot read partitions: --time is not checked against MaxTime",
+                 type(backend).__name__)
     state = backend.snapshot()
     gpus = initial_gpus(request.spec, state)
     shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes if n.available})

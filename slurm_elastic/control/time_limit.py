@@ -6,15 +6,20 @@ commit as for a resize, and the job requeues itself (`scontrol requeue` of its o
 an owner may do on every Slurm from 22.05 on and needs no site setting, where a requeue by
 exit code needs the site's `RequeueExit`). Once `--total-time` has passed since submission
 the job commits at its limit but no longer requeues itself.
+
+At submit, the job's time limit (its --time, else its partition's DefaultTime, else MaxTime, as Slurm
+chooses it) must leave time to train before the warning, and a --time above the partition's MaxTime is
+refused with one line: Slurm would leave such a job pending for ever (PartitionTimeLimit) or reject it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from slurm_elastic import settings
+from slurm_elastic.cluster.partitions import PartitionTimes, parse_duration
 from slurm_elastic.errors import SpecError
 
 # Measured on the local cluster, a signalled commit of the digits MLP reached its ACK in 0.3 s and
@@ -34,8 +39,6 @@ DEADLINE_ENV = str(settings.RUN_DEADLINE.env)
 OPTIONS = {"signal-before": "signal_before", "total-time": "total_time"}   # elastic options, job-side only
 TIMELIMIT_ENV = "SBATCH_TIMELIMIT"              # sbatch's variable for --time
 
-_UNLIMITED = ("UNLIMITED", "INFINITE")
-_DURATION = re.compile(r"(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,27 +60,6 @@ class TimeLimitPolicy:
         return out
 
 
-def parse_duration(text: str, option: str) -> int | None:
-    """Slurm's time format in seconds ('90' minutes, 'M:S', 'H:M:S', 'D-H', 'D-H:M', 'D-H:M:S'); None: unlimited."""
-    value = text.strip()
-    if value.upper() in _UNLIMITED:
-        return None
-    m = _DURATION.fullmatch(value)
-    if m is None:
-        raise SpecError(f"{option} {text!r}: expected minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
-    days, a, b, c = (int(g) if g is not None else None for g in m.group("d", "a", "b", "c"))
-    if days is not None:      # D-H, D-H:M, D-H:M:S
-        hours, minutes, seconds = a, b or 0, c or 0
-        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    elif c is not None:       # H:M:S
-        total = (a * 60 + b) * 60 + c
-    elif b is not None:       # M:S
-        total = a * 60 + b
-    else:                     # minutes
-        total = a * 60
-    return total
-
-
 def policy_from_options(options: Mapping[str, str]) -> TimeLimitPolicy:
     """The policy from the elastic options `signal_before` (seconds) and `total_time` (Slurm's time format)."""
     policy = TimeLimitPolicy()
@@ -95,6 +77,40 @@ def policy_from_options(options: Mapping[str, str]) -> TimeLimitPolicy:
             raise SpecError(f"--total-time {options['total_time']!r} must be longer than 0")
         policy = TimeLimitPolicy(policy.signal_before_s, total)
     return policy
+
+
+def check_partition_time(policy: TimeLimitPolicy, time_limit: str | None, partition: str | None,
+                         partitions: Sequence[PartitionTimes]) -> None:
+    """One line when the partition's limits defeat the job's time limits: a --time above its MaxTime, or
+    (no --time) a DefaultTime or MaxTime that leaves no training before the warning. `partition`: the job's
+    -p as given (a comma list: Slurm takes the first that can run it, so one that allows it is enough);
+    None: the default partition. A partition not listed is Slurm's to refuse."""
+    names = [p for p in (partition or "").split(",") if p]
+    chosen = [p for p in partitions if p.name in names] if names else [p for p in partitions if p.is_default]
+    if not chosen:
+        return
+    limit_s = parse_duration(time_limit, "--time") if time_limit is not None else None
+    problems = []
+    for part in chosen:
+        if time_limit is not None:
+            if limit_s is not None and part.max_s is not None and limit_s > part.max_s:
+                problems.append(f"--time {time_limit} ({limit_s} s) is above partition {part.name}'s MaxTime "
+                                f"({part.max_s} s): Slurm would never start it; give --time {part.max_s // 60} "
+                                "or less (the job requeues itself at each limit; --total-time bounds the run)")
+                continue
+            return
+        effective = part.default_s if part.default_s is not None else part.max_s
+        if effective is None or not policy.signal_before_s:
+            return
+        needed = policy.signal_before_s + SLURM_SIGNAL_EARLY_S
+        if effective > needed:
+            return
+        problems.append(f"partition {part.name}'s {'DefaultTime' if part.default_s is not None else 'MaxTime'} "
+                        f"({effective} s) leaves no training before the checkpoint warning "
+                        f"(--signal-before {policy.signal_before_s} s, which Slurm may send up to "
+                        f"{SLURM_SIGNAL_EARLY_S} s early): give a --time above {needed} s that the partition "
+                        "allows, or a smaller --signal-before")
+    raise SpecError(problems[0])
 
 
 def check_time_limit(policy: TimeLimitPolicy, time_limit: str | None) -> None:

@@ -102,3 +102,58 @@ def test_a_signal_option_in_the_script_or_environment_is_refused(tmp_path: Path)
 def test_a_bad_checkpoint_signal_is_refused_at_submit(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="must name a signal"):
         parse_command_line(["--gpus=1-4", _script(tmp_path)], environ={**SITE, "SLURM_ELASTIC_SIGNAL": "NOPE"})
+
+
+# What Slurm 22.05's `scontrol -o show partition` printed on the local cluster (abridged to the fields it
+# has on every version), and a site's partition with limits.
+PARTITIONS = (
+    "PartitionName=gpu AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
+    "DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MaxNodes=UNLIMITED "
+    "MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=n[1-4] State=UP\n"
+    "PartitionName=short AllowGroups=ALL Default=NO QoS=N/A DefaultTime=00:02:00 MaxTime=1-00:00:00 State=UP\n")
+
+
+def test_scontrol_partition_lines_give_each_partitions_default_and_max_time() -> None:
+    gpu, short = time_limit.PartitionTimes("gpu", None, None, True), time_limit.PartitionTimes("short", 120, 86400)
+    from slurm_elastic.cluster.partitions import parse_partitions
+    assert parse_partitions(PARTITIONS) == (gpu, short)
+
+
+def _submit_beside_a_short_partition(tmp_path: Path, args: list[str], environ: dict[str, str] | None = None,
+                                     script: tuple[str, ...] = ()):
+    from slurm_elastic.cluster.memory import InMemorySlurm
+    from slurm_elastic.control.submit import submit
+
+    slurm = InMemorySlurm(nodes=2)
+    slurm.partition_limits["short"] = (120, 86400)
+    request = parse_command_line(["--gpus=1-4", *args, _script(tmp_path, *script)], environ={**SITE, **(environ or {})})
+    try:
+        return submit(slurm, request)[1], slurm
+    except SpecError as exc:
+        assert slurm.jobs == {}                      # nothing submitted
+        return exc, slurm
+
+
+@pytest.mark.parametrize("args, environ, script, says", [
+    (["--time=2-00:00:00", "--partition=short"], {}, (), "above partition short's MaxTime (86400 s)"),
+    (["--partition=short"], {}, (),
+     "partition short's DefaultTime (120 s) leaves no training before the checkpoint warning"),
+    # sbatch reads SBATCH_PARTITION before the script's -p
+    (["--time=2-00:00:00"], {"SBATCH_PARTITION": "short"}, ("#SBATCH -p gpu",), "above partition short's MaxTime"),
+])
+def test_a_time_limit_the_partition_defeats_is_refused_at_submit_and_nothing_is_submitted(
+        tmp_path: Path, args: list[str], environ: dict[str, str], script: tuple[str, ...], says: str) -> None:
+    got, _ = _submit_beside_a_short_partition(tmp_path, args, environ, script)
+    assert isinstance(got, SpecError) and says in str(got), got
+
+
+@pytest.mark.parametrize("args", [
+    ["--time=1-00:00:00", "--partition=short"],        # at MaxTime
+    ["--time=30", "--partition=short"],                # --time overrides the short DefaultTime
+    [],                                                # the default partition: no limits
+    ["--time=2-00:00:00", "--partition=short,gpu"],    # Slurm takes gpu, which allows it
+    ["--time=2-00:00:00", "--partition=elsewhere"],    # a partition not listed: Slurm's to refuse
+])
+def test_a_time_limit_the_partition_allows_is_submitted(tmp_path: Path, args: list[str]) -> None:
+    got, slurm = _submit_beside_a_short_partition(tmp_path, args)
+    assert got in slurm.jobs, got

@@ -63,3 +63,11 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
         assert f"restored step {ack.step} " in text, (restart, ack.step, text[-3000:])
         assert steps[steps.index(ack.step) + 1] == ack.step + 1
     assert JobState.TIMEOUT not in {j.state for j in cluster.snapshot().jobs if j.job_id == job_id}
+
+
+def test_this_slurms_partition_lines_give_the_local_clusters_limits(elastic_cluster):
+    """The wrapper checks --time against `scontrol -o show partition` as this Slurm prints it: the local
+    cluster's one partition is the default, with no DefaultTime and MaxTime=INFINITE."""
+    from slurm_elastic.cluster.partitions import PartitionTimes
+
+    assert PartitionTimes("gpu", None, None, is_default=True) in elastic_cluster.backend.partition_times()
