@@ -1,13 +1,16 @@
 """Live: the elastic tutorial through `slurm-elastic sbatch` and the daemon, 4 -> 2 (node lost) -> 4 GPUs (back).
 
 A private 2-node x 2-GPU Slurm (node loss must shrink the job, so there is
-no spare capacity) and `slurm-elastic admin daemon`. The script is
-tests/train/tutorial/multigpu_elastic.py, the tutorial plus the lines the
-docs count; it runs under job_templates/ddp.sbatch with this interpreter.
+no spare capacity) and `slurm-elastic admin daemon`. Two scripts, each under
+job_templates/ddp.sbatch with this interpreter: tests/train/tutorial/
+multigpu_elastic.py (the tutorial's shape on the digits data, whose weights
+show a resume's exactness), and PyTorch's own multigpu_torchrun.py as upstream
+wrote it plus the edits docs/researcher.md shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,41 +103,52 @@ def _params(path: Path) -> list[float]:
     return [float(v) for k in sorted(snap["MODEL_STATE"]) for v in snap["MODEL_STATE"][k].flatten()]
 
 
-@pytest.mark.timeout(1800)
-def test_tutorial_script_shrinks_on_node_loss_and_grows_back_through_sbatch(small_cluster) -> None:
-    local, root, env = small_cluster
-    work = root / "work"
-    work.mkdir()
-    ck, out = work / "ck", work / "job.out"
-    daemon_log = work / "daemon.log"
+@contextlib.contextmanager
+def _under_daemon(env: dict[str, str], work: Path, chdir: Path, command: tuple[str, ...],
+                  job_env: dict[str, str]) -> Iterator[tuple[int, Path, Path]]:
+    """The daemon running and `command` submitted through `slurm-elastic sbatch` (2-4 GPUs in steps of 2)
+    under the job template: (job id, checkpoint root, job output). On the way out the job is cancelled
+    and the daemon stopped; on a failure the job's output and the daemon's log are printed."""
+    work.mkdir(parents=True, exist_ok=True)
+    ck, out, daemon_log = work / "ck", work / "job.out", work / "daemon.log"
     daemon = subprocess.Popen([str(CLI), "-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0",
                                "--ack-timeout", "60"], env=env, stdout=daemon_log.open("w"),
                               stderr=subprocess.STDOUT, text=True)
     # No SLURM_ELASTIC_PYTHON here: the wrapper records its own interpreter and the template runs
     # the bare `python` of the command with it, whatever python3 the job's PATH holds.
-    job_env = {k: v for k, v in env.items() if k != "SLURM_ELASTIC_PYTHON"}
-    job_env.update(TUTORIAL_BATCH_DELAY=DELAY_S, OMP_NUM_THREADS="1")
-    submitted = subprocess.run(
-        [str(CLI), "sbatch", "--parsable", "--gpus", "2-4", "--gpu-step", "2", f"--ckpt-dir={ck}",
-         "--mem-per-gpu=1024M", f"--chdir={work}", f"--output={out}", "--open-mode=append",
-         str(TEMPLATE), "python", str(TUTORIAL / "multigpu_elastic.py"), str(EPOCHS), "1",
-         "--snapshot_path", str(work / "snapshot.pt")],
-        env=job_env, capture_output=True, text=True, timeout=60, check=False)
-    assert submitted.returncode == 0, submitted.stderr
-    job = int(submitted.stdout.strip())
+    submit_env = {k: v for k, v in env.items() if k != "SLURM_ELASTIC_PYTHON"}
+    submit_env.update(OMP_NUM_THREADS="1", **job_env)
+    job = None
     try:
-        _drive(local, env, job, ck, out)
-        state = _wait_until(lambda: (s := _job(env, job).get("JobState")) in ("COMPLETED", "FAILED", "CANCELLED")
-                          and s, 900, "the job to finish", interval=2)
-        assert state == "COMPLETED", out.read_text()[-4000:]
+        submitted = subprocess.run(
+            [str(CLI), "sbatch", "--parsable", "--gpus", "2-4", "--gpu-step", "2", f"--ckpt-dir={ck}",
+             "--mem-per-gpu=1024M", f"--chdir={chdir}", f"--output={out}", "--open-mode=append",
+             str(TEMPLATE), *command], env=submit_env, capture_output=True, text=True, timeout=60, check=False)
+        assert submitted.returncode == 0, submitted.stderr
+        job = int(submitted.stdout.strip())
+        yield job, ck, out
     except BaseException:
         print(out.read_text()[-6000:] if out.exists() else "(no job output)")
         print(daemon_log.read_text()[-4000:])
         raise
     finally:
-        subprocess.run(["scancel", "--full", str(job)], env=env, check=False, capture_output=True)
+        if job is not None:
+            subprocess.run(["scancel", "--full", str(job)], env=env, check=False, capture_output=True)
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
+
+
+@pytest.mark.timeout(1800)
+def test_tutorial_script_shrinks_on_node_loss_and_grows_back_through_sbatch(small_cluster) -> None:
+    local, root, env = small_cluster
+    work = root / "work"
+    with _under_daemon(env, work, work, ("python", str(TUTORIAL / "multigpu_elastic.py"), str(EPOCHS), "1",
+                                          "--snapshot_path", str(work / "snapshot.pt")),
+                       {"TUTORIAL_BATCH_DELAY": DELAY_S}) as (job, ck, out):
+        _drive(local, env, job, ck, out)
+        state = _wait_until(lambda: (s := _job(env, job).get("JobState")) in ("COMPLETED", "FAILED", "CANCELLED")
+                            and s, 900, "the job to finish", interval=2)
+        assert state == "COMPLETED", out.read_text()[-4000:]
 
     # Exact: the final parameters are those of 4 ranks straight through, same script.
     ref = root / "ref"
@@ -146,7 +160,10 @@ def test_tutorial_script_shrinks_on_node_loss_and_grows_back_through_sbatch(smal
     assert max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b) if abs(x) > 1e-8) <= 1e-9
 
 
-def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path) -> None:
+def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path,
+           resumed: Callable[[int], str] = lambda step: _resumes_at(step, world=4)) -> None:
+    """Lose n2 under the job (it trains on at 2 GPUs), bring it back (it grows to 4): the 4-GPU incarnation
+    must print `resumed(step)` for the grow's acknowledged step."""
     def _wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
         def alive_then(check: Callable[[], T]) -> T:
             state = _job(env, job).get("JobState")
@@ -170,7 +187,23 @@ def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path) -> None:
     ack_file = Path(protocol.ack_path(str(ck), str(job), job, restart - 1))
     ack = json.loads(_wait_for(lambda: ack_file.exists() and ack_file.read_text(), 60, "the grow's ACK"))
     assert ack["committed"] and ack["world_size"] == 2, ack
-    line = _resumes_at(ack["step"], world=4)
+    line = resumed(ack["step"])
     _wait_for(lambda: line in out.read_text().split(f"restart {restart}:")[-1], 300,
               f"the 4-GPU incarnation to continue at step {ack['step']} ({line.strip()!r}): 0 steps lost")
     print(f"incarnations (restart, GPUs): {_starts(out)}; grow ACK: {ack}")
+
+
+@pytest.mark.timeout(1800)
+def test_upstreams_tutorial_as_converted_trains_through_a_node_loss_and_return(small_cluster) -> None:
+    """PyTorch's multigpu_torchrun.py, upstream's bytes plus the edits docs/researcher.md shows (applied here,
+    moved to the CPU), through `slurm-elastic sbatch` and the daemon: it trains on after losing n2 and after
+    n2 returns, and the 4-GPU incarnation resumes at the grow's acknowledged step (0 steps lost). Upstream's
+    weights never change (its loss has a zero gradient), so the step is what shows nothing was lost."""
+    from .upstream_edits import DDP_TUTORIAL
+
+    local, root, env = small_cluster
+    work = root / "upstream"
+    run = DDP_TUTORIAL.write_converted(work / "script")
+    with _under_daemon(env, work, run, ("python", "multigpu_torchrun.py", "100000", "1000", "--batch_size", "4"),
+                       {}) as (job, ck, out):
+        _drive(local, env, job, ck, out, resumed=lambda step: f"slurm-elastic: resumed at step {step} ")
