@@ -236,16 +236,21 @@ def test_an_error_of_every_ranks_own_under_a_hydra_style_runner_is_not_a_lost_pe
     assert not list((tmp_path / "ck" / "900").glob(protocol.PEER_LOST_PREFIX + "*"))
 
 
-def test_kill_point_summary() -> None:
-    """The count of kill points and of torn commits (printed; run with -s to see it)."""
+@pytest.fixture(scope="module", autouse=True)
+def kill_point_summary() -> Iterator[None]:
+    """After the module, the kill points this process ran and the torn commits among them (each case asserts
+    its own commit whole; run with -s to see the line); with SLURM_ELASTIC_JIT_SUMMARY set, their rows as
+    JSON, one file per xdist worker."""
+    yield
     if not RESULTS:
-        pytest.skip("no kill-point case ran in this session")
+        return
     torn = sum(r["torn"] for r in RESULTS)
     mixed = sum(len(set(r["applied"].values())) > 1 for r in RESULTS)
-    print(f"\nkill points: {len(RESULTS)}, torn commits: {torn}, survivors at different steps: {mixed}, "
-          f"steps lost: 0 in all")
-    Path(os.environ.get("SLURM_ELASTIC_JIT_SUMMARY", "/dev/null")).write_text(json.dumps(RESULTS, indent=1))
-    assert torn == 0
+    print(f"\nkill points: {len(RESULTS)}, torn commits: {torn}, survivors at different steps: {mixed}")
+    target = os.environ.get("SLURM_ELASTIC_JIT_SUMMARY")
+    if target:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        Path(f"{target}.{worker}" if worker else target).write_text(json.dumps(RESULTS, indent=1))
 
 
 def test_jit_checkpoint_resumes_exactly_on_fewer_ranks(forks: ForkServer, reference: dict, tmp_path: Path) -> None:
