@@ -324,7 +324,15 @@ class ElasticSession:
             micro_batch=micro_batch,
             # the controller takes this as the job's GPU step when the current size does not divide
             nearest_valid_world_size=min(valid, key=lambda w: (abs(w - self.world_size), w)))
-        self.store.write_job_file(protocol.GEOMETRY_FILE, body.to_bytes())
+        self._advise(protocol.GEOMETRY_FILE, body.to_bytes())
+
+    def _advise(self, name: str, data: bytes) -> None:
+        """Write a file the controller reads as advice (geometry, batch range): a full or failing disk loses
+        the advice (the controller then decides without it), never the training."""
+        try:
+            self.store.write_job_file(name, data)
+        except OSError as exc:
+            log.error("%s not written (%s): the controller decides without it; training goes on", name, exc)
 
     def _write_batch_range(self, base_batch: int) -> None:
         assert self.batch_range is not None
@@ -332,7 +340,7 @@ class ElasticSession:
         if not lo <= base_batch <= hi:
             raise ElasticError(f"the base batch {base_batch} (global_batch=) is outside the adaptive range {lo}-{hi}")
         if self.env.is_main:
-            self.store.write_job_file(protocol.BATCH_FILE, protocol.BatchRange(lo, hi, base_batch).to_bytes())
+            self._advise(protocol.BATCH_FILE, protocol.BatchRange(lo, hi, base_batch).to_bytes())
 
     def _choose_batch(self, micro_batch: int) -> None:
         """Adaptive: this start's global batch and LR gain, from the restored noise (the same on every rank)."""

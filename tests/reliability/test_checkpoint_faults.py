@@ -237,6 +237,21 @@ def test_full_filesystem_during_writes_keeps_training_and_the_previous_step(
     assert failures > 0, "the filesystem never filled up: the test did not test anything"
 
 
+def test_a_filesystem_with_no_byte_free_at_start_keeps_training(small_fs: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The fixed case of the seeded one above (seed 177710381 left ~0 bytes): a restart on a full disk
+    cannot write even its geometry file; it trains on from the last complete step, says so, commits nothing."""
+    root, filler = small_fs / "ckpt", small_fs / "filler"
+    assert ckpt_writer.train_forever(str(root), JOB, None, 1, steps=2) == 2
+    _fill(filler, 0)
+    with caplog.at_level(logging.ERROR):
+        committed = ckpt_writer.train_forever(str(root), JOB, None, 1, steps=5)
+    assert committed == 2, "nothing could be written: the last complete step stays 2"
+    assert any("geometry.json not written" in r.getMessage() for r in caplog.records), caplog.text
+    filler.unlink()
+    assert ckpt_writer.train_forever(str(root), JOB, None, 1, steps=7) == 7
+
+
 def test_two_jobs_with_the_same_name_and_root_never_mix(tmp_path: Path, writer_context: Any, figures: Any) -> None:
     root = tmp_path / "ckpt"
     procs = []
