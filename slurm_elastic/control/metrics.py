@@ -17,7 +17,8 @@ DEFAULT_METRICS_ADDR = "127.0.0.1"
 
 
 class ControllerMetrics:
-    """Cycle and solve time, MIP gap, plans, restarts per job, GPUs allocated vs free, node events."""
+    """Cycle and solve time, MIP gap, plans, restarts per job, GPUs allocated vs free, node events, GPUs given
+    back to pending rigid jobs."""
 
     def __init__(self) -> None:
         # Imported here: prometheus_client is the 'daemon' extra, and the CLI must start without it.
@@ -39,6 +40,10 @@ class ControllerMetrics:
                                    registry=r)
         self.elastic_jobs = Gauge("slurm_elastic_jobs", "Elastic jobs by state", ["state"], registry=r)
         self.cycle_errors = Counter("slurm_elastic_cycle_errors_total", "Cycles that failed", registry=r)
+        self.rigid_gpus = Gauge("slurm_elastic_rigid_gpus_given_back", "GPUs elastic jobs give back to pending "
+                                "rigid jobs this cycle", registry=r)
+        self.rigid_jobs = Gauge("slurm_elastic_rigid_jobs", "Pending rigid jobs elastic jobs give GPUs back to "
+                                "(given) or not (waiting: protected minimums, or no fit)", ["status"], registry=r)
 
     def observe(self, report: CycleReport) -> None:
         self.cycle_seconds.observe(report.cycle_s)
@@ -50,6 +55,10 @@ class ControllerMetrics:
         for plan in report.plans:
             if plan.entry.value == "running" and not report.dry_run:
                 self.restarts.labels(str(plan.job_id)).inc()
+        if report.rigid is not None:
+            self.rigid_gpus.set(sum(r.gpus_reclaimed for r in report.rigid.reserved))
+            self.rigid_jobs.labels("given").set(sum(r.gpus_reclaimed > 0 for r in report.rigid.reserved))
+            self.rigid_jobs.labels("waiting").set(len(report.rigid.waiting))
         self.gpus.labels("total").set(report.gpus_total)
         self.gpus.labels("allocated").set(report.gpus_elastic)
         self.gpus.labels("free").set(report.gpus_free)

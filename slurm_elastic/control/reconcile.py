@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.commitments import Commitment
-from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, job_request, reserve_for_rigid
+from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, capacity_from_state, job_request,
+                                              reserve_for_rigid)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import request_shape, shape_of, spanning_widths
@@ -121,6 +122,7 @@ class CycleReport:
     gpus_elastic: int = 0
     gpus_free: int = 0
     cycle_s: float = 0.0
+    rigid: RigidDemand | None = None   # what pending rigid jobs take back this cycle, and which still wait
 
     def target(self, job_id: int) -> int | None:
         if self.allocation is None:
@@ -185,6 +187,7 @@ class Decision:
     waits: Mapping[int, str] = field(default_factory=dict)   # job id -> why it is not being resized now
     peer_losses: Mapping[int, PeerLoss] = field(default_factory=dict)   # reports read (acted on or not yet)
     bad_geometry: Mapping[int, str] = field(default_factory=dict)   # job id -> why its ranks cannot run at its size
+    rigid: RigidDemand | None = None
 
 
 def holding_only(state: ClusterState, gone: Mapping[int, frozenset[str]]) -> ClusterState:
@@ -394,7 +397,7 @@ class Reconciler:
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
             peer_losses=decision.peer_losses, drained=drained, resumed=resumed, revived=revived,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
-            gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0)
+            gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0, rigid=decision.rigid)
         return report
 
     def decide(self, state: ClusterState, now: float, *, job_ids: frozenset[int] | None = None) -> Decision:
@@ -471,7 +474,7 @@ class Reconciler:
                 waits[reservation.job_id] = reservation.describe()
         for job_id, why in rigid.waiting:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
-        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses, stuck)
+        return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses, stuck, rigid)
 
     def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> Requests:
         """The request source's requests; when the source itself fails (a source that does not isolate

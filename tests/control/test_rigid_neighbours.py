@@ -113,3 +113,26 @@ def test_a_protected_minimum_is_not_met_by_sending_a_lighter_job_back_to_the_que
     slurm.add_job(None, nodes=2, gpus_per_node=4)
     report = rec.cycle(dry_run=True)
     assert [report.target(j) for j in ids] == [4, 4], [p.describe() for p in report.plans]
+
+
+def test_the_metrics_count_the_gpus_given_back_and_the_rigid_jobs_that_wait(tmp_path):
+    from prometheus_client import generate_latest
+
+    from slurm_elastic.control.metrics import ControllerMetrics
+
+    slurm, rec, _ = _filled(tmp_path)
+    metrics = ControllerMetrics()
+    slurm.add_job(None, nodes=1, gpus_per_node=4)
+    metrics.observe(rec.cycle(dry_run=True))
+    text = generate_latest(metrics.registry).decode()
+    assert "slurm_elastic_rigid_gpus_given_back 4.0" in text
+    assert 'slurm_elastic_rigid_jobs{status="given"} 1.0' in text
+    assert 'slurm_elastic_rigid_jobs{status="waiting"} 0.0' in text
+
+    slurm, rec, _ = _filled(tmp_path / "protected")
+    slurm.add_job(None, nodes=2, gpus_per_node=4)          # would need the elastic job's protected minimum
+    metrics.observe(rec.cycle(dry_run=True))
+    text = generate_latest(metrics.registry).decode()
+    assert "slurm_elastic_rigid_gpus_given_back 0.0" in text
+    assert 'slurm_elastic_rigid_jobs{status="given"} 0.0' in text
+    assert 'slurm_elastic_rigid_jobs{status="waiting"} 1.0' in text
