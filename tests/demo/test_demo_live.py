@@ -14,6 +14,7 @@ from slurm_elastic.demo.timeline import Timeline
 
 @pytest.mark.slurm
 @pytest.mark.heavy
+@pytest.mark.slurm_once     # its Slurm paths are the control live tests', run on every version
 @pytest.mark.timeout(900)
 def test_demo_runs_to_the_end_and_its_report_keeps_the_promises(slurm_cluster, tmp_path):
     local = slurm_cluster.require_local()

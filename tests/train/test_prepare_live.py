@@ -32,7 +32,9 @@ from slurm_elastic import jobfiles as protocol
 from .launch import run_ranks
 from .test_prepare import TUTORIAL, _resumes_at
 
-pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
+# slurm_once: the Slurm path here (sbatch, the daemon, a node lost and back) is tests/control/test_live.py's
+# on every Slurm version; what these tests add, the scripts' exact resume, does not depend on the version.
+pytestmark = [pytest.mark.slurm, pytest.mark.heavy, pytest.mark.slurm_once]
 T = TypeVar("T")
 
 CLI = Path(sys.executable).parent / "slurm-elastic"
@@ -193,7 +195,6 @@ def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path,
     print(f"incarnations (restart, GPUs): {_starts(out)}; grow ACK: {ack}")
 
 
-@pytest.mark.slurm_once      # the digits tutorial above takes the same path on every Slurm version
 @pytest.mark.timeout(1800)
 def test_upstreams_tutorial_as_converted_trains_through_a_node_loss_and_return(small_cluster) -> None:
     """PyTorch's multigpu_torchrun.py, upstream's bytes plus the edits docs/researcher.md shows (applied here,
