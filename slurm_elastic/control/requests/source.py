@@ -75,8 +75,8 @@ class MeasuredRequests:
         basis: dict[str, str] = {}
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
-        shares = fair_shares(state)
         own = own_weights(state)
+        shares = fair_shares(state, own)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
@@ -144,8 +144,8 @@ class ProgressRequests(MeasuredRequests):
 
     def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
         node_sizes = frozenset(n.gpus for n in state.nodes if n.gpus > 0)
-        shares = fair_shares(state)
         own = own_weights(state)
+        shares = fair_shares(state, own)
         s = self.settings
         built: list[tuple[Job, JobContext, progress.ProgressTerms]] = []
         out: dict[int, JobRequest] = {}
@@ -242,13 +242,13 @@ def own_weights(state: ClusterState) -> dict[int, float]:
             for job in state.elastic_jobs}
 
 
-def fair_shares(state: ClusterState) -> dict[int, int]:
+def fair_shares(state: ClusterState, own: Mapping[int, float] | None = None) -> dict[int, int]:
     """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its own weight (`own_weights`)
     / the sum of the own weights of the elastic jobs that want GPUs, rounded down."""
     usable = sum(n.gpus for n in state.nodes if n.available)
     usable -= sum(j.gpus for j in state.jobs if j.spec is None and j.state is JobState.RUNNING)
     wanting = _wanting(state)
-    own = own_weights(state)
+    own = own if own is not None else own_weights(state)
     total_w = sum(own[j.job_id] for j in wanting)
     if usable <= 0 or total_w <= 0:
         return {}
