@@ -42,13 +42,13 @@ def _folder(tmp: Path, **skip: str) -> Path:
     return run
 
 
-def _start(run: Path, world: int, restart: int) -> list[subprocess.Popen]:
+def _start(run: Path, world: int, restart: int, overrides: list[str] = OVERRIDES) -> list[subprocess.Popen]:
     path = os.pathsep.join(p for p in (str(run), os.environ.get("PYTHONPATH", "")) if p)
     procs = []
     for env in rank_envs(world_size=world, job_id=JOB, restart_count=restart,
                          extra_env={"SLURM_ELASTIC_CKPT_DIR": str(run / "ck"), "PYTHONPATH": path}):
         procs.append(subprocess.Popen([sys.executable, "main.py", f"data_config.path={run / 'input.txt'}",
-                                       *OVERRIDES], cwd=run, env=env, stdout=subprocess.PIPE,
+                                       *overrides], cwd=run, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -67,9 +67,9 @@ def _run(procs: list[subprocess.Popen], stop_at: str | None = None) -> tuple[lis
     return [r.returncode for r in results], "".join(head) + results[0].stdout
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
+def _weights(run: Path, epochs: int = 3) -> dict[str, torch.Tensor]:
     snapshot = torch.load(run / "gpt_snapshot.pt", weights_only=True)
-    assert snapshot["finished_epoch"] == 3
+    assert snapshot["finished_epoch"] == epochs
     return snapshot["model_state"]
 
 
