@@ -76,6 +76,7 @@ class ElasticLoop:
         self.session = ElasticSession(**session_options)
         self._closed = False
         self._prepared = False
+        self._continues_at = 0             # the epoch the loop said it continues at (epochs_done read)
         self._current: tuple[int, int] | None = None     # (step, micro-batch) of the batch last yielded
         self._restore_clipping: Any = lambda: None        # undoes _defer_clipping at the end
         self._stepped_current = False
@@ -123,6 +124,19 @@ class ElasticLoop:
             return 0
         first = self.session.user_state.get(FIRST_EPOCH_KEY)
         return self._epoch_of_step(self.session.step) + (first if first in (0, 1) else 0)
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs the data has finished (0 for a fresh job), however the loop numbers them: where a loop
+        that resumes by its own counter starts (`trainer.epochs_run = loop.epochs_done`), so that finished
+        epochs' prints, snapshots and evaluations do not run again.
+
+        Reading it says the loop continues there: the loader's next iteration without set_epoch() (a peek
+        at the first batch before set_epoch, as PyTorch's tutorial does) is that epoch, not the first."""
+        if not self._prepared:
+            return 0
+        self._continues_at = self._epoch_of_step(self.session.step)
+        return self._continues_at
 
     @property
     def global_batch(self) -> int:
@@ -509,7 +523,7 @@ class ElasticBatchSampler:
     def __init__(self, loop: ElasticLoop) -> None:
         self._loop = loop
         self._set_epoch: int | None = None
-        self._next_epoch = 0
+        self._next_epoch: int | None = None      # None: where the loop said it continues (0 unless it did)
         self._plan: list[tuple[int, int]] = []
 
     def set_epoch(self, epoch: int) -> None:
@@ -534,7 +548,7 @@ class ElasticBatchSampler:
         """The epoch the next iteration is, and its (step, micro-batch) pairs still to do."""
         loop = self._loop
         if self._set_epoch is None:
-            epoch = self._next_epoch
+            epoch = self._next_epoch if self._next_epoch is not None else loop._continues_at
         else:
             first = self._first_label()
             label, epoch = self._set_epoch, self._set_epoch - first

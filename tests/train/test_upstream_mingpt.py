@@ -103,6 +103,7 @@ def test_mingpt_resumed_at_half_the_ranks_ends_within_float_noise_of_a_run_that_
     assert codes == [0] * 2, out[-3000:]
     assert f"slurm-elastic: resumed at step {ack['step']} (epoch 2)" in out, out[-3000:]
     assert "Epoch 3 | Iter 0 | Train" in out, out[-3000:]
+    assert "Epoch 1 |" not in out, out[-3000:]      # the finished epoch is neither trained nor evaluated again
 
     # float32 sums in another order (2 ranks x 2 micro-batches against 4 x 1), amplified by ~400 AdamW steps:
     # two runs that never stopped, at 4 and at 2 ranks, differ by that noise (0.15 % here); the resumed run,

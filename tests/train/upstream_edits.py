@@ -60,12 +60,13 @@ class Script:
 
     def lines_touched(self) -> int:
         """Lines added, deleted or edited over all files (an edited line counts once)."""
-        total = 0
-        for name in self.edits:
-            matcher = difflib.SequenceMatcher(a=(self.folder / name).read_text().splitlines(),
-                                              b=self.convert(name).splitlines(), autojunk=False)
-            total += sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
-        return total
+        return sum(lines_touched((self.folder / name).read_text(), self.convert(name)) for name in self.edits)
+
+
+def lines_touched(before: str, after: str) -> int:
+    """Lines added, deleted or edited from `before` to `after` (an edited line counts once)."""
+    matcher = difflib.SequenceMatcher(a=before.splitlines(), b=after.splitlines(), autojunk=False)
+    return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
 
 
 DDP_TUTORIAL = Script(
@@ -80,11 +81,13 @@ DDP_TUTORIAL = Script(
         ('            print("Loading snapshot")', []),
         ("            self._load_snapshot(snapshot_path)", []),
         ("        self.model = DDP(self.model, device_ids=[self.gpu_id])", []),
-        ("        b_sz = len(next(iter(self.train_data))[0])", ["        b_sz = self.train_data.batch_size"]),
         ("    ddp_setup()", ["    loop = ElasticLoop(global_batch=4 * batch_size, every_steps=10)"]),
         ("    train_data = prepare_dataloader(dataset, batch_size)",
          ["    train_data = prepare_dataloader(dataset, batch_size)",
           "    model, optimizer, train_data = loop.prepare(model, optimizer, train_data)"]),
+        ("    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)",
+         ["    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)",
+          "    trainer.epochs_run = loop.epochs_done"]),
         ("    destroy_process_group()", ["    loop.close()"]),
     )},
     no_gpu_here={"multigpu_torchrun.py": ((".to(self.gpu_id)", '.to("cpu")'),)},
@@ -107,7 +110,8 @@ MINGPT = Script(
             ("    trainer = Trainer(trainer_cfg, model, optimizer, train_data, test_data)",
              ["    trainer = Trainer(trainer_cfg, model, optimizer, train_data, test_data)",
               "    trainer.model, trainer.optimizer, trainer.train_loader = loop.prepare("
-              "trainer.model, trainer.optimizer, trainer.train_loader)"]),
+              "trainer.model, trainer.optimizer, trainer.train_loader)",
+              "    trainer.epochs_run = loop.epochs_done"]),
             ("    destroy_process_group()", ["    loop.close()"]),
         ),
         "trainer.py": (

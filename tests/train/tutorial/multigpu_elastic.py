@@ -84,6 +84,7 @@ def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str
     train_data = prepare_dataloader(dataset, batch_size)
     model, optimizer, train_data = loop.prepare(model, optimizer, train_data)
     trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
+    trainer.epochs_run = loop.epochs_done
     trainer.train(total_epochs)
     loop.close()
 
