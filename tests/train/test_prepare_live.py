@@ -222,7 +222,7 @@ def test_mingpt_through_hydra_as_converted_trains_through_a_node_loss_and_return
     """pytorch/examples' minGPT-ddp, upstream's bytes plus the documented edits, entered through `@hydra.main`
     (which catches every exception a rank raises): 4 ranks, n2 lost (2), n2 back (4), each incarnation
     resuming at the step its predecessor committed; the final weights are those of a run that never stopped,
-    within the float noise that separates two uninterrupted runs at 4 and at 2 ranks."""
+    within the float noise that separates two uninterrupted runs at 4 and at 2 ranks (three times it)."""
     from .test_upstream_mingpt import OVERRIDES, _drift, _folder, _run, _start, _weights
 
     local, root, env = small_cluster
@@ -248,4 +248,7 @@ def test_mingpt_through_hydra_as_converted_trains_through_a_node_loss_and_return
     noise = _drift(straight[4], straight[2])
     print(f"weights' drift from the uninterrupted 4-rank run: 2 ranks {noise:.2e}, elastic {_drift(straight[4], elastic):.2e}")
     assert noise > 0
-    assert _drift(straight[4], elastic) <= 2 * noise, (noise, _drift(straight[4], elastic))
+    # The elastic run changes the float32 summation order three times (4 -> 2 ranks, its 2-rank steps, 2 -> 4)
+    # where the 2-rank run changes it once, and ~2,500 AdamW steps amplify each change alike: drifts of
+    # 1.4-1.6x the 2-rank run's were seen. The exact step is what shows nothing was lost (`_drive`).
+    assert _drift(straight[4], elastic) <= 3 * noise, (noise, _drift(straight[4], elastic))
