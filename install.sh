@@ -177,13 +177,19 @@ else
     sources=$(cat "$here/pyproject.toml"; find "$here/slurm_elastic" "$here/job_templates" -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 cat)
 fi
 stamp=$(printf '%s\n%s\n%s\n%s\n' "$extras" "$dev" "$version" "$sources" | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$prefix/bin/slurm-elastic" --version >/dev/null 2>&1; then
+wheel_ok() { [ "$dev" = 1 ] || ls "$prefix"/share/slurm-elastic/wheels/slurm_elastic-"$version"-*.whl >/dev/null 2>&1; }
+if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$prefix/bin/slurm-elastic" --version >/dev/null 2>&1 \
+        && wheel_ok; then
     :
 else
     if [ "$dev" = 1 ]; then
         run_step "installing slurm-elastic $version [$extras] (editable) into $prefix" "$vpy" -m pip install -q -e "$here[$extras]"
     else
         run_step "installing slurm-elastic $version [$extras] into $prefix" "$vpy" -m pip install -q "$here[$extras]"
+        # A researcher's own venv installs the training shim from this wheel ($SLURM_ELASTIC_PACKAGE).
+        rm -rf "$prefix/share/slurm-elastic/wheels"
+        run_step "building the slurm-elastic $version wheel for users' own environments" \
+            "$vpy" -m pip wheel -q --no-deps -w "$prefix/share/slurm-elastic/wheels" "$here"
     fi
     echo "$stamp" > "$stamp_file"
     changed=1
@@ -192,6 +198,14 @@ fi
 # -- modulefiles (Lmod .lua and Tcl) and the systemd unit -----------------------------------------------------
 moddir="$prefix/modulefiles/slurm-elastic"
 mkdir -p "$moddir" "$prefix/share/slurm-elastic"
+# What `pip install "$SLURM_ELASTIC_PACKAGE[train]"` installs into a user's own environment: the wheel of
+# a copy install, the checkout itself for an editable one.
+if [ "$dev" = 1 ]; then
+    package="$here"
+else
+    package=$(ls "$prefix"/share/slurm-elastic/wheels/slurm_elastic-"$version"-*.whl 2>/dev/null | head -n 1)
+    [ -n "$package" ] || die "the wheel for users' environments is missing in $prefix/share/slurm-elastic/wheels"
+fi
 write_if_changed() {  # file content
     if [ ! -f "$1" ] || [ "$(cat "$1")" != "$2" ]; then
         printf '%s\n' "$2" > "$1"
@@ -204,13 +218,15 @@ whatis(\"Version: $version\")
 whatis(\"Description: elastic deep-learning training on Slurm\")
 help([[Elastic deep-learning training on Slurm. Try: slurm-elastic --help]])
 prepend_path(\"PATH\", \"$prefix/bin\")
-setenv(\"SLURM_ELASTIC_HOME\", \"$prefix\")"
+setenv(\"SLURM_ELASTIC_HOME\", \"$prefix\")
+setenv(\"SLURM_ELASTIC_PACKAGE\", \"$package\")"
 write_if_changed "$moddir/$version" "#%Module1.0
 ## slurm-elastic $version (written by install.sh)
 module-whatis \"elastic deep-learning training on Slurm\"
 proc ModulesHelp { } { puts stderr \"Elastic deep-learning training on Slurm. Try: slurm-elastic --help\" }
 prepend-path PATH $prefix/bin
-setenv SLURM_ELASTIC_HOME $prefix"
+setenv SLURM_ELASTIC_HOME $prefix
+setenv SLURM_ELASTIC_PACKAGE $package"
 unit=$("$prefix/bin/slurm-elastic" admin unit) || die "cannot write the systemd unit (slurm-elastic admin unit failed)"
 write_if_changed "$prefix/share/slurm-elastic/slurm-elastic.service" "$unit"
 

@@ -133,6 +133,9 @@ def test_site_install_runs_for_an_unprivileged_user_through_module_load(site_pre
     if _private_default_python():
         assert "is private to its owner: using" in proc.stdout, proc.stdout
         assert not interpreter.startswith("/root/"), interpreter
+    own_venv = site_prefix.parent / "own-venv"
+    own_venv.mkdir()
+    shutil.chown(own_venv, SITE_USER)
     script = f"""
         module use {site_prefix}/modulefiles
         module load slurm-elastic
@@ -141,6 +144,11 @@ def test_site_install_runs_for_an_unprivileged_user_through_module_load(site_pre
         slurm-elastic admin --help >/dev/null && echo ADMIN-HELP
         echo "HOME=$SLURM_ELASTIC_HOME"
         echo "WHOAMI=$(id -un)"
+        # The researcher's own environment gets the shim from the site's wheel (docs/researcher.md;
+        # --no-deps here only because this machine's site Python has no torch to satisfy [train]).
+        {interpreter} -m venv {own_venv}
+        {own_venv}/bin/python -m pip install -q --no-deps "$SLURM_ELASTIC_PACKAGE"
+        {own_venv}/bin/python -c 'import slurm_elastic; print("OWN", slurm_elastic.__version__, slurm_elastic.__file__)'
     """
     runuser = shutil.which("runuser") or "/usr/sbin/runuser"
     run = subprocess.run([runuser, "-u", SITE_USER, "--", "bash", "-lc", script], capture_output=True,
@@ -150,6 +158,7 @@ def test_site_install_runs_for_an_unprivileged_user_through_module_load(site_pre
     assert f"WHICH={site_prefix}/bin/slurm-elastic" in out, out
     assert f"slurm-elastic, version {slurm_elastic.__version__}" in out and "ADMIN-HELP" in out, out
     assert f"HOME={site_prefix}" in out and f"WHOAMI={SITE_USER}" in out, out
+    assert f"OWN {slurm_elastic.__version__} {own_venv}/lib/" in out, out
     unit = (site_prefix / "share" / "slurm-elastic" / "slurm-elastic.service").read_text()
     assert f"ExecStart={site_prefix}/bin/slurm-elastic " in unit, unit
 
