@@ -55,6 +55,25 @@ def spanning_widths(gpus: int, node_sizes: set[int], whole_nodes_when_spanning: 
     return sorted(widths, reverse=True)
 
 
+def never_placeable(spec: ElasticSpec, node_gpus: list[int], whole_nodes_when_spanning: bool) -> str | None:
+    """Why no size the job allows has a shape on these nodes even with every GPU free, or None when one has."""
+    sizes = {g for g in node_gpus if g > 0}
+    biggest = max(sizes, default=0)
+
+    def fits(gpus: int) -> bool:
+        if gpus <= biggest:
+            return True
+        return any(sum(1 for g in node_gpus if (g == w if whole_nodes_when_spanning else g >= w)) >= gpus // w
+                   for w in spanning_widths(gpus, sizes, whole_nodes_when_spanning))
+
+    if not sizes or any(fits(g) for g in spec.allowed_gpus()):
+        return None
+    span = (f"whole nodes ({', '.join(f'{g}' for g in sorted(sizes))} GPUs each; Slurm's --gres is per node)"
+            if whole_nodes_when_spanning else "the same GPUs on each of enough nodes")
+    return (f"no size it allows ({spec.min_gpus}..{spec.max_gpus} GPUs) fits one node (at most {biggest} GPUs) "
+            f"or spans {span}: it can never start on the nodes up now")
+
+
 def request_shape(spec: ElasticSpec, gpus: int, placement: Mapping[str, int], node_sizes: set[int]) -> RequestShape:
     """The shape for `gpus`: the solver's placement, else the narrowest shape Slurm can express."""
     def shaped(nodes: int, per_node: int) -> RequestShape:

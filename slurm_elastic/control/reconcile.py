@@ -25,7 +25,7 @@ from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, capacit
                                               reserve_for_rigid)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
-from slurm_elastic.allocate.shapes import request_shape, shape_of, spanning_widths
+from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
@@ -514,7 +514,10 @@ class Reconciler:
             elif job.job_id in measuring:
                 out[job.job_id] = measuring[job.job_id]
             elif job.state is JobState.PENDING and not job.held and not target:
-                out[job.job_id] = (f"not placeable: its minimum of {spec.min_gpus} GPUs does not fit beside "
+                never = never_placeable(spec, [n.gpus for n in state.nodes if n.available],
+                                        self.config.policy.whole_nodes_when_spanning)
+                out[job.job_id] = (f"not placeable: {never}" if never else
+                                   f"not placeable: its minimum of {spec.min_gpus} GPUs does not fit beside "
                                    f"the others now (Slurm: {job.reason or 'pending'})")
             elif job.state is JobState.PENDING and not job.held:
                 out[job.job_id] = f"waiting for Slurm to start it at {target} GPUs (Slurm: {job.reason or 'pending'})"

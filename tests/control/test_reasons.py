@@ -157,12 +157,28 @@ def test_an_open_plan_means_waiting_for_the_ack(cluster):
     assert why.startswith("waiting for its checkpoint ACK (plan 1, 2->8 GPUs") and "requeued anyway in" in why
 
 
-def test_a_job_that_cannot_fit_is_not_placeable(cluster):
+def test_a_job_that_cannot_fit_beside_the_others_is_not_placeable_now(cluster):
     slurm, _, tmp = cluster
-    job = slurm.add_job(ElasticSpec(16, 32, ckpt_dir=str(tmp / "ckpt")), nodes=4, gpus_per_node=4, user=ME)
+    slurm.add_job(None, nodes=2, gpus_per_node=4, user="bob")          # a rigid job holds both nodes
+    job = slurm.add_job(ElasticSpec(4, 8, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=4, user=ME)
     assert slurm.jobs[job].state is JobState.PENDING
     why = _status_why(job) or ""
-    assert why.startswith("not placeable: its minimum of 16 GPUs does not fit")
+    assert why.startswith("not placeable: its minimum of 4 GPUs does not fit beside the others now"), why
+
+
+@pytest.mark.parametrize("low, high", [(3, 3), (6, 6), (16, 32)])
+def test_a_job_no_shape_of_which_fits_the_nodes_is_told_it_can_never_start(cluster, low, high):
+    """2 nodes x 4 GPUs: 3 GPUs fit one node; 6 is neither one node nor whole nodes; 16 needs 4 whole nodes."""
+    slurm, _, tmp = cluster
+    job = slurm.add_job(ElasticSpec(low, high, ckpt_dir=str(tmp / "ckpt")), nodes=1, gpus_per_node=low, user=ME)
+    why = _status_why(job) or ""
+    if low == 3:
+        assert "never" not in why, why
+        return
+    assert slurm.jobs[job].state is JobState.PENDING
+    assert why == (f"not placeable: no size it allows ({low}..{high} GPUs) fits one node (at most 4 GPUs) or spans "
+                   f"whole nodes (4 GPUs each; Slurm's --gres is per node): it can never start on the nodes up "
+                   f"now"), why
 
 
 def _reconciler(slurm: InMemorySlurm, clock: Clock, tmp: Path, **config: object) -> Reconciler:
