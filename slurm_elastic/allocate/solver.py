@@ -39,7 +39,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if not isinstance(problem, AllocationProblem):
         raise AllocationError(f"solve() needs an AllocationProblem, got {type(problem).__name__}")
     problem.validate()
-    if users.weighted_users(problem):
+    if users.claiming_users(problem):
         return users.solve_by_user(problem, lambda p: solve(p, mode=mode))
     inst = Instance(problem)
     notes: list[str] = []

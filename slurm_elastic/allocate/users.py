@@ -1,11 +1,13 @@
-"""A user's `--weight` moves GPUs among that user's own jobs, never from another user's.
+"""What a user's jobs claim moves GPUs among that user's own jobs, never from another user's.
 
-The weight a user writes is their word, so it must not decide what other users get. When some job's
-weight differs from its user's other jobs' (`JobRequest.own_weight` != 1), the allocation is solved
-twice: first with every job at its user-neutral weight (own weight 1), which fixes what each user's jobs
-hold on each node; then, for each user whose jobs carry different weights, those GPUs (and the CPUs and
-memory no other user's job was given there) are divided again among that user's own jobs at their
-weights. Every other user's allocation is the neutral one, exactly.
+A job's weight comes from its user's word: the `--weight` they gave it, and the remaining-work priority
+(or the progress objective's values) taken from what the job writes. None of it may decide what other
+users get. So when some job carries such a claim, the allocation is solved twice. First every job is
+neutral: with more than one user, weight 1 and no values (what each user's jobs get then depends on
+Slurm's view and the jobs' measured speeds only); with one user, its `--weight` taken out. That fixes what
+each user's jobs hold on each node. Then, for each user whose jobs carry claims, those GPUs (and the CPUs
+and memory no other user's job was given there) are divided again among that user's own jobs at their
+claims. Every other user's allocation is the neutral one, exactly.
 """
 
 from __future__ import annotations
@@ -13,22 +15,33 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Collection, Mapping
 
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem, NodeCapacity
+from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity
 
 Solve = Callable[[AllocationProblem], Allocation]
 
 
-def weighted_users(problem: AllocationProblem) -> list[str]:
-    """The users whose jobs carry different weights (whose GPUs a second solve divides)."""
-    return sorted({j.user for j in problem.jobs if j.own_weight != 1.0})
+def claiming_users(problem: AllocationProblem) -> list[str]:
+    """The users whose jobs carry claims (a `--weight`; with other users present, any weight or values
+    taken from what the jobs write): the users whose GPUs a second solve divides."""
+    several = len({j.user for j in problem.jobs}) > 1
+
+    def claims(job: JobRequest) -> bool:
+        return job.own_weight != 1.0 or (several and (job.weight != 1.0 or job.values is not None))
+
+    return sorted({j.user for j in problem.jobs if claims(j)})
 
 
 def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
-    """`solve` at user-neutral weights, then each weighted user's slice divided at their own weights."""
-    neutral = solve(dataclasses.replace(problem, jobs=tuple(j.neutral() for j in problem.jobs)))
+    """`solve` with every job neutral, then each claiming user's slice divided at their jobs' claims."""
+    several = len({j.user for j in problem.jobs}) > 1
+    neutral = solve(dataclasses.replace(problem, jobs=tuple(
+        dataclasses.replace(j, weight=1.0, values=None, own_weight=1.0) if several else j.neutral()
+        for j in problem.jobs)))
     answer = neutral
-    for user in weighted_users(problem):
+    for user in claiming_users(problem):
         mine = tuple(dataclasses.replace(j, own_weight=1.0) for j in problem.jobs if j.user == user)
+        if len(mine) == 1 and several:
+            continue                      # one job: it holds its slice whatever it claims
         keys = {j.key for j in mine}
         nodes = _slice(problem, neutral.placement, keys)
         divided = solve(AllocationProblem(mine, nodes, problem.policy))
@@ -60,7 +73,7 @@ def _merge(answer: Allocation, divided: Allocation, keys: Collection[str], user:
         decisions=tuple(d for d in answer.decisions if d.key not in keys)
         + tuple(d for d in divided.decisions if d.key in keys),
         solve_s=answer.solve_s + divided.solve_s,
-        notes=answer.notes + (f"user {user}'s jobs: the GPUs they hold at equal weights divided by their "
-                              f"--weight ({divided.method}, {divided.status})",)
+        notes=answer.notes + (f"user {user}'s jobs: the GPUs they hold as neutral jobs divided by their own "
+                              f"claims ({divided.method}, {divided.status})",)
         + tuple(f"user {user}: {n}" for n in divided.notes),
     )
