@@ -197,6 +197,9 @@ def _drive(local, env: dict[str, str], job: int, ck: Path, out: Path,
     _wait_for(lambda: line in out.read_text().split(f"restart {restart}:")[-1], 300,
               f"the 4-GPU incarnation to continue at step {ack['step']} ({line.strip()!r}): 0 steps lost")
     print(f"incarnations (restart, GPUs): {_starts(out)}; grow ACK: {ack}")
+    # Two requeues (the loss, the grow) and not one line of srun's requeue chatter (the templates' --quiet)
+    text = out.read_text()
+    assert "forcing job termination" not in text and "Job step aborted" not in text, text[-3000:]
 
 
 @pytest.mark.timeout(1800)
