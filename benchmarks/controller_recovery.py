@@ -6,7 +6,7 @@ Slurm. Both cases lose the same node at the same moment, the hard way (its
 slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
 
 - controller: a real DDP job (job_templates/ddp.sbatch, the digits example, one
-  rank on each of two nodes), the daemon with its default hysteresis; the
+  rank on each of two nodes), the daemon (no hysteresis, linear speeds); the
   survivor commits and writes its peer-lost report, the daemon gives the node
   up for that job, requeues it and excludes the node (docs/controller.md,
   "Node loss reported by the job");
@@ -14,7 +14,12 @@ slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
   3 GPUs) on the same node, a free node elsewhere (the best case for plain
   Slurm); it waits for Slurm to mark the node DOWN, then for BeginTime.
 
-- in-place (run first, on the same cluster, its node back afterwards): a DDP job of
+- grow and rebalance-shrink (run first, the cluster as before afterwards): a DDP
+  job of 1-2 GPUs starts at 1, grows to 2 when a node is freed, and shrinks to 1
+  when a rigid job asks for that node; seconds from the plan's opening (signal,
+  checkpoint, ACK, requeue at the new size, start, first step).
+
+- in-place (run next, on the same cluster, its node back afterwards): a DDP job of
   1-2 GPUs on two nodes with nothing free anywhere else; the daemon gives the lost
   node up and does not requeue, the template relaunches the ranks on the survivor.
 
@@ -57,7 +62,7 @@ TRAINER = ROOT / "tests" / "control"
 TEMPLATE = ROOT / "job_templates" / "ddp.sbatch"
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
 NODES = ("n1", "n2", "n3", "n4", "n5")
-LABELS = {"failed": "node lost (kill)", "detected": "detected", "stopped": "ranks stopped",
+LABELS = {"failed": "node lost (kill)", "detected": "detected (resize: plan opened)", "stopped": "ranks stopped",
           "committed": "checkpoint committed", "requeued": "requeued (in place: shrunk)", "relaunched": "relaunched",
           "running": "running (Slurm start)", "attached": "ranks attached", "first_step": "first step"}
 
@@ -150,6 +155,45 @@ def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster,
     return marks
 
 
+def resize_case(env: dict[str, str], backend: CliBackend, root: Path,
+                fillers: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
+    """Resizes on healthy nodes, marks from the plan's opening: a DDP job of 1-2 GPUs starts at 1 (one GPU
+    free in the cluster), grows to 2 when a node is freed, and shrinks back to 1 when a rigid job asks for
+    3 GPUs of that node. Afterwards the cluster is as before."""
+    journal = root / "daemon" / "journal.sqlite"
+    extra = {n: filler(env, n, 1) for n in NODES[1:]}
+    wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in extra.values()), 60,
+         "the extra fillers running")
+    log = root / "resize.jsonl"
+    job_id = submit_ddp(env, root, "1-2", log)
+    wait(lambda: backend.snapshot().job(job_id).state is JobState.RUNNING, 240, "the resize job running", 0.5)
+    wait(lambda: len(rows_of(log)) >= 5, 300, "the resize job training", 0.5)
+
+    def resized(restarts: int, gpus: int, what: str) -> dict[str, float]:
+        rows = len(rows_of(log))
+        wait(lambda: (j := backend.snapshot().job(job_id)).restarts >= restarts and j.state is JobState.RUNNING
+             and j.gpus == gpus and len(rows_of(log)) > rows + 2, 600, what, 0.5)
+        phases = last_restart(backend.snapshot().job(job_id), Journal(journal), owner_uid=pwd.getpwnam("root").pw_uid)
+        if phases is None or phases.kind != "resize":
+            raise SystemExit(f"not a controller resize ({what}): {phases}")
+        marks = {m: getattr(phases, m) for m in MARKS[1:] if getattr(phases, m) is not None}
+        return marks
+
+    freed = NODES[1]
+    subprocess.run(["scancel", str(fillers[freed]), str(extra.pop(freed))], env=env, check=True)
+    grow = resized(1, 2, "the job grown to 2 GPUs")
+    rigid = filler(env, freed, 3)
+    shrink = resized(2, 1, "the job shrunk to 1 GPU for a rigid job")
+    wait(lambda: backend.snapshot().job(rigid).state is JobState.RUNNING, 120, "the rigid job running")
+    subprocess.run(["scancel", str(job_id), str(rigid), *map(str, extra.values())], env=env, check=True)
+    wait(lambda: not [j for j in backend.snapshot().jobs if j.job_id in (job_id, rigid, *extra.values())
+                      and not j.state.finished], 120, "the resize case's jobs gone")
+    fillers[freed] = filler(env, freed)
+    wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
+         "the fillers running again")
+    return grow, shrink
+
+
 def rows_of(path: Path) -> list[dict]:
     out = []
     if path.exists():
@@ -167,6 +211,7 @@ def main() -> None:
     parser.add_argument("--slurmd-timeout", type=int, default=300, help="SlurmdTimeout of the cluster (s)")
     parser.add_argument("--skip-plain", action="store_true", help="do not wait for plain Slurm (SlurmdTimeout + 120 s)")
     parser.add_argument("--skip-in-place", action="store_true", help="do not run the shrink-in-place case first")
+    parser.add_argument("--skip-resize", action="store_true", help="do not run the grow and rebalance-shrink case")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (logs, job outputs) and say where")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -183,14 +228,19 @@ def main() -> None:
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
     daemon = None
-    marks: dict[str, dict[str, float]] = {"in-place": {}, "controller": {}, "plain-requeue": {}}
+    marks: dict[str, dict[str, float]] = {"grow": {}, "rebalance-shrink": {}, "in-place": {}, "controller": {},
+                                          "plain-requeue": {}}
     try:
+        # No hysteresis and the linear speed model: the resize case's grow comes at once and is a grow (the
+        # digits job measures no faster at 2 CPU ranks); a lost node overrides hysteresis anyway.
         daemon = subprocess.Popen([sys.executable, "-c", CLI, "-v", "admin", "daemon", "--interval", "2",
-                                   "--ack-timeout", "20"], env=env, stdout=open(root / "daemon.log", "w"),
-                                  stderr=subprocess.STDOUT)
+                                   "--ack-timeout", "20", "--hysteresis", "0", "--speed", "linear"], env=env,
+                                  stdout=open(root / "daemon.log", "w"), stderr=subprocess.STDOUT)
         fillers = {n: filler(env, n) for n in NODES}
         wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
              "the fillers running")
+        if not args.skip_resize:
+            marks["grow"], marks["rebalance-shrink"] = resize_case(env, backend, root, fillers)
         if not args.skip_in_place:
             marks["in-place"] = in_place_case(env, backend, local, root, fillers)
         loss_log = root / "loss.jsonl"
@@ -281,15 +331,16 @@ def main() -> None:
         else:
             shutil.rmtree(root, ignore_errors=True)
     cases = [c for c in marks if len(marks[c]) > 1]
+    base = {c: marks[c].get("failed", marks[c].get("detected", 0.0)) for c in cases}   # a resize: the plan
     rows = []
     for mark in MARKS:
         if not any(mark in marks[c] for c in cases):
             continue
-        rows.append({"mark": LABELS[mark], **{f"{c}_s": (round(marks[c][mark] - marks[c]["failed"], 1)
+        rows.append({"mark": LABELS[mark], **{f"{c}_s": (round(marks[c][mark] - base[c], 1)
                                                           if mark in marks[c] else None) for c in cases}})
     print_rows(rows, args.json, columns=("mark", *(f"{c}_s" for c in cases)),
-               title=f"seconds after the node was lost (SlurmdTimeout={args.slurmd_timeout} s, "
-                     f"Slurm {backend.version})")
+               title=f"seconds after the node was lost, or (grow, rebalance-shrink) after the plan opened "
+                     f"(SlurmdTimeout={args.slurmd_timeout} s, Slurm {backend.version})")
 
 
 if __name__ == "__main__":

@@ -338,7 +338,7 @@ def update_args(version: SlurmVersion, job_id: int, shape: RequestShape, *, star
     for name, val in shape.to_json().items():
         if int(val) < 1:
             raise SlurmError(f"set_resources: {name} must be >= 1, got {val}")
-    args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes),
+    args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes), *cpu_count_fields(shape),
             f"TresPerNode={gpu_tres(version, int(shape.gpus_per_node))}",
             f"CpusPerTres={gpu_tres(version, int(shape.cpus_per_gpu))}",
             f"MemPerTres={gpu_tres(version, int(shape.mem_per_gpu_mb))}"]
@@ -357,6 +357,16 @@ def node_count_fields(nodes: int) -> list[str]:
     a pending 1x2 job resized to 2x1 beside free GPUs). The templates' sruns give their own counts.
     """
     return [f"NumNodes={int(nodes)}-{int(nodes)}", f"NumTasks={int(nodes)}"]
+
+
+def cpu_count_fields(shape: RequestShape) -> list[str]:
+    """The `scontrol update` fields that set a job's CPU count to the new shape's.
+
+    The job keeps the CPU count of its submission when only CpusPerTres and TresPerNode change (seen
+    live, 22.05: a job submitted at 1 GPU and resized to 2 still had NumCPUs=1, and its 2-task srun
+    failed with "More processors requested than permitted"); a shrink would keep the CPUs it had."""
+    per_node = int(shape.gpus_per_node) * int(shape.cpus_per_gpu)
+    return [f"NumCPUs={int(shape.nodes) * per_node}", f"MinCPUsNode={per_node}"]
 
 
 def requeue_flag(version: SlurmVersion | None, expedite_enabled: bool = False) -> str:

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.cli_backend import CliBackend, classify, node_count_fields, update_args
+from slurm_elastic.cluster.cli_backend import CliBackend, classify, cpu_count_fields, node_count_fields, update_args
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.partitions import PartitionTimes
 from slurm_elastic.cluster.shape import RequestShape
@@ -270,8 +270,10 @@ class PyslurmBackend:
             # not build), so the commonest failure leaves Slurm untouched.
             desc = resize_description(self._ps, shape, start_now=start_now)
             self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
-            # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum).
-            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes)])
+            # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum),
+            # and the CPU count, which per-GPU CPUs do not change (cpu_count_fields).
+            self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes),
+                            *cpu_count_fields(shape)])
             after = self._job(job_id)
             if _shape(after) != target:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "

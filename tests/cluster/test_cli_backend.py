@@ -25,7 +25,8 @@ from tests.cluster.captures import VERSIONS, project_text
                                          (SlurmVersion(26, 5, 5), "gres/gpu")])
 def test_update_spelling_follows_the_version(version: SlurmVersion, gpu: str) -> None:
     args = update_args(version, 12, RequestShape(1, 3, 2, 4000))
-    assert args == ["scontrol", "update", "JobId=12", "NumNodes=1-1", "NumTasks=1", f"TresPerNode={gpu}:3",
+    assert args == ["scontrol", "update", "JobId=12", "NumNodes=1-1", "NumTasks=1", "NumCPUs=6", "MinCPUsNode=6",
+                    f"TresPerNode={gpu}:3",
                     f"CpusPerTres={gpu}:2", f"MemPerTres={gpu}:4000", "StartTime=now"]
     assert "StartTime=now" not in update_args(version, 12, RequestShape(1, 3, 2, 4000), start_now=False)
 

@@ -226,6 +226,44 @@ def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
         slurm_cluster.cancel(jid)
 
 
+GROW_BATCH = """#!/bin/bash
+echo "start restart=${SLURM_RESTART_COUNT:-0}"
+unset SLURM_CPUS_PER_GPU SLURM_MEM_PER_GPU SLURM_GPUS_PER_NODE SLURM_TRES_PER_TASK
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then srun --ntasks=3 --ntasks-per-node=3 echo task-ran; fi
+sleep 600
+"""
+
+
+def test_a_job_grown_past_its_submitted_cpus_starts_a_task_per_gpu(slurm_cluster, tmp_path: Path) -> None:
+    """Submitted at 1 GPU (1 CPU), resized to 3 GPUs with 1 CPU each: the released job runs a 3-task step, as
+    the templates' srun does. Before the resize set the CPU count too, the job kept the 1 CPU of its
+    submission and srun refused ("More processors requested than permitted"; seen live on 22.05)."""
+    backend = CliBackend()
+    script = tmp_path / "grow.sh"
+    script.write_text(GROW_BATCH)
+    script.chmod(0o755)
+    spec = ElasticSpec(1, 8, cpus_per_gpu=1, mem_per_gpu_mb=500)
+    jid = backend.submit(SubmitDescription(script=str(script), shape=RequestShape(1, 1, 1, 500),
+                                           comment=spec.to_comment(), job_name="elastic-grow", workdir=str(tmp_path),
+                                           extra_args=(f"--output={tmp_path}/out-%j.txt",
+                                                       f"--partition={slurm_cluster.partition}")))
+    try:
+        wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.RUNNING, "running")
+        slurm_cluster.wait_for(lambda: "start restart=0" in output(tmp_path, jid), 30, what="the first start")
+        backend.requeue_hold(jid)
+        wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.PENDING and j.held, "held")
+        requeued_at = time.monotonic()
+        backend.set_resources(jid, RequestShape(1, 3, 1, 500))
+        time.sleep(max(0.0, requeued_at + 1.5 - time.monotonic()))   # as test_resize_protocol_steps
+        backend.release(jid)
+        job = wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.RUNNING, "running again", 30)
+        assert (job.gpus_per_node, job.cpus_per_node) == (3, 3), (job.gpus_per_node, job.cpus_per_node)
+        slurm_cluster.wait_for(lambda: output(tmp_path, jid).count("task-ran") == 3, 30,
+                               what=f"3 tasks of the grown job's step; output: {output(tmp_path, jid)[-500:]}")
+    finally:
+        slurm_cluster.cancel(jid)
+
+
 class EventLog:
     """Runs `watch()` in a thread and timestamps every event (monotonic seconds)."""
 

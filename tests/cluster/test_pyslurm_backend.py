@@ -108,7 +108,7 @@ def test_resize_is_applied_and_read_back() -> None:
     job = {j.job_id: j for j in b.snapshot().jobs}[1]
     assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb, job.mem_per_node_mb,
             job.held) == (1, 3, 2, 700, 2100, True)
-    assert ["scontrol", "update", "JobId=1", "NumNodes=1-1", "NumTasks=1"] in cli.runs
+    assert ["scontrol", "update", "JobId=1", "NumNodes=1-1", "NumTasks=1", "NumCPUs=6", "MinCPUsNode=6"] in cli.runs
     update = [r for r in ps.ctld.rpcs if r[0] == "update"][0]
     assert update[2] == {"tres_per_node": "gres:gpu:3", "cpus_per_tres": "gres:gpu:2", "mem_per_tres": "gres:gpu:700"}
 
@@ -133,7 +133,8 @@ def test_failed_node_count_rolls_the_gpus_back() -> None:
     job = {j.job_id: j for j in b.snapshot().jobs}[1]
     assert (job.num_nodes, job.gpus_per_node, job.cpus_per_gpu, job.mem_per_gpu_mb) == (2, 2, 1, 500)
     rollback = [r for r in cli.runs if any(a.startswith("TresPerNode=") for a in r)]
-    assert rollback == [["scontrol", "update", "JobId=1", "NumNodes=2-2", "NumTasks=2", "TresPerNode=gres/gpu:2",
+    assert rollback == [["scontrol", "update", "JobId=1", "NumNodes=2-2", "NumTasks=2", "NumCPUs=4", "MinCPUsNode=2",
+                         "TresPerNode=gres/gpu:2",
                          "CpusPerTres=gres/gpu:1", "MemPerTres=gres/gpu:500"]]
 
 

@@ -29,7 +29,8 @@ def test_the_cli_backend_spells_the_shape_for_scontrol_and_sbatch(monkeypatch, v
     monkeypatch.setattr(backend, "_run", lambda args, **kw: calls.append(list(args))
                         or ("" if args[:3] == ["scontrol", "show", "config"] else "42\n"))
     backend.set_resources(7, SHAPE)
-    assert calls[-1] == ["scontrol", "update", "JobId=7", "NumNodes=1-1", "NumTasks=1", f"TresPerNode={gpu}:3",
+    assert calls[-1] == ["scontrol", "update", "JobId=7", "NumNodes=1-1", "NumTasks=1", "NumCPUs=6", "MinCPUsNode=6",
+                         f"TresPerNode={gpu}:3",
                          f"CpusPerTres={gpu}:2", f"MemPerTres={gpu}:700", "StartTime=now"]
     assert backend.submit(SubmitDescription(script="s", shape=SHAPE)) == 42
     [sbatch] = [c for c in calls if c[0] == "sbatch"]
@@ -46,7 +47,7 @@ def test_the_pyslurm_backend_sends_the_same_shape_and_reads_it_back():
     assert [r for r in ctld.rpcs if r[0] == "update"] == [
         ("update", 1, {"tres_per_node": "gres:gpu:3", "cpus_per_tres": "gres:gpu:2", "mem_per_tres": "gres:gpu:700"}),
         ("update", 1, {"num_nodes": 1})]
-    assert ["scontrol", "update", "JobId=1", "NumNodes=1-1", "NumTasks=1"] in cli.runs
+    assert ["scontrol", "update", "JobId=1", "NumNodes=1-1", "NumTasks=1", "NumCPUs=6", "MinCPUsNode=6"] in cli.runs
     assert _seen(backend.snapshot().job(1)) == SHAPE
 
 
