@@ -133,12 +133,18 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             why += "; restarting without them" if target > 0 else "; no room without them: queued at its minimum"
             return Plan(entry=PlanEntry.RUNNING, reason=why, forced=True, exclude=tuple(lost_nodes), **common)
         lost = lost_node(job, state)
-        if target == now and not lost:
+        # The same count elsewhere: the solve placed fewer GPUs on a node than the job holds there, which it
+        # does only when the job cannot stay (a pending rigid job was given that node's GPUs).
+        moved = target == now and bool(placement) and any(placement.get(n, 0) < job.gpus_per_node for n in job.nodes)
+        if target == now and not lost and not moved:
             return None
         if target == 0:
             reason = "no room: back to the queue at its minimum"
         elif lost:
             reason = "a node it uses is drained or unavailable"
+        elif moved:
+            reason = "move: its GPUs on " + ",".join(n for n in job.nodes if placement.get(n, 0) < job.gpus_per_node) \
+                + " are given to other work"
         else:
             reason = "grow" if target > now else "shrink"
         return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)

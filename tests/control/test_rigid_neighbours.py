@@ -136,3 +136,26 @@ def test_the_metrics_count_the_gpus_given_back_and_the_rigid_jobs_that_wait(tmp_
     assert "slurm_elastic_rigid_gpus_given_back 0.0" in text
     assert 'slurm_elastic_rigid_jobs{status="given"} 0.0' in text
     assert 'slurm_elastic_rigid_jobs{status="waiting"} 1.0' in text
+
+
+def test_an_elastic_job_moves_off_the_node_a_rigid_job_needs_when_its_size_stays(tmp_path):
+    """The solve keeps the elastic job at 2 GPUs but not where it runs: it gave the rigid job that node's GPUs.
+    A plan that only compared GPU counts left it there and the rigid job waited for good (seen live,
+    benchmarks/controller_recovery.py)."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    slurm.add_job(None, nodes=1, gpus_per_node=3)                   # n1: 3 of 4 GPUs
+    elastic = slurm.add_job(ElasticSpec(1, 2, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=2)
+    assert slurm.jobs[elastic].state is JobState.RUNNING
+    held = set(slurm.jobs[elastic].nodes)
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=3)           # fits only where the elastic job runs
+    assert slurm.jobs[rigid].state is JobState.PENDING
+    clock = Clock()
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=0)
+    rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=clock, sleep=clock.sleep)
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [elastic], report.plans
+    rec.cycle()
+    assert slurm.jobs[rigid].state is JobState.RUNNING, slurm.jobs[rigid]
+    assert set(slurm.jobs[rigid].nodes) == held
+    assert slurm.jobs[elastic].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 2    # 1 + 1 beside it
