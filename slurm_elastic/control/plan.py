@@ -89,13 +89,16 @@ def on_dead_node(job: Job, state: ClusterState) -> bool:
 def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
                *, job_ids: frozenset[int] | None = None,
                handled: Mapping[int, int] | None = None,
-               peer_lost: Mapping[int, tuple[str, ...]] | None = None) -> tuple[Plan, ...]:
+               peer_lost: Mapping[int, tuple[str, ...]] | None = None,
+               given_to_rigid: frozenset[str] = frozenset()) -> tuple[Plan, ...]:
     """The changes that take each in-scope elastic job from now to the allocation.
 
     `handled` maps job id -> restart count after the controller's own last plan: a pending job
     at that count was requeued by us (already resized, StartTime=now), not by a node failure.
     `peer_lost` maps job id -> the nodes its ranks reported lost (control/peer_loss.py): such a
     running job restarts now without them, at whatever size the allocation gives it.
+    `given_to_rigid`: nodes kept for pending rigid jobs this cycle; a running job the allocation
+    keeps at its size but places off them moves (otherwise only a change of size makes a plan).
     Shrinks come first so that grows find the GPUs they free.
     """
     handled = handled or {}
@@ -108,7 +111,8 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
         if target is None:
             continue
         plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state,
-                         ours=handled.get(job.job_id) == job.restarts, lost_nodes=peer_lost.get(job.job_id, ()))
+                         ours=handled.get(job.job_id) == job.restarts, lost_nodes=peer_lost.get(job.job_id, ()),
+                         given_to_rigid=given_to_rigid)
         if plan is not None:
             plans.append(plan)
     plans.sort(key=lambda p: (not p.shrinks, p.job_id))
@@ -116,7 +120,8 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
 
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
-              state: ClusterState, *, ours: bool = False, lost_nodes: tuple[str, ...] = ()) -> Plan | None:
+              state: ClusterState, *, ours: bool = False, lost_nodes: tuple[str, ...] = (),
+              given_to_rigid: frozenset[str] = frozenset()) -> Plan | None:
     spec = job.spec
     assert spec is not None
     if job.held:
@@ -133,9 +138,11 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             why += "; restarting without them" if target > 0 else "; no room without them: queued at its minimum"
             return Plan(entry=PlanEntry.RUNNING, reason=why, forced=True, exclude=tuple(lost_nodes), **common)
         lost = lost_node(job, state)
-        # The same count elsewhere: the solve placed fewer GPUs on a node than the job holds there, which it
-        # does only when the job cannot stay (a pending rigid job was given that node's GPUs).
-        moved = target == now and bool(placement) and any(placement.get(n, 0) < job.gpus_per_node for n in job.nodes)
+        # The same count elsewhere, off a node kept for a pending rigid job: the job must make room. Other
+        # same-count moves are not made: the solve charges no restart for a placement change, so they
+        # would restart jobs for a small gain (seen live: a job moved from 2x1 to 1x2 right after a requeue).
+        leaving = [n for n in job.nodes if n in given_to_rigid and placement.get(n, 0) < job.gpus_per_node]
+        moved = target == now and bool(placement) and bool(leaving)
         if target == now and not lost and not moved:
             return None
         if target == 0:
@@ -143,8 +150,7 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
         elif lost:
             reason = "a node it uses is drained or unavailable"
         elif moved:
-            reason = "move: its GPUs on " + ",".join(n for n in job.nodes if placement.get(n, 0) < job.gpus_per_node) \
-                + " are given to other work"
+            reason = f"move: its GPUs on {','.join(leaving)} are given to a pending rigid job"
         else:
             reason = "grow" if target > now else "shrink"
         return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)

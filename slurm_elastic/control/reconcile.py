@@ -460,9 +460,11 @@ class Reconciler:
         allocation = with_basis(allocation, decided.basis)
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
+        given = frozenset(n for r in (rigid.reserved if rigid is not None else ()) for n in r.nodes)
         plans = make_plans(scoped, allocation,
                            lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
-                           handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()})
+                           handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()},
+                           given_to_rigid=given)
         waits = self._waits(scoped, allocation, plans, pinned, stuck, decided.waits, now)
         for job_id, loss in losses.items():
             if job_id not in acting:
