@@ -20,10 +20,14 @@ from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobReq
 Solve = Callable[[AllocationProblem], Allocation]
 
 
+def _several_users(problem: AllocationProblem) -> bool:
+    return len({j.user for j in problem.jobs}) > 1
+
+
 def claiming_users(problem: AllocationProblem) -> list[str]:
     """The users whose jobs carry claims (a `--weight`; with other users present, any weight or values
     taken from what the jobs write): the users whose GPUs a second solve divides."""
-    several = len({j.user for j in problem.jobs}) > 1
+    several = _several_users(problem)
 
     def claims(job: JobRequest) -> bool:
         return job.own_weight != 1.0 or (several and (job.weight != 1.0 or job.values is not None))
@@ -33,7 +37,7 @@ def claiming_users(problem: AllocationProblem) -> list[str]:
 
 def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
     """`solve` with every job neutral, then each claiming user's slice divided at their jobs' claims."""
-    several = len({j.user for j in problem.jobs}) > 1
+    several = _several_users(problem)
     neutral = solve(dataclasses.replace(problem, jobs=tuple(
         dataclasses.replace(j, weight=1.0, values=None, own_weight=1.0) if several else j.neutral()
         for j in problem.jobs)))

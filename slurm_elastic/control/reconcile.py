@@ -495,6 +495,7 @@ class Reconciler:
         """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
         planned = {p.job_id for p in plans}
         open_plans = {r.job_id: r for r in self.journal.open_plans()}
+        node_gpus = [n.gpus for n in state.nodes if n.available]
         ack = self.config.protocol.ack_timeout_s
         out: dict[int, str] = {}
         for job in state.elastic_jobs:
@@ -516,8 +517,7 @@ class Reconciler:
             elif job.job_id in measuring:
                 out[job.job_id] = measuring[job.job_id]
             elif job.state is JobState.PENDING and not job.held and not target:
-                never = never_placeable(spec, [n.gpus for n in state.nodes if n.available],
-                                        self.config.policy.whole_nodes_when_spanning)
+                never = never_placeable(spec, node_gpus, self.config.policy.whole_nodes_when_spanning)
                 out[job.job_id] = (f"not placeable: {never}" if never else
                                    f"not placeable: its minimum of {spec.min_gpus} GPUs does not fit beside "
                                    f"the others now (Slurm: {job.reason or 'pending'})")
