@@ -122,19 +122,24 @@ class Formulation:
     def _progress_job(self, i: int) -> None:
         """The progress objective's stay binary k_j and floor slack sigma_j (nothing under the legacy one)."""
         inst, mdl, c, obj = self.inst, self.model, self.cols[i], self.inst.terms[i].objective
-        if obj.stay > 0:
-            # k = 1 only when g = g0 (and, in the exact model, x_n >= x0_n on every node it holds, so x = x0)
-            g0 = float(sum(inst.current[i].values()))
-            top = float(inst.terms[i].candidates[-1])
-            c.k = mdl.add_col(cost=obj.stay, lo=0, hi=1, integer=True)
-            mdl.add_row([c.g, c.k], [1.0, top], hi=g0 + top)           # g - g0 <= top (1 - k)
-            mdl.add_row([c.g, c.k], [1.0, -g0], lo=0)                  # g >= g0 k
-            if self.exact:
-                for n, x0 in inst.current[i].items():
-                    mdl.add_row([c.x[n], c.k], [1.0, -float(x0)], lo=0)   # x_n >= x0_n k
+        if obj.stay > 0 and c.k < 0:
+            self._stay_col(i)
         if obj.floor > 0 and obj.per_short_gpu > 0:
             c.sigma = mdl.add_col(cost=-obj.per_short_gpu, lo=0, hi=float(obj.floor))
             mdl.add_row([c.g, c.sigma], [1.0, 1.0], lo=float(obj.floor))   # g + sigma >= phi
+
+    def _stay_col(self, i: int) -> None:
+        """k_j = 1 only when the job stays exactly as it runs: g = g0 (and, in the exact model, x_n >= x0_n on
+        every node it holds, so x = x0). Its cost is the progress objective's stay bonus (0 otherwise)."""
+        inst, mdl, c = self.inst, self.model, self.cols[i]
+        g0 = float(sum(inst.current[i].values()))
+        top = float(inst.terms[i].candidates[-1])
+        c.k = mdl.add_col(cost=inst.terms[i].objective.stay, lo=0, hi=1, integer=True)
+        mdl.add_row([c.g, c.k], [1.0, top], hi=g0 + top)           # g - g0 <= top (1 - k)
+        mdl.add_row([c.g, c.k], [1.0, -g0], lo=0)                  # g >= g0 k
+        if self.exact:
+            for n, x0 in inst.current[i].items():
+                mdl.add_row([c.x[n], c.k], [1.0, -float(x0)], lo=0)   # x_n >= x0_n k
 
     def _counts_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
@@ -195,20 +200,28 @@ class Formulation:
                     c.e[n] = e
                     mdl.add_row([e, x], [1.0, -1.0], lo=-g0)   # e >= x - x0
                     mdl.add_row([e, x], [1.0, 1.0], lo=g0)     # e >= x0 - x
+        # Staying where it runs is always an answer, even off the shape rule (staying asks Slurm for
+        # nothing): with k = 1 (x = x0) the shape rows below are relaxed by k's column.
+        free = inst.stays_off_shape(i)
+        if free:
+            self._stay_col(i)
+        kc, kv = ([c.k], 1.0) if free else ([], 0.0)
         if not t.spans or k <= 1:
-            mdl.add_row(us, [1.0] * k, hi=1)                   # one node
+            mdl.add_row(us + kc, [1.0] * k + [-(k - 1.0) * kv][:len(kc)], hi=1)   # one node (unless it stays)
             return
         pmax = float(max(inst.max_node_gpus, 1))
         c.G = mdl.add_col(lo=0, hi=pmax, integer=True)
         for x, u in zip(xs, us):
-            mdl.add_row([x, c.G], [1.0, -1.0], hi=0)           # x <= G
-            mdl.add_row([x, c.G, u], [1.0, -1.0, -pmax], lo=-pmax)  # x >= G - pmax (1 - u): equal on used nodes
+            mdl.add_row([x, c.G] + kc, [1.0, -1.0] + [-pmax][:len(kc)], hi=0)     # x <= G
+            # x >= G - pmax (1 - u): equal on used nodes
+            mdl.add_row([x, c.G, u] + kc, [1.0, -1.0, -pmax] + [pmax][:len(kc)], lo=-pmax)
         if inst.whole:
             c.span = mdl.add_col(lo=0, hi=1, integer=True)
             mdl.add_row(us + [c.span], [1.0] * k + [-(k - 1.0)], hi=1)   # sum u <= 1 + (k-1) span
             for x, u, n in zip(xs, us, nodes):
                 cg = float(inst.cap[n, 0])
-                mdl.add_row([x, u, c.span], [1.0, -cg, -cg], lo=-cg)  # x >= C_n (u + span - 1): whole nodes
+                # x >= C_n (u + span - 1): whole nodes
+                mdl.add_row([x, u, c.span] + kc, [1.0, -cg, -cg] + [cg][:len(kc)], lo=-cg)
 
     def _exact_capacity(self) -> None:
         inst, mdl = self.inst, self.model

@@ -237,8 +237,26 @@ class Instance:
         if t.kappa > 0:
             cur = self.current[i]
             moved = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
-        stays = t.objective.stay > 0 and {n: v for n, v in row.items() if v > 0} == self.current[i]
+        stays = t.objective.stay > 0 and self.stays(i, row)
         return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0), stays)
+
+    def stays(self, i: int, row: Mapping[int, int]) -> bool:
+        """Row is exactly where job i runs now (and it runs)."""
+        return bool(self.current[i]) and {n: v for n, v in row.items() if v > 0} == self.current[i]
+
+    def stays_off_shape(self, i: int) -> bool:
+        """Job i runs at a placement the shape rule would not choose now (Slurm placed it, or other jobs
+        moved around a spanning one), at an allowed count, on nodes that can still host it: staying is an
+        answer for it all the same, since staying asks Slurm for nothing."""
+        cur = self.current[i]
+        if not cur or sum(cur.values()) not in self.terms[i].candidates:
+            return False
+        named = {self.node_names[n]: v for n, v in cur.items()}
+        node_gpus = {self.node_names[n]: int(self.cap[n, 0]) for n in cur}
+        if placement_is_valid_shape(named, node_gpus, self.whole):
+            return False
+        per = self.max_per_node(i)
+        return all(per[n] >= v for n, v in cur.items())
 
     def objective(self, placement: Sequence[Mapping[int, int]]) -> float:
         return float(sum(self.job_objective(i, row) for i, row in enumerate(placement)))
@@ -254,7 +272,7 @@ class Instance:
             if g and g not in self.terms[i].candidates:
                 out.append(f"job {self.jobs[i].key}: {g} GPUs is not an allowed count")
             named = {self.node_names[n]: v for n, v in row.items()}
-            if not placement_is_valid_shape(named, node_gpus, self.whole):
+            if not placement_is_valid_shape(named, node_gpus, self.whole) and not self.stays(i, row):
                 out.append(f"job {self.jobs[i].key}: {named} is not a Slurm shape")
             for n, v in row.items():
                 if v < 0:

@@ -27,6 +27,16 @@ class Layout:
         self.inst = inst
         self.free = inst.cap.copy()
         self.rows: list[Row] = [{} for _ in inst.jobs]
+        # GPUs held now by jobs not yet placed in this layout: a new placement prefers other nodes, since
+        # taking these moves a running job (a restart nobody priced)
+        self.claimed = np.zeros(len(inst.nodes))
+        for row in inst.current:
+            for n, g in row.items():
+                self.claimed[n] += g
+        self.placed: set[int] = set()
+
+    def release_claims(self) -> None:
+        self.claimed = np.zeros(len(self.inst.nodes))
 
     def remove(self, i: int) -> None:
         for n, g in self.rows[i].items():
@@ -35,6 +45,10 @@ class Layout:
 
     def put(self, i: int, row: Row) -> None:
         self.remove(i)
+        if i not in self.placed:
+            self.placed.add(i)
+            for n, g in self.inst.current[i].items():
+                self.claimed[n] -= g
         for n, g in row.items():
             self.free[n] -= g * self.inst.rho[i]
         self.rows[i] = dict(row)
@@ -61,11 +75,15 @@ class Layout:
                 free[n] += v * rho
         prefer = prefer or {}
         fg, fc, fm = free[:, 0], free[:, 1], free[:, 2]
+        unclaimed = fg - self._claimed_by_others(i)
         ok = (fg >= g - _EPS) & (fc >= g * rho[1] - _EPS) & (fm >= g * rho[2] - _EPS)
         if ok.any():
             for n in sorted(prefer, key=lambda n: -prefer[n]):
                 if ok[n]:
                     return {n: g}
+            clear = ok & (unclaimed >= g - _EPS)
+            if clear.any():
+                return {int(np.argmin(np.where(clear, unclaimed, np.inf))): g}   # best fit, moving nobody
             return {int(np.argmin(np.where(ok, fg, np.inf))): g}   # best fit on GPUs
         for w in spanning_widths(g, inst.node_sizes, inst.whole):
             k = g // w
@@ -77,13 +95,22 @@ class Layout:
             chosen = [n for n in prefer if ok[n]][:k]
             if len(chosen) < k:
                 taken = set(chosen)
-                for n in np.nonzero(ok)[0]:
+                order = np.nonzero(ok)[0]
+                for n in sorted(order, key=lambda n: unclaimed[n] < w - _EPS):   # nodes moving nobody first
                     if len(chosen) == k:
                         break
                     if int(n) not in taken:
                         chosen.append(int(n))
             return {int(n): w for n in chosen}
         return None
+
+    def _claimed_by_others(self, i: int) -> np.ndarray:
+        if i in self.placed or not self.inst.current[i]:
+            return self.claimed
+        out = self.claimed.copy()
+        for n, g in self.inst.current[i].items():
+            out[n] -= g
+        return out
 
 
 def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
@@ -113,7 +140,7 @@ def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
         g0 = sum(cur.values())
         if inst.jobs[i].must_run:
             continue
-        if g > 0 and g == g0 and lay.fits(i, cur) and _keeps_shape(inst, cur):
+        if g > 0 and g == g0 and lay.fits(i, cur):
             lay.put(i, cur)
         elif 0 < g < g0 and all(inst.cap[n, 0] > 0 for n in cur):
             shrink.append(i)
@@ -126,6 +153,7 @@ def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
             lay.put(i, row)
         if sum(lay.rows[i].values()) < counts[i]:
             lowered.append(i)
+    lay.release_claims()   # every job has its place now: what is free is free for the repair and fill passes
     return lay, lowered
 
 
@@ -158,7 +186,7 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
             break  # in place (or a job that holds nothing): smaller counts only score lower
     g0 = sum(cur.values())
     # staying put is an option for a job that was to grow; one the counts solve shrank must give the GPUs back
-    if cur and g0 <= target and g0 in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+    if cur and g0 <= target and g0 in inst.terms[i].candidates and lay.fits(i, cur):
         score = inst.job_objective(i, cur)
         if best is None or score > best[0]:
             best = (score, dict(cur))
@@ -167,10 +195,11 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
 
 def make_room(inst: Instance, lay: Layout, jobs: Sequence[int], targets: Sequence[int], *,
               tries: int = 4) -> int:
-    """Give lowered jobs their asked count by moving single-node jobs out of their way, when that pays.
+    """Give lowered jobs their asked count by moving other jobs out of their way, when that pays.
 
     For job i and a node that could hold it if emptied, the jobs there are
-    moved elsewhere (each at its count); the move is kept only when job i's
+    moved elsewhere, whole and at their counts (a spanning one to other
+    nodes too); the move is kept only when job i's
     gain beats the others' restart costs (all scored by the objective). Jobs
     spanning nodes clear whole nodes one by one the same way. Returns how
     many jobs got more.
@@ -190,11 +219,10 @@ def make_room(inst: Instance, lay: Layout, jobs: Sequence[int], targets: Sequenc
 
 
 def _occupants(lay: Layout) -> dict[int, list[int]]:
-    """Node -> the single-node jobs on it (the ones that can be moved whole)."""
+    """Node -> the jobs with GPUs on it (each can be moved whole, at its count, off that node)."""
     out: dict[int, list[int]] = {}
     for k, row in enumerate(lay.rows):
-        if len(row) == 1:
-            (n,) = row
+        for n in row:
             out.setdefault(n, []).append(k)
     return out
 
@@ -238,14 +266,14 @@ def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int, on_node: list[in
     if np.all(lay.free[n] >= need - _EPS):
         lay.free[n] -= need            # reserve it while others move
         return True
-    victims = sorted((k for k in on_node if k != i and lay.rows[k].keys() == {n}), key=lambda k: lay.rows[k][n])
+    victims = sorted((k for k in on_node if k != i and n in lay.rows[k]), key=lambda k: (lay.rows[k][n], k))
     saved_free = lay.free.copy()
     saved_rows = {k: dict(lay.rows[k]) for k in victims}
     moved = []
     for k in victims:
         if np.all(lay.free[n] >= need - _EPS):
             break
-        g = lay.rows[k][n]
+        g = sum(lay.rows[k].values())
         lay.remove(k)
         lay.free[n] -= inst.cap[n] + 1.0      # hide node n from the search
         row = lay.find(k, g)
@@ -273,16 +301,9 @@ def _copy(lay: Layout) -> Layout:
     out.inst = lay.inst
     out.free = lay.free.copy()
     out.rows = [dict(r) for r in lay.rows]
+    out.claimed = lay.claimed.copy()
+    out.placed = set(lay.placed)
     return out
-
-
-def _keeps_shape(inst: Instance, row: Row) -> bool:
-    used = [(n, g) for n, g in row.items() if g > 0]
-    if len(used) <= 1:
-        return True
-    if len({g for _, g in used}) != 1:
-        return False
-    return not inst.whole or all(inst.cap[n, 0] == g for n, g in used)
 
 
 def improve(inst: Instance, lay: Layout, *, lookahead: int = 4) -> Layout:
@@ -344,7 +365,7 @@ def kept(inst: Instance) -> Layout:
     for i in sorted(range(len(inst.jobs)), key=lambda i: -inst.terms[i].objective.weight):
         cur = inst.current[i]
         g = sum(cur.values())
-        if g in inst.terms[i].candidates and lay.fits(i, cur) and _keeps_shape(inst, cur):
+        if g in inst.terms[i].candidates and lay.fits(i, cur):
             lay.put(i, cur)
     return lay
 

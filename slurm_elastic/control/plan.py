@@ -97,8 +97,8 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
     at that count was requeued by us (already resized, StartTime=now), not by a node failure.
     `peer_lost` maps job id -> the nodes its ranks reported lost (control/peer_loss.py): such a
     running job restarts now without them, at whatever size the allocation gives it.
-    `given_to_rigid`: nodes kept for pending rigid jobs this cycle; a running job the allocation
-    keeps at its size but places off them moves (otherwise only a change of size makes a plan).
+    `given_to_rigid`: nodes kept for pending rigid jobs this cycle (named in a move's reason). A running
+    job the allocation keeps at its size but places elsewhere moves.
     Shrinks come first so that grows find the GPUs they free.
     """
     handled = handled or {}
@@ -138,10 +138,10 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             why += "; restarting without them" if target > 0 else "; no room without them: queued at its minimum"
             return Plan(entry=PlanEntry.RUNNING, reason=why, forced=True, exclude=tuple(lost_nodes), **common)
         lost = lost_node(job, state)
-        # The same count elsewhere, off a node kept for a pending rigid job: the job must make room. Other
-        # same-count moves are not made: the solve charges no restart for a placement change, so they
-        # would restart jobs for a small gain (seen live: a job moved from 2x1 to 1x2 right after a requeue).
-        leaving = [n for n in job.nodes if n in given_to_rigid and placement.get(n, 0) < job.gpus_per_node]
+        # The same count elsewhere: the solve took GPUs off a node the job holds (for a pending rigid job,
+        # or for another job's shape). Its current placement is always open to the solve at the restart
+        # charge's price (allocate/instance.py, `stays`), so a move is one the objective paid for.
+        leaving = [n for n in job.nodes if placement.get(n, 0) < job.gpus_per_node]
         moved = target == now and bool(placement) and bool(leaving)
         if target == now and not lost and not moved:
             return None
@@ -150,7 +150,8 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
         elif lost:
             reason = "a node it uses is drained or unavailable"
         elif moved:
-            reason = f"move: its GPUs on {','.join(leaving)} are given to a pending rigid job"
+            whom = "a pending rigid job" if all(n in given_to_rigid for n in leaving) else "other work"
+            reason = f"move: its GPUs on {','.join(leaving)} are given to {whom}"
         else:
             reason = "grow" if target > now else "shrink"
         return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)

@@ -120,3 +120,32 @@ def test_losing_a_node_at_scale_with_high_beta_moves_only_its_jobs():
             assert after.placement[j.key] == dict(j.current), j.key
         else:
             assert busy.name not in after.placement[j.key]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_running_off_the_shape_rule_stays_when_nothing_asks_it_to_move(mode):
+    # Slurm placed a 2-GPU job as 2 x 1 on 4-GPU nodes, a shape the rule would not choose (spanning jobs
+    # take whole nodes). Staying asks Slurm for nothing, so it stays: a move to 1 x 2 would restart it for
+    # one node fewer. It still moves when another job's gain pays for the restart.
+    nodes = (node("n0", 4), node("n1", 4), node("n2", 4))
+    jobs = (JobRequest("a", 2, 2, current={"n0": 1, "n1": 1}, restart_cost_s=30.0),)
+    alloc = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
+    assert alloc.placement["a"] == {"n0": 1, "n1": 1}
+    # a whole-node job b arrives with one node free: a stays; with none free, a moves to make room
+    b = JobRequest("b", 4, 4, restart_cost_s=5.0)
+    alloc = solve(AllocationProblem(jobs + (b,), nodes, Policy(beta=0.01)), mode=mode)
+    assert alloc.placement["a"] == {"n0": 1, "n1": 1} and alloc.placement["b"] == {"n2": 4}
+    alloc = solve(AllocationProblem(jobs + (b,), nodes[:2], Policy(beta=0.01)), mode=mode)
+    assert alloc.gpus["b"] == 4 and alloc.gpus["a"] == 2 and len(alloc.placement["a"]) == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_placed_anew_takes_free_gpus_before_a_running_jobs(mode):
+    # b starts (it must run: it starved); the cluster has a free node, so no running job is moved for it.
+    nodes = (node("n0", 4), node("n1", 4), node("n2", 4))
+    jobs = (JobRequest("a", 4, 4, current={"n0": 4}, restart_cost_s=30.0),
+            JobRequest("c", 4, 4, current={"n1": 4}, restart_cost_s=30.0),
+            JobRequest("b", 4, 4, must_run=True, commitment=2))
+    alloc = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
+    assert alloc.placement["a"] == {"n0": 4} and alloc.placement["c"] == {"n1": 4}
+    assert alloc.placement["b"] == {"n2": 4}
