@@ -95,8 +95,8 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
     stays = t.objective.stay > 0 and {n: v for n, v in row.items() if v > 0} == cur
     if total <= 0 and stays:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would be worth {gain_s:.4g} more "
-                                f"after a restart, but the restart loses {t.objective.stay:.4g} (pi x its value "
-                                f"now, in progress per second)")
+                                f"after a restart, but the restart loses {t.objective.stay:.4g} (the share of its "
+                                f"value now that a restart costs)")
     if total <= 0 and restart > 0 and restart >= gain_s + gain_d - nodes:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would add {gain_s + gain_d:.4g} "
                                 f"but cost {restart:.4g} in restarts")

@@ -143,7 +143,7 @@ class Formulation:
 
     def _counts_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
-        if t.kappa > 0:
+        if t.objective.per_moved_gpu > 0:
             # GPUs on nodes that cannot host the job any more are lost whatever happens; the rest is
             # |g - g0_alive| at the least, so this model's optimum bounds the exact (per-node L1) one
             lost = sum(g for n, g in inst.current[i].items() if not inst.hosts(i, n))
@@ -184,7 +184,7 @@ class Formulation:
         k = len(nodes)
         ubs = [float(ub_all[n]) for n in nodes]
         # restart cost on the allocation matrix: |x - x0| is x itself on nodes the job does not hold now
-        xcost = [(-per_moved if cur.get(n, 0) == 0 else 0.0) if t.kappa > 0 else 0.0 for n in nodes]
+        xcost = [-per_moved if cur.get(n, 0) == 0 else 0.0 for n in nodes]
         xs = mdl.add_cols(k, cost=xcost, lo=0, hi=ubs, integer=True)
         us = mdl.add_cols(k, cost=-per_node, lo=0, hi=1, integer=True)
         c.x = dict(zip(nodes, xs))
@@ -192,7 +192,7 @@ class Formulation:
         mdl.add_row(xs + [c.g], [1.0] * k + [-1.0], 0, 0)       # sum_n x = g
         for x, u, ub in zip(xs, us, ubs):
             mdl.add_row([x, u], [1.0, -ub], hi=0)              # x <= ub u
-        if t.kappa > 0:
+        if per_moved > 0:
             for x, n in zip(xs, nodes):
                 g0 = cur.get(n, 0)
                 if g0 > 0:

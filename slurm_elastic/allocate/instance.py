@@ -156,6 +156,13 @@ class Instance:
         kappa = float(job.restart_cost_s) if running else 0.0
         objective = JobObjective.of(self.policy, weight=weight, norm=norm, gmax=job.max_gpus,
                                     per_gpu_resources=self.rho[i], total=self.total, kappa=kappa)
+        if self.policy.restart_charge == "fixed" and kappa > 0:
+            # A restart costs the whole job its progress for a while, whether one GPU changes or all: the
+            # charge is one stay bonus, what changing all gmax GPUs cost per GPU, scaled by its speed now.
+            g0 = job.current_gpus
+            stay = (self.policy.beta * kappa * job.max_gpus * tp.evaluate_curve(hull, g0) / norm
+                    if g0 in feasible else 0.0)
+            objective = dataclasses.replace(objective, per_moved_gpu=0.0, stay=stay)
         return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why
 
     def displaced(self, i: int) -> bool:

@@ -143,12 +143,15 @@ class JobRequest:
             raise AllocationError(f"job {self.key}: floor priority must be >= 0, got {self.floor_priority!r}")
 
 
+RESTART_CHARGES = ("fixed", "per-gpu")
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Weights of the objective terms and the solver's limits (see docs/allocator.md)."""
 
     alpha: float = 0.5        # L1 distance of allocated from demanded resource matrix
-    beta: float = 0.002       # L1 restart cost, per second of kappa_j per GPU changed
+    beta: float = 0.002       # restart cost, per second of kappa_j (per GPU changed: restart_charge)
     gamma: float = 0.01       # per node a job spans
     # Where HiGHS stops. The normal stop is work (branch-and-bound nodes, simplex iterations): with one
     # thread and a fixed seed the same problem gets the same answer at any load. The wall-clock cap
@@ -167,11 +170,18 @@ class Policy:
     # "legacy": weighted speed minus the L1 terms above; "progress": each job's value V_j(g) with its
     # restart priced as a stay bonus and its fairness floor as a penalised slack (docs/allocator.md)
     objective: str = OBJECTIVE.default
+    # legacy objective, how a running job's restart is charged: "fixed": any change of its size or place
+    # loses beta kappa_j gmax_j s_j(g0)/s_j(gmax), the share of its value now a restart costs, however
+    # many GPUs change; "per-gpu": beta kappa_j per GPU added or removed on a node (|x - x0|_1)
+    restart_charge: str = "fixed"
 
     def validate(self) -> None:
         if self.objective not in OBJECTIVE.choices:
             raise AllocationError(f"policy objective must be one of {', '.join(OBJECTIVE.choices)}, "
                                   f"got {self.objective!r}")
+        if self.restart_charge not in RESTART_CHARGES:
+            raise AllocationError(f"policy restart_charge must be one of {', '.join(RESTART_CHARGES)}, "
+                                  f"got {self.restart_charge!r}")
         for name in ("alpha", "beta", "gamma", "time_limit_s", "mip_rel_gap"):
             v = getattr(self, name)
             if name == "time_limit_s" and v is None:

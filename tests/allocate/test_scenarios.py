@@ -149,3 +149,19 @@ def test_a_job_placed_anew_takes_free_gpus_before_a_running_jobs(mode):
     alloc = solve(AllocationProblem(jobs, nodes, Policy()), mode=mode)
     assert alloc.placement["a"] == {"n0": 4} and alloc.placement["c"] == {"n1": 4}
     assert alloc.placement["b"] == {"n2": 4}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_restart_costs_the_same_however_many_gpus_change(mode):
+    # Growing 4 -> 5 restarts the whole job, as a move of all 4 would: the fixed charge (the default) is
+    # the share of its value now a restart loses, beta kappa gmax s(4)/s(5) = 0.4 here, more than one GPU
+    # adds (speed 0.2 plus its demand term); charged per GPU changed (0.1) the same grow looks worth it.
+    job = JobRequest("a", 4, 5, current={"n0": 4}, restart_cost_s=10.0)
+    fixed = solve(AllocationProblem((job,), (node("n0"),), Policy(beta=0.01)), mode=mode)
+    per_gpu = solve(AllocationProblem((job,), (node("n0"),), Policy(beta=0.01, restart_charge="per-gpu")), mode=mode)
+    assert fixed.gpus["a"] == 4 and per_gpu.gpus["a"] == 5
+    # and a grow that pays for its restart still happens: 4 -> 8 adds speed 0.5 plus 4 GPUs of demand
+    # term against a charge of 0.01 x 10 x 8 x s(4)/s(8) = 0.4
+    wide = solve(AllocationProblem((JobRequest("a", 4, 8, current={"n0": 4}, restart_cost_s=10.0),), (node("n0"),),
+                                   Policy(beta=0.01)), mode=mode)
+    assert wide.gpus["a"] == 8

@@ -406,7 +406,19 @@ def test_speed_rows_at_sizes_never_run_are_ignored_and_win_no_gpus(tmp_path, cap
     assert len(ignored) == 1 and f"job {liar}" in ignored[0].getMessage()
     report = Reconciler(slurm, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
                         requests=src).cycle(dry_run=True)
-    assert report.target(liar) <= report.target(honest), (report.target(liar), report.target(honest))
+    # the decision is the one made when the liar had written only the truth (two equal jobs: which one a
+    # tie favours is the solver's business, and must not move with the lie)
+    truth = InMemorySlurm(nodes=4)
+    tckpt = str(tmp_path / "truth")
+    for _ in range(2):
+        j = truth.add_job(ElasticSpec(1, 16, ckpt_dir=tckpt), nodes=1, gpus_per_node=4, user=ME)
+        _rows(shim.metrics_path(tckpt, str(j)), both)
+    tsrc = MeasuredRequests()
+    for t in (0.0, 60.0):
+        tsrc.requests(truth.snapshot(), t, Policy())
+    told = Reconciler(truth, Journal(":memory:"), ControllerConfig(node_confirm_s=0, min_resize_interval_s=0),
+                      requests=tsrc).cycle(dry_run=True)
+    assert (report.target(honest), report.target(liar)) == (told.target(honest), told.target(liar))
     # once Slurm has run it there, the same rows count (and are the job's own business)
     ran_at(slurm, src, liar, (8, 2), (4, 1))
     got = {r.key: r for r in src.requests(slurm.snapshot(), slurm.now, Policy())}

@@ -89,7 +89,9 @@ class MetricsTail:
     speeds: dict[tuple[int, int], collections.deque[float]] = dataclasses.field(default_factory=dict)
     batch_at: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)   # size -> batch of speeds[size]
     noise: tuple[float, float] | None = None
-    lost_s: collections.deque[float] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=16))
+    # (seconds that did no steps, the (gpus, nodes) it restarted at): a restart counts only at a size Slurm ran
+    lost_s: collections.deque[tuple[float, tuple[int, int]]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=16))
     last: dict[str, float | int] | None = None
     count: int = 0
     bad: int = 0
@@ -119,7 +121,8 @@ class MetricsTail:
         if prev is not None and v > 0 and float(row["time"]) > float(prev["time"]):
             # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
             # interval loses nothing; time that did no steps is a restart: startup, plus redone steps.
-            self.lost_s.append(float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v)
+            lost = float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v
+            self.lost_s.append((lost, (g, int(row["nodes"]))))
         self.last = row
         self.count += 1
 
@@ -163,8 +166,8 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
             ran: frozenset[tuple[int, int]] | None = None) -> JobMeasurements:
     """Speed model, restart costs and progress from validated rows (in file order) or a file's tail.
 
-    `ran`: the (gpus, nodes) sizes Slurm ran the job at; speed rows at any other size are left out (and
-    listed in `ignored`). None: every row's size is believed (rows that came from no job directory).
+    `ran`: the (gpus, nodes) sizes Slurm ran the job at; speed rows at any other size, and restarts measured
+    at one, are left out (the sizes listed in `ignored`). None: every row's size is believed (rows that came from no job directory).
     """
     if not isinstance(rows, MetricsTail):
         tail = MetricsTail()
@@ -185,7 +188,8 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     local = tuple(sorted({g: batches[(g, n)] / g for g, n in at_batch}.items()))
     medians = _best_per_gpus(at)
     noise = GradientNoise(*tail.noise) if tail.noise is not None else None
-    costs = tuple(c for c in tail.lost_s if settings.restart_min_s <= c <= settings.max_restart_cost_s)
+    costs = tuple(c for c, size in tail.lost_s
+                  if settings.restart_min_s <= c <= settings.max_restart_cost_s and (ran is None or size in ran))
     total = tail.last.get("total_steps")
     return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
                            noise=noise, restart_costs_s=costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
