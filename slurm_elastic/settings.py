@@ -129,8 +129,8 @@ SPEED: Setting[str] = Setting(
     "(for GPUs that are not real, such as the local cluster's, which share CPU cores).", CONTROLLER,
     kind="choice", option="--speed", commands=(DAEMON,), heartbeat="speed", choices=("measured", "linear"))
 OBJECTIVE: Setting[str] = Setting(
-    "objective", "legacy", "What the allocator maximises: the rule chain's weighted speed with L1 restart "
-    "charges (legacy), or each job's progress with heSRPT rank weights, the restart priced in lost progress and "
+    "objective", "legacy", "What the allocator maximises: the rule chain's weighted speed, each restart "
+    "charged once (legacy), or each job's progress with heSRPT rank weights, the restart priced in lost progress and "
     "finish-time-fairness floors as penalised slacks (progress; docs/allocator.md).", CONTROLLER, kind="choice",
     env="SLURM_ELASTIC_OBJECTIVE", choices=("legacy", "progress"))
 DRAIN_ON_PEER_LOSS: Setting[bool] = Setting(
