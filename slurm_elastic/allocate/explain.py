@@ -92,7 +92,7 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
     restart = t.objective.per_moved_gpu * (moved_new - moved_old)
     nodes = t.objective.per_node * (len(new) - len(row))
     total = inst.job_objective(i, new) - base
-    stays = t.objective.stay > 0 and {n: v for n, v in row.items() if v > 0} == cur
+    stays = t.objective.stay > 0 and inst.stays(i, row)
     if total <= 0 and stays:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would be worth {gain_s:.4g} more "
                                 f"after a restart, but the restart loses {t.objective.stay:.4g} (the share of its "
