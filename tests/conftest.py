@@ -58,6 +58,7 @@ from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE
 from slurm_elastic.devcluster.status import parse_scontrol_nodes, parse_scontrol_record
 from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
 from slurm_elastic.errors import ElasticError
+from tests import ports
 
 T = TypeVar("T")
 
@@ -92,8 +93,9 @@ def _one_cluster_per_worker() -> None:
     index = int(worker[2:])
     base = layout.default_state_dir()
     os.environ[layout.CLUSTER_DIR_ENV] = str(base.with_name(f"{base.name}-{worker}"))
-    # Each worker searches its own port range, so two workers starting at once never pick the same ports.
-    os.environ[processes.PORT_SEARCH_START_ENV] = str(processes.port_search_start() + 100 * (index + 1))
+    # Each worker searches its own window of ports (tests/ports.py), so two workers never pick the same ones.
+    start = processes.port_search_start() + 100 + ports.WORKER_WINDOW * index
+    os.environ[processes.PORT_SEARCH_START_ENV] = str(start)
 
 
 _one_cluster_per_worker()
@@ -431,10 +433,10 @@ def _port_base() -> int:
     """Slurm's usual ports, or free ones if another cluster (another state directory) holds them."""
     count = 4 + 2 + 4  # slurmctld, the gap before n1, 4 nodes and 2 spares
     if os.environ.get(processes.PORT_SEARCH_START_ENV):  # a suite beside others (.ci/other-slurms)
-        return processes.free_port_base(count)
+        return ports.free_port_base(count)
     if all(processes.port_free(port) for port in range(DEFAULT_PORT_BASE, DEFAULT_PORT_BASE + count)):
         return DEFAULT_PORT_BASE
-    return processes.free_port_base(count)
+    return ports.free_port_base(count)
 
 
 def _started_by_tests(local: LocalCluster, marker: Path) -> bool:

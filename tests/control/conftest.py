@@ -28,6 +28,7 @@ from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.control.plugin import lua_source
 from slurm_elastic.devcluster import processes
 from slurm_elastic.errors import ElasticError
+from tests import ports
 
 T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
@@ -38,8 +39,7 @@ def _free_port_base(nodes: int) -> int:
     """A slurmctld port whose node ports (base+4..base+3+nodes) are free too: other clusters run here."""
     if os.environ.get(PORT_BASE_ENV):
         return int(os.environ[PORT_BASE_ENV])
-    # Past the shared cluster's own search range, so the two do not meet.
-    return processes.free_port_base(4 + nodes, start=processes.port_search_start() + 200)
+    return ports.free_port_base(4 + nodes, ports.CONTROLLER)
 
 
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"

@@ -14,6 +14,7 @@ import pytest
 from slurm_elastic.devcluster import LocalCluster, processes
 from slurm_elastic.devcluster.version import find_program
 from slurm_elastic.errors import ClusterSetupError
+from tests import ports
 
 pytestmark = [
     pytest.mark.slurm,
@@ -24,7 +25,7 @@ pytestmark = [
 
 def _free_port_base(count: int) -> int:
     """A port base with count free ports after it (the fixture's cluster uses the defaults)."""
-    return processes.free_port_base(count, start=processes.port_search_start() + 2000)
+    return ports.free_port_base(count, ports.LIFECYCLE)
 
 
 @pytest.fixture
