@@ -9,6 +9,7 @@ that still fits (best fit keeps whole nodes free for jobs that span).
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -158,17 +159,30 @@ def pack(inst: Instance, counts: Sequence[int]) -> tuple[Layout, list[int]]:
 
 
 def _pack_order(inst: Instance, counts: Sequence[int]) -> Callable[[int], tuple[bool, bool, float, int]]:
-    """Must-run jobs first, then spanning ones (they need whole nodes), then by objective per GPU.
+    """Must-run jobs first, then spanning ones (they need whole nodes), then by objective per unit of the
+    scarcest resource.
 
-    Per GPU at the asked count: when fragmentation forces a loss, it falls on
-    the GPUs worth least (measured: 2.6 % -> 0.4 % gap at 1,000 jobs against
-    biggest-first).
+    When fragmentation forces a loss, it falls on the units worth least of the resource the counts use up
+    first: GPUs on most clusters (measured: 2.6 % -> 0.4 % gap at 1,000 jobs against biggest-first), memory
+    where jobs ask much of it per GPU (two GPUs at 96 GB each can leave a node's last 64 GB to nobody).
     """
+    scarce = _scarcest(inst, counts)
+
     def key(i: int) -> tuple[bool, bool, float, int]:
         g = counts[i]
-        density = (inst.throughput_value(i, g) + inst.terms[i].objective.per_gpu * g) / g
+        used = g * inst.rho[i, scarce]      # none of it (a job asking no memory): nothing to lose by placing it first
+        value = inst.throughput_value(i, g) + inst.terms[i].objective.per_gpu * g
+        density = value / used if used > 0 else math.inf
         return (not inst.jobs[i].must_run, g <= inst.max_node_gpus, -density, i)
     return key
+
+
+def _scarcest(inst: Instance, counts: Sequence[int]) -> int:
+    """The resource (0 GPUs, 1 CPUs, 2 memory) the counts ask the largest share of; GPUs on a tie."""
+    usable = inst.usable()
+    demand = np.asarray(counts, float) @ inst.rho if len(counts) else np.zeros(3)
+    share = np.where(usable > 0, demand / np.maximum(usable, _EPS), 0.0)
+    return int(np.argmax(share)) if share.max() > share[0] + _EPS else 0
 
 
 def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.allocate import AllocationProblem, JobRequest, NodeCapacity, Policy, solve
+from slurm_elastic.allocate import AllocationProblem, JobRequest, LinearThroughput, NodeCapacity, Policy, solve
 
 MODES = ["exact", "two-stage"]
 
@@ -165,3 +165,17 @@ def test_a_restart_costs_the_same_however_many_gpus_change(mode):
     wide = solve(AllocationProblem((JobRequest("a", 4, 8, current={"n0": 4}, restart_cost_s=10.0),), (node("n0"),),
                                    Policy(beta=0.01)), mode=mode)
     assert wide.gpus["a"] == 8
+
+
+def test_when_memory_runs_out_first_packing_loses_the_job_worth_least_per_gb_not_per_gpu():
+    """Three jobs of 150 GB fit two nodes of 256 GB in all but one per node: the counts solve asks for all
+    three and packing must drop one. Per GPU, a 6-GPU job at 25 GB is worth least; per GB, the scarce
+    resource here, it is worth most (two 2-GPU jobs at 75 GB give 4 GPUs of work for the same memory)."""
+    def job(key: str, gpus: int, mem_mb: int) -> JobRequest:
+        return JobRequest(key=key, min_gpus=gpus, max_gpus=gpus, cpus_per_gpu=4, mem_per_gpu_mb=mem_mb,
+                          restart_cost_s=60, throughput=LinearThroughput(per_gpu=100.0))
+    problem = AllocationProblem((job("a", 2, 75_000), job("b", 2, 75_000), job("c", 6, 25_000)),
+                                (node("n1", mem=256_000), node("n2", mem=256_000)), Policy(threads=1))
+    exact, two = solve(problem, mode="exact"), solve(problem, mode="two-stage")
+    assert exact.status == "optimal" and exact.gpus["c"] == 6
+    assert two.gpus == exact.gpus and two.objective == pytest.approx(exact.objective)
