@@ -41,7 +41,8 @@ CASES = {
 
 
 def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
-                 policy: Policy | None = None) -> AllocationProblem:
+                 policy: Policy | None = None, memory_bound: bool = False) -> AllocationProblem:
+    """`memory_bound`: 256 GB per 8 GPUs and 48-96 GB per GPU asked, so memory runs out before GPUs."""
     rng = random.Random(seed)
     caps = []
     for n in range(nodes):
@@ -50,7 +51,7 @@ def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
         elif mixed and n % 3 == 1:
             g, c, m = 8, 128, 1_024_000
         else:
-            g, c, m = gpn, 64, 512_000
+            g, c, m = gpn, 64, 256_000 if memory_bound else 512_000
         if rng.random() < 0.25:               # non-elastic work on a quarter of the nodes
             used = rng.randint(1, g)
             g, c, m = g - used, max(c - used * rng.choice((4, 8)), 0), max(m - used * 48_000, 0)
@@ -66,7 +67,8 @@ def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
                  table_throughput({g: 100 * g ** rng.uniform(0.6, 0.95) for g in (1, 2, 4, 8, 16, 32, 64)}))
         reqs.append(JobRequest(
             key=f"job{j:05d}", min_gpus=lo, max_gpus=hi, gpu_step=step,
-            cpus_per_gpu=rng.choice((2, 4, 6, 8)), mem_per_gpu_mb=rng.choice((16_000, 32_000, 48_000)),
+            cpus_per_gpu=rng.choice((2, 4, 6, 8)),
+            mem_per_gpu_mb=rng.choice((48_000, 64_000, 96_000) if memory_bound else (16_000, 32_000, 48_000)),
             weight=round(rng.uniform(0.5, 2.0), 2), restart_cost_s=rng.uniform(10, 120), throughput=model,
             allowed_gpus=(1, 2, 4, 8, 16, 24, 32, 48, 64) if rng.random() < 0.3 else None))
     base = AllocationProblem(tuple(reqs), tuple(caps), policy or Policy())
@@ -129,9 +131,10 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
 def exact_vs_two_stage(policy: Policy) -> list[dict[str, object]]:
     """Where the exact per-node model stops paying: both modes, and what auto picks, on growing clusters."""
     rows = []
-    for jobs, nodes in ((10, 8), (20, 16), (40, 24), (60, 40), (100, 64)):
-        problem = make_problem(jobs, nodes, 8, False, seed=2, policy=policy)
-        row: dict[str, object] = {"jobs": jobs, "nodes": nodes, "pairs": jobs * nodes}
+    for jobs, nodes, memory_bound in ((10, 8, False), (20, 16, False), (40, 24, False), (60, 40, False),
+                                      (100, 64, False), (20, 16, True), (40, 24, True)):
+        problem = make_problem(jobs, nodes, 8, False, seed=2, policy=policy, memory_bound=memory_bound)
+        row: dict[str, object] = {"jobs": jobs, "nodes": nodes, "memory_bound": memory_bound, "pairs": jobs * nodes}
         for mode in ("exact", "two-stage", "auto"):
             a = solve(problem, mode=mode)
             row[f"{mode}_solve_s"] = round(a.solve_s, 3)
@@ -163,11 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
         else:
-            print(f"{'jobs x nodes':<14} {'pairs':>6}  {'exact':<44} {'two-stage':<44} {'auto':<44}")
+            print(f"{'jobs x nodes':<18} {'pairs':>6}  {'exact':<44} {'two-stage':<44} {'auto':<44}")
             for r in rows:
                 cells = [f"{r[m + '_solve_s']:.2f}s obj {r[m + '_objective']:.3f} gap {r[m + '_gap']:.2%} "
                          f"{r[m + '_status']}" for m in ("exact", "two-stage", "auto")]
-                print(f"{str(r['jobs']) + ' x ' + str(r['nodes']):<14} {r['pairs']:>6}  {cells[0]:<44} {cells[1]:<44} "
+                size = f"{r['jobs']} x {r['nodes']}" + (" mem" if r["memory_bound"] else "")
+                print(f"{size:<18} {r['pairs']:>6}  {cells[0]:<44} {cells[1]:<44} "
                       f"{cells[2]:<44}")
         return 0
     rows = []
