@@ -123,7 +123,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     could hold its shape once elastic work left them, the ones that need the
     fewest elastic GPUs to leave first. It stops at the first job that does
     not fit (Slurm starts nothing below it ahead of it either) or whose
-    nodes would cut into elastic minimums protected from it; the nodes
+    nodes would cut into elastic minimums protected from it, or into the
+    minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
     they hold there.
     """
@@ -135,6 +136,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                 held[name] = held.get(name, 0) + job.gpus_per_node
     partitions = {n.name: n.partitions for n in state.nodes}
     running = [j for j in state.elastic_jobs if j.state.active and j.spec is not None]
+    queued = [j for j in state.elastic_jobs if j.state is JobState.PENDING and not j.held and j.spec is not None
+              and j.reason in WAITING_FOR_RESOURCES]
     reserved: list[RigidReservation] = []
     waiting: list[tuple[int, str]] = []
     for job in rigid_queue(state, rules):
@@ -152,9 +155,14 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         chosen = sorted(fits, key=lambda c: (cost(c), c.name))[:job.num_nodes]
         protected = sum(e.spec.min_gpus for e in running  # type: ignore[union-attr]
                         if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
+        # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job
+        ahead = sum(e.spec.min_gpus for e in queued  # type: ignore[union-attr]
+                    if queue_order(e) < queue_order(job) and (e.partition or job.partition) == (job.partition or e.partition))
         after = sum(c.gpus for c in left.values()) - need.gpus * job.num_nodes
-        if after < protected:
-            waiting.append((job.job_id, f"elastic jobs' minimums ({protected} GPUs) are protected from it"))
+        if after < protected + ahead:
+            why = (f"elastic jobs' minimums ({protected} GPUs) are protected from it" if after < protected else
+                   f"pending elastic jobs of higher priority start first ({ahead} GPUs at their minimums)")
+            waiting.append((job.job_id, why))
             left = _keep_off_slurms_reservation(state, job, left, held)
             break
         gpus_reclaimed = sum(cost(c) for c in chosen)

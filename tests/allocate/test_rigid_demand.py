@@ -6,6 +6,7 @@ import dataclasses
 
 from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
 from slurm_elastic.cluster.memory import InMemorySlurm
+from slurm_elastic.cluster.model import JobState
 from slurm_elastic.spec import ElasticSpec
 
 
@@ -87,3 +88,19 @@ def test_elastic_jobs_do_not_grow_onto_nodes_slurm_holds_for_a_rigid_job_that_wa
     assert demand.reserved == () and demand.waiting[0][0] == big
     # n3 is idle, but an elastic job started there could not run before the big job: Slurm holds it.
     assert {c.name: c.gpus for c in demand.capacity} == {"n1": 0, "n2": 2, "n3": 0}
+
+
+def test_a_pending_elastic_job_of_higher_priority_starts_before_a_rigid_job_at_its_minimum():
+    """Slurm would start the earlier elastic job first: a rigid job behind it keeps no nodes it needs."""
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    slurm.add_job(ElasticSpec(1, 8), nodes=2, gpus_per_node=4)          # n1+n2, 7 GPUs above its minimum
+    slurm.add_job(None, nodes=1, gpus_per_node=4)                       # n3, rigid
+    first = slurm.add_job(ElasticSpec(4, 8), nodes=1, gpus_per_node=4)
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4)
+    assert slurm.jobs[first].state is JobState.PENDING and slurm.jobs[rigid].state is JobState.PENDING
+    demand = _demand(slurm)
+    assert demand.reserved == ()
+    assert demand.waiting == ((rigid, "pending elastic jobs of higher priority start first (4 GPUs at their minimums)"),)
+    # Of lower priority than the rigid job, it waits behind it, as Slurm would make it.
+    slurm.jobs[first] = dataclasses.replace(slurm.jobs[first], priority=slurm.jobs[rigid].priority - 1)
+    assert [r.job_id for r in _demand(slurm).reserved] == [rigid]
