@@ -97,7 +97,8 @@ class Layout:
             if len(chosen) < k:
                 taken = set(chosen)
                 order = np.nonzero(ok)[0]
-                for n in sorted(order, key=lambda n: unclaimed[n] < w - _EPS):   # nodes moving nobody first
+                clear = unclaimed[order] >= w - _EPS
+                for n in np.concatenate((order[clear], order[~clear])):   # nodes moving nobody first
                     if len(chosen) == k:
                         break
                     if int(n) not in taken:
