@@ -61,7 +61,8 @@ class Instance:
         for j in self.jobs:
             row = {self.node_index[n]: int(g) for n, g in j.current.items() if g > 0 and n in self.node_index}
             self.current.append(row)
-        self._per_node: dict[int, np.ndarray] = {}
+        # keyed by a job's resources per GPU, which few jobs differ in: memory O(kinds x nodes), not jobs x nodes
+        self._per_node: dict[tuple[float, float, float], np.ndarray] = {}
         self._single_max: dict[int, float] = {}
         self._span_nodes: dict[int, dict[int, int]] = {}
         self.terms: list[JobTerms] = []
@@ -188,12 +189,14 @@ class Instance:
 
     def max_per_node(self, i: int) -> np.ndarray:
         """GPUs of job i each node could hold alone, over all three resources."""
-        cached = self._per_node.get(i)
+        rho = self.rho[i]
+        key = (float(rho[0]), float(rho[1]), float(rho[2]))
+        cached = self._per_node.get(key)
         if cached is None:
-            rho = self.rho[i]
             cols = [np.floor(self.cap[:, r] / rho[r] + 1e-9) for r in range(3) if rho[r] > 0]
             cached = np.minimum.reduce(cols) if cols else self.cap[:, 0].copy()
-            self._per_node[i] = cached
+            cached.flags.writeable = False    # shared by every job of these resources per GPU
+            self._per_node[key] = cached
         return cached
 
     def _fits_empty(self, i: int, g: int) -> bool:
