@@ -254,37 +254,39 @@ def _room_for(inst: Instance, lay: Layout, i: int, c: int, tries: int,
         if int(ok.sum()) < k_nodes:
             continue
         # cheapest nodes to clear first: fewest GPUs held by others there
-        order = [int(n) for n in np.argsort(np.where(ok, -lay.free[:, 0], np.inf), kind="stable") if ok[n]]
+        order = np.argsort(np.where(ok, -lay.free[:, 0], np.inf), kind="stable")
+        order = order[ok[order]][: tries + k_nodes]
         trial = _copy(lay)
         trial.remove(i)
         chosen: list[int] = []
-        for n in order[: tries + k_nodes]:
+        moved: list[int] = []
+        for n in order:
             if len(chosen) == k_nodes:
                 break
-            if _clear(inst, trial, i, n, w, occupants.get(n, [])):
-                chosen.append(n)
+            if _clear(inst, trial, i, int(n), w, occupants.get(int(n), []), moved):
+                chosen.append(int(n))
         if len(chosen) < k_nodes:
             continue
         for n in chosen:
             trial.free[n] += w * inst.rho[i]          # drop the reservations; put() takes the room for real
         trial.put(i, {n: w for n in chosen})
-        touched = {k for k in range(len(inst.jobs)) if trial.rows[k] != lay.rows[k]}
+        touched = {i, *moved}
         gain = sum(inst.job_objective(k, trial.rows[k]) - inst.job_objective(k, lay.rows[k]) for k in touched)
         if gain > 1e-9:
             return trial
     return None
 
 
-def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int, on_node: list[int]) -> bool:
-    """Make node n hold w GPUs of job i by moving single-node jobs off it; False (layout untouched) if it cannot."""
+def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int, on_node: list[int], moved: list[int]) -> bool:
+    """Make node n hold w GPUs of job i by moving single-node jobs off it (appended to `moved`);
+    False (layout untouched) if it cannot."""
     need = w * inst.rho[i]
     if np.all(lay.free[n] >= need - _EPS):
         lay.free[n] -= need            # reserve it while others move
         return True
     victims = sorted((k for k in on_node if k != i and n in lay.rows[k]), key=lambda k: (lay.rows[k][n], k))
-    saved_free = lay.free.copy()
-    saved_rows = {k: dict(lay.rows[k]) for k in victims}
-    moved = []
+    saved = {k: lay.rows[k] for k in victims}
+    here: list[int] = []
     for k in victims:
         if np.all(lay.free[n] >= need - _EPS):
             break
@@ -294,28 +296,30 @@ def _clear(inst: Instance, lay: Layout, i: int, n: int, w: int, on_node: list[in
         row = lay.find(k, g)
         lay.free[n] += inst.cap[n] + 1.0
         if row is None or n in row:
-            _restore(lay, saved_free, saved_rows)
+            lay.put(k, saved[k])
+            _undo(lay, here, saved)
             return False
         lay.put(k, row)
-        moved.append(k)
+        here.append(k)
     if not np.all(lay.free[n] >= need - _EPS):
-        _restore(lay, saved_free, saved_rows)
+        _undo(lay, here, saved)
         return False
     lay.free[n] -= need
+    moved.extend(here)
     return True
 
 
-def _restore(lay: Layout, free: np.ndarray, rows: dict[int, Row]) -> None:
-    lay.free = free
-    for k, row in rows.items():
-        lay.rows[k] = row
+def _undo(lay: Layout, moved: list[int], saved: dict[int, Row]) -> None:
+    """Put moved jobs back where they were (resources are whole numbers: free comes back exactly)."""
+    for k in reversed(moved):
+        lay.put(k, saved[k])
 
 
 def _copy(lay: Layout) -> Layout:
     out = Layout.__new__(Layout)
     out.inst = lay.inst
     out.free = lay.free.copy()
-    out.rows = [dict(r) for r in lay.rows]
+    out.rows = list(lay.rows)          # a row is replaced, never changed in place (put, remove)
     out.claimed = lay.claimed.copy()
     out.placed = set(lay.placed)
     return out
