@@ -58,7 +58,8 @@ from slurm_elastic.devcluster.layout import DEFAULT_PORT_BASE
 from slurm_elastic.devcluster.status import parse_scontrol_nodes, parse_scontrol_record
 from slurm_elastic.devcluster.version import INSTALL_HINT, find_program
 from slurm_elastic.errors import ElasticError
-from tests import ports
+
+import ports  # tests/ports.py: tests/ is on sys.path here, as for users.py (a suite loaded by path has it too)
 
 T = TypeVar("T")
 

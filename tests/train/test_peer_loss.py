@@ -46,10 +46,12 @@ def test_a_lost_rank_makes_the_others_commit_and_exit_for_requeue(tmp_path: Path
     assert report.surviving_nodes == ("nodeA",) and report.commit == "done"
     if how == "stop":
         assert report.detected_by == "heartbeat"
-    # The just-in-time checkpoint is the resume point: no step rank 0 saw completed is lost.
+    # The just-in-time checkpoint is the resume point: the last step all survivors completed. Rank 0, which
+    # logs, can be one step ahead of a survivor still inside that step's collective with the lost rank (seen
+    # under load with a frozen rank): that step did not complete on every survivor and runs again.
     last_logged = max(json.loads(x)["step"] for x in log.read_text().splitlines())
     latest = protocol.parse_step_dir_name((job / protocol.LATEST_FILE).read_text().strip())
-    assert latest == report.committed_step and latest >= last_logged
+    assert latest == report.committed_step == report.agreed_step and latest >= last_logged - 1
     manifest = json.loads((job / protocol.step_dir_name(latest) / protocol.MANIFEST_FILE).read_text())
     assert manifest["world_size"] == 3 and manifest["jit"]["lost"] == [{"rank": 2, "node": "nodeB"}]
     print(f"{how}: detected {report.detected_at - lost_at:.1f} s after the loss, survivors gone after "
