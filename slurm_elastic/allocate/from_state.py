@@ -157,7 +157,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                         if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
         # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job
         ahead = sum(e.spec.min_gpus for e in queued  # type: ignore[union-attr]
-                    if queue_order(e) < queue_order(job) and (e.partition or job.partition) == (job.partition or e.partition))
+                    if queue_order(e) < queue_order(job)
+                    and (not e.partition or not job.partition or e.partition == job.partition))
         after = sum(c.gpus for c in left.values()) - need.gpus * job.num_nodes
         if after < protected + ahead:
             why = (f"elastic jobs' minimums ({protected} GPUs) are protected from it" if after < protected else
