@@ -89,6 +89,9 @@ DDP_TUTORIAL = Script(
          ["    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)",
           "    trainer.epochs_run = loop.epochs_done"]),
         ("    destroy_process_group()", ["    loop.close()"]),
+        # One writer per job, not per node: on a shared file system two nodes' writes tear the export.
+        ("            if self.gpu_id == 0 and epoch % self.save_every == 0:",
+         ['            if int(os.environ["RANK"]) == 0 and epoch % self.save_every == 0:']),
     )},
     no_gpu_here={"multigpu_torchrun.py": ((".to(self.gpu_id)", '.to("cpu")'),)},
 )
@@ -117,6 +120,8 @@ MINGPT = Script(
         "trainer.py": (
             ("        self._load_snapshot()", []),
             ("        self.model = DDP(self.model, device_ids=[self.local_rank])", []),
+            ("            if self.local_rank == 0 and epoch % self.save_every == 0:",
+             ["            if self.global_rank == 0 and epoch % self.save_every == 0:"]),
         ),
     },
     no_gpu_here={
