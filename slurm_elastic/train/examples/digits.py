@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
@@ -108,9 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if session.rank == 0 and args.loss_log:
                 with open(args.loss_log, "a", encoding="utf-8") as f:
                     f.write(json.dumps({"step": session.step, "loss": step_loss, "world_size": session.world_size,
-                                        "batch": global_batch, "lr_gain": session.lr_gain}) + "\n")
+                                        "batch": global_batch, "lr_gain": session.lr_gain,
+                                        "time": time.time()}) + "\n")
             if args.step_sleep:
-                import time
                 time.sleep(args.step_sleep)
             if args.signal_self_at_step is not None and session.step == args.signal_self_at_step:
                 os.kill(os.getpid(), getattr(signal, "SIG" + session.signal_name))
