@@ -9,6 +9,7 @@ from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import JobEnvironment
 
 PREFIX = "slurm-elastic:"
+METRICS_TAIL_BYTES = 1 << 16      # the newest rows are enough: a row is a few hundred bytes
 
 
 def restart_cause(job_dir: str, env: JobEnvironment) -> str:
@@ -36,14 +37,29 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
     return f"an earlier run under job key {os.path.basename(job_dir)}"
 
 
+def steps_reached(job_dir: str) -> int | None:
+    """The step of the job's newest metrics row: a step an earlier start is known to have completed (rows
+    come every few seconds, so it may have gone further). None when there is no readable row."""
+    read = protocol.read_metrics(os.path.join(job_dir, protocol.METRICS_FILE), owner_uid=os.getuid(),
+                                 max_bytes=METRICS_TAIL_BYTES)
+    return read.rows[-1].step if read.rows else None
+
+
 def start_line(job_dir: str, env: JobEnvironment, *, step: int, restored_step: int | None,
                epoch: int | None = None) -> str:
-    """'resumed at step N (epoch E) from <checkpoint> after <cause>', or where a fresh start begins."""
+    """'resumed at step N (epoch E) from <checkpoint> after <cause>', or where a fresh start begins.
+
+    After a stop that committed nothing, the line also says how many steps, at least, are done again."""
     at = f"step {step}" + (f" (epoch {epoch})" if epoch is not None else "")
+    reached = steps_reached(job_dir) if env.restart_count > 0 or restored_step is not None else None
     if restored_step is None:
-        return f"{PREFIX} started at {at}: no checkpoint in {job_dir}"
-    checkpoint = os.path.join(job_dir, protocol.step_dir_name(restored_step))
-    return f"{PREFIX} resumed at {at} from {checkpoint} after {restart_cause(job_dir, env)}"
+        line = f"{PREFIX} started at {at}: no checkpoint in {job_dir}"
+    else:
+        checkpoint = os.path.join(job_dir, protocol.step_dir_name(restored_step))
+        line = f"{PREFIX} resumed at {at} from {checkpoint} after {restart_cause(job_dir, env)}"
+    if reached is not None and reached > step:
+        line += f"; an earlier start had reached step {reached}: at least {reached - step} steps are lost"
+    return line
 
 
 def announce(line: str) -> None:

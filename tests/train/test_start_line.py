@@ -39,3 +39,20 @@ def test_the_line_names_the_step_epoch_and_checkpoint(tmp_path: Path) -> None:
                            " after a requeue (restart 1)")
     assert start_line(str(tmp_path / "7"), _env(0), step=0, restored_step=None) == \
         f"slurm-elastic: started at step 0: no checkpoint in {tmp_path / '7'}"
+
+
+def test_after_a_stop_that_committed_nothing_the_line_says_how_many_steps_are_done_again(tmp_path: Path) -> None:
+    job_dir = tmp_path / "7"
+    job_dir.mkdir()
+    rows = [protocol.MetricsRow(step=s, time=1.0 + s, gpus=2, steps_per_s=1.0) for s in (10, 20, 33)]
+    (job_dir / protocol.METRICS_FILE).write_bytes(b"".join(r.to_line() for r in rows))
+    line = start_line(str(job_dir), _env(2), step=20, restored_step=20)
+    assert "after a requeue (restart 2) with no acknowledged checkpoint" in line
+    assert line.endswith("; an earlier start had reached step 33: at least 13 steps are lost"), line
+    # a start that continues where the rows end (a committed stop) says nothing of a loss
+    assert "lost" not in start_line(str(job_dir), _env(2), step=33, restored_step=33)
+    # nothing committed at all: the fresh start says what it does again
+    assert start_line(str(job_dir), _env(1), step=0, restored_step=None).endswith("at least 33 steps are lost")
+    # a hostile metrics file (not the rows the shim writes) gives the plain line
+    (job_dir / protocol.METRICS_FILE).write_text('{"step": "many"}\n' + "x" * 100)
+    assert "lost" not in start_line(str(job_dir), _env(2), step=20, restored_step=20)
