@@ -93,11 +93,18 @@ def test_the_warning_before_the_limit_reaches_the_ranks_and_the_job_requeues_its
     assert f"scancel --signal=USR2 {JOB}" in calls, (calls, out)     # every step, not the batch shell
     assert f"scontrol requeue {JOB}" in calls, (calls, out)
     assert rc == 85 and "requeues itself before its end" in out, out
+    assert _ended(tmp_path) == "time limit\n"        # the next start line's cause
+
+
+def _ended(tmp_path: Path) -> str | None:
+    path = tmp_path / "ckpt" / JOB / f"ENDED-{JOB}-0"
+    return path.read_text() if path.exists() else None
 
 
 def test_a_preemption_is_taken_for_slurms_signal_however_far_the_end(tmp_path) -> None:
     rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, preempted=True)
     assert f"scancel --signal=USR2 {JOB}" in calls and f"scontrol requeue {JOB}" in calls, (calls, out)
+    assert _ended(tmp_path) == "preemption\n"
 
 
 def test_ranks_that_slurm_signalled_alone_at_a_preemption_commit_and_the_job_requeues_itself(tmp_path) -> None:
@@ -105,12 +112,14 @@ def test_ranks_that_slurm_signalled_alone_at_a_preemption_commit_and_the_job_req
     rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, preempted=True, signal_ranks_too=True, signal_shell=False)
     assert f"scontrol requeue {JOB}" in calls and not any(c.startswith("scancel") for c in calls), (calls, out)
     assert "the ranks committed on Slurm's signal before the job's end" in out, out
+    assert _ended(tmp_path) == "preemption\n"
 
 
 def test_the_controllers_signal_is_left_to_the_controller(tmp_path) -> None:
     rc, calls, out = _run(tmp_path, "ddp", end_in_s=3600, signal_ranks_too=True)
     assert not any(c.startswith(("scancel", "scontrol requeue")) for c in calls), (calls, out)
     assert rc == 85 and "waiting up to 0s for the controller's requeue" in out, out
+    assert _ended(tmp_path) is None                   # a resize: the start line says so without this file
 
 
 def test_a_run_past_its_total_time_commits_but_does_not_requeue(tmp_path) -> None:

@@ -126,7 +126,8 @@ def admin_status(as_json: bool) -> None:
                      "target_gpus": info.get("target_gpus"), "pinned": info.get("pinned"),
                      "why": info.get("why"),
                      "nodes": list(job.nodes), "restarts": job.restarts,
-                     "last_restart": _last_restart(job, reconciler.journal)})
+                     "last_restart": _last_restart(job, reconciler.journal),
+                     "slurm_end": _slurm_end(job)})
     daemon = None if beat is None else {"pid": beat.pid, "host": beat.host, "at": beat.at, "fresh": beat.fresh()}
     # Drains made on jobs' reports (--drain-on-peer-loss), from the daemon's journal where it is readable.
     drains = [d.to_json() for d in reconciler.journal.drains()]
@@ -153,6 +154,8 @@ def admin_status(as_json: bool) -> None:
     for r in rows:
         if r["last_restart"] is not None:
             click.echo(f"job {r['job_id']}: last restart: {r['last_restart']['line']}")
+        if r["slurm_end"] is not None:
+            click.echo(f"job {r['job_id']}: {r['slurm_end']['line']}")
     for m in payload["malformed"]:  # type: ignore[union-attr]
         click.echo(f"job {m['job_id']}: malformed elastic spec, never touched: {m['error']}")
     for d in drains:
@@ -166,20 +169,30 @@ def admin_status(as_json: bool) -> None:
     click.echo(deciding)
 
 
-def _last_restart(job: Any, journal: Any) -> dict[str, object] | None:
-    """The phases of the controller's last restart of `job` (control/phases.py), for `admin status`."""
+def _owner_uid(job: Any) -> int | None:
     import pwd
 
+    if job.user_id is not None:
+        return int(job.user_id)
+    try:
+        return pwd.getpwnam(job.user).pw_uid
+    except KeyError:
+        return None
+
+
+def _last_restart(job: Any, journal: Any) -> dict[str, object] | None:
+    """The phases of the controller's last restart of `job` (control/phases.py), for `admin status`."""
     from slurm_elastic.control.phases import last_restart
 
-    uid = job.user_id
-    if uid is None:
-        try:
-            uid = pwd.getpwnam(job.user).pw_uid
-        except KeyError:
-            uid = None
-    phases = last_restart(job, journal, owner_uid=uid)
+    phases = last_restart(job, journal, owner_uid=_owner_uid(job))
     return None if phases is None else {**phases.to_json(), "line": phases.line()}
+
+
+def _slurm_end(job: Any) -> dict[str, object] | None:
+    """How the job's previous incarnation ended when Slurm ended it (a time limit, a preemption), for `admin status`."""
+    from slurm_elastic.control.phases import slurm_end
+
+    return slurm_end(job, owner_uid=_owner_uid(job))
 
 
 @admin.command("rebalance")

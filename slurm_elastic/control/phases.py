@@ -39,6 +39,7 @@ from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE
 from slurm_elastic import jobfiles as shim
+from slurm_elastic.errors import JobFileRefused
 from slurm_elastic.jobfiles import read_metrics
 
 METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
@@ -175,6 +176,33 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
                          # "release" is journaled before the credential gap is waited out; "done" right after it
                          relaunched=relaunched, running=running, attached=attached,
                          first_step=first)
+
+
+def slurm_end(job: Job, *, owner_uid: int | None) -> dict[str, object] | None:
+    """The job's previous incarnation ended at Slurm's signal (a time limit, a preemption) and requeued
+    itself: its cause (the template's ENDED file), restart count and acknowledged step. Shown, never used."""
+    spec = job.spec
+    if spec is None or not spec.ckpt_dir or owner_uid is None or job.restarts < 1:
+        return None
+    try:
+        directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+    except ValueError:
+        return None
+    restart = job.restarts - 1
+    try:
+        data = shim.read_user_file(os.path.join(directory, shim.end_cause_file_name(job.job_id, restart)),
+                                   owner_uid=owner_uid, max_bytes=shim.END_CAUSE_MAX_BYTES, what="an end cause")
+        ack, _ = shim.read_record(os.path.join(directory, shim.ack_file_name(job.job_id, restart)), shim.Ack.parse,
+                                  owner_uid=owner_uid, max_bytes=shim.ACK_MAX_BYTES, what="an ACK")
+    except (JobFileRefused, OSError):
+        return None
+    cause = None if data is None else shim.parse_end_cause(data)
+    if cause is None:
+        return None
+    step = ack.step if ack is not None and ack.committed else None
+    line = (f"restart {job.restarts} after a {cause}: " +
+            (f"checkpoint of step {step} acknowledged" if step is not None else "no acknowledged checkpoint"))
+    return {"restart": job.restarts, "cause": cause, "committed_step": step, "line": line}
 
 
 def first_row_after(path: str, after: float, *, owner_uid: int) -> float | None:

@@ -59,6 +59,16 @@ def valid_node_name(value: object) -> bool:
     return isinstance(value, str) and _NODE_RE.fullmatch(value) is not None
 
 
+END_CAUSES = ("time limit", "preemption")
+"""What ENDED-<job>-<restart> may say: the job template's reading of Slurm's signal before the job's end."""
+
+
+def end_cause_file_name(slurm_job_id: str | int, restart_count: int) -> str:
+    """`ENDED-<job id>-<restart count>`: the template committed on Slurm's signal at the job's end and names
+    which end (one of END_CAUSES); only ever words output, never decides anything."""
+    return f"ENDED-{slurm_job_id}-{int(restart_count)}"
+
+
 def ack_file_name(slurm_job_id: str | int, restart_count: int) -> str:
     """`ACK-<job id>-<restart count>`: written after the signalled checkpoint is committed."""
     return f"ACK-{slurm_job_id}-{int(restart_count)}"

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from slurm_elastic.errors import JobFileRefused
-from slurm_elastic.jobfiles.names import RELAUNCHES_IN_PLACE
+from slurm_elastic.jobfiles.names import END_CAUSES, RELAUNCHES_IN_PLACE
 from slurm_elastic.jobfiles.reading import field_float, field_int, field_object
 
 MAX_WORLD = 10**5
@@ -131,6 +131,15 @@ class LauncherStopped:
     @classmethod
     def parse_bytes(cls, data: bytes) -> LauncherStopped:
         return cls(in_place=data.strip() == RELAUNCHES_IN_PLACE.encode())
+
+
+END_CAUSE_MAX_BYTES = 64
+
+
+def parse_end_cause(data: bytes) -> str | None:
+    """`ENDED-<job>-<restart>` (plain text, a shell writes it): one of END_CAUSES, else None."""
+    text = data.decode("ascii", errors="replace").strip()
+    return text if text in END_CAUSES else None
 
 
 HEARTBEAT_STATES = ("running", "done", "failed")

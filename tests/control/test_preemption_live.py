@@ -8,6 +8,7 @@ rigid job preempts through Slurm alone. Waits are on states, with generous timeo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,6 +98,9 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
                          what=lambda: f"the elastic job resumed; job {job()}\n{cluster.job_outputs()}")
         again = job()
         assert again is not None and again.restarts >= 1 and not again.state.finished, again
+        status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+        end = next(r for r in status["jobs"] if r["job_id"] == job_id)["slurm_end"]
+        assert end is not None and end["cause"] == "preemption" and end["committed_step"] == ack.step, end
     finally:
         subprocess.run(["scancel", "--quiet", str(job_id), *([str(rigid)] if rigid else [])], env=cluster.env,
                        check=False)
@@ -105,6 +109,7 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
     assert ack.committed and ack.step is not None, ack
     assert "before the job's end (time limit or preemption)" in text, text[-3000:]
     assert f"restored step {ack.step} " in text, text[-3000:]
+    assert "after a preemption (checkpoint acknowledged at Slurm's signal)" in text, text[-3000:]
     assert "Killed" not in text and "SIGKILL" not in text, text[-3000:]
     steps = [r["step"] for r in json_lines(loss_log)]
     # Every completed step logged once: a step run again after the resume would be a lost one.

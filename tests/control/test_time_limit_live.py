@@ -8,6 +8,7 @@ to 60 s early and holds a requeued job back before starting it again, so the tim
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -47,12 +48,16 @@ def test_a_job_trains_through_two_time_limits_losing_no_step(elastic_cluster):
                          what=lambda: f"{LIMITS} time limits trained through; job {job()}\n{cluster.job_outputs()}")
         now = job()
         assert now is not None and now.restarts >= LIMITS and not now.state.finished, now
+        status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+        end = next(r for r in status["jobs"] if r["job_id"] == job_id)["slurm_end"]
+        assert end is not None and end["cause"] == "time limit" and end["restart"] == now.restarts, end
     finally:
         cluster.cancel_all()
 
     text = (cluster.root / "out" / f"{job_id}.out").read_text()
     assert text.count("requeues itself before its end") >= LIMITS, text[-3000:]
     assert text.count("before the job's end (time limit or preemption)") >= LIMITS, text[-3000:]
+    assert text.count("after a time limit (checkpoint acknowledged at Slurm's signal)") >= LIMITS, text[-3000:]
     steps = [r["step"] for r in json_lines(loss_log)]
     # Every completed step logged once, none twice: a step run again after a resume would be a lost one.
     assert steps == list(range(steps[0], steps[0] + len(steps))), steps

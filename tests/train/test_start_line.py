@@ -56,3 +56,32 @@ def test_after_a_stop_that_committed_nothing_the_line_says_how_many_steps_are_do
     # a hostile metrics file (not the rows the shim writes) gives the plain line
     (job_dir / protocol.METRICS_FILE).write_text('{"step": "many"}\n' + "x" * 100)
     assert "lost" not in start_line(str(job_dir), _env(2), step=20, restored_step=20)
+
+
+@pytest.mark.parametrize("content, cause", [
+    ("time limit\n", "a time limit (checkpoint acknowledged at Slurm's signal)"),
+    ("preemption\n", "a preemption (checkpoint acknowledged at Slurm's signal)"),
+    ("a resize that gave me 64 GPUs\n", "a signalled stop: a resize by the controller"),
+    ("x" * 5000, "a signalled stop: a resize by the controller"),
+])
+def test_the_templates_word_for_the_jobs_end_names_a_time_limit_or_a_preemption_and_nothing_else(
+        tmp_path: Path, content: str, cause: str) -> None:
+    job_dir = tmp_path / "7"
+    job_dir.mkdir()
+    (job_dir / protocol.ack_file_name(7, 0)).write_text("{}")
+    (job_dir / protocol.end_cause_file_name(7, 0)).write_text(content)
+    assert restart_cause(str(job_dir), _env(1)).startswith(cause)
+
+
+def test_an_end_cause_that_is_a_fifo_or_a_link_is_not_read(tmp_path: Path) -> None:
+    import os
+
+    job_dir = tmp_path / "7"
+    job_dir.mkdir()
+    (job_dir / protocol.ack_file_name(7, 0)).write_text("{}")
+    os.mkfifo(job_dir / protocol.end_cause_file_name(7, 0))     # opening it for reading must not block
+    assert restart_cause(str(job_dir), _env(1)).startswith("a signalled stop")
+    os.unlink(job_dir / protocol.end_cause_file_name(7, 0))
+    (tmp_path / "elsewhere").write_text("time limit\n")
+    os.symlink(tmp_path / "elsewhere", job_dir / protocol.end_cause_file_name(7, 0))
+    assert restart_cause(str(job_dir), _env(1)).startswith("a signalled stop")
