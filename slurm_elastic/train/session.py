@@ -217,10 +217,8 @@ class ElasticSession:
             # A clean end must not look like a loss to the watchers; an error must (the peers
             # are stuck in a collective with this rank otherwise, for the collective timeout).
             self._liveness.stop(peers.DONE if exc is None or _clean_exit(exc) else peers.FAILED)
-        sig = getattr(signal_module, "SIG" + self.signal_name)
-        signal_module.signal(sig, self._old_handler)
-        signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
-        signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
+        # The handlers stay until the group is gone: Slurm's SIGTERM reaches one node's tasks after
+        # another's, and a late copy must not kill a rank that has committed and is leaving.
         if self._owns_group and dist.is_initialized() and (exc is None or _clean_exit(exc)):
             _quiesce_gloo()
             log.debug("process group quiesced after %.3f s", time.monotonic() - t0)
@@ -230,7 +228,11 @@ class ElasticSession:
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(protocol.REQUEUE_EXIT_CODE)
+            os._exit(protocol.REQUEUE_EXIT_CODE)     # with the handlers in place to the end
+        sig = getattr(signal_module, "SIG" + self.signal_name)
+        signal_module.signal(sig, self._old_handler)
+        signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
+        signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
         return False
 
     def _on_signal(self, signum: int, frame: Any) -> None:
