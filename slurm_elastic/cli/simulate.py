@@ -38,6 +38,9 @@ RESTARTS = ("forward-layer", "traditional", "both")
               help="Seconds of running between periodic checkpoints.")
 @click.option("--sync-checkpoint", default=30.0, show_default=True,
               help="Traditional method: seconds a full synchronous checkpoint stalls the job.")
+@click.option("--wall-time", "wall_time", type=float, default=None,
+              help="Seconds each incarnation of an elastic job may run: at this time limit it commits, "
+                   "requeues itself and restarts at the policy's choice (default: no limit).")
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "pollux", "generic", "sacct"]), help="Workload file format.")
 @click.option("--applications", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -63,7 +66,7 @@ RESTARTS = ("forward-layer", "traditional", "both")
 def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, interval: float, immediate: bool,
              failures: str | None, restart_method: str, restart_overhead: float, app_overheads: tuple[str, ...],
              checkpoint_interval: float,
-             sync_checkpoint: float, fmt: str, applications: Path | None, sacct_elastic: str, adaptive: str, max_scale: float,
+             sync_checkpoint: float, wall_time: float | None, fmt: str, applications: Path | None, sacct_elastic: str, adaptive: str, max_scale: float,
              objective: str,
              as_json: bool, markdown: bool, plot_dir: Path | None, decisions_path: Path | None, progress: bool) -> None:
     """Replay workload traces under the shipped controller and the baselines.
@@ -86,7 +89,8 @@ def simulate(workloads: tuple[Path, ...], policy_name: str, cluster_spec: str, i
         schedule = parse_failures(failures)
         methods = ("forward-layer", "traditional") if restart_method == "both" else (restart_method,)
         restarts = [RestartModel(m, restart_overhead, checkpoint_interval, sync_checkpoint) for m in methods]
-        configs = [SimConfig(nodes, interval, r, schedule, immediate=immediate) for r in restarts]
+        configs = [SimConfig(nodes, interval, r, schedule, immediate=immediate, wall_time_s=wall_time)
+                   for r in restarts]
         gpn = max(n.gpus for n in nodes)
         per_app = _app_overheads(app_overheads)
         loaded = [(w, _with_overheads(load_any(w, fmt=fmt, applications=applications, gpus_per_node=gpn,

@@ -60,10 +60,15 @@ class SimConfig:
     failures: FailureSchedule = FailureSchedule()
     max_time_s: float = 60 * 86400.0
     immediate: bool = True       # re-solve at arrivals, completions and node events, not only at ticks
+    # Each incarnation of an elastic job ends at this time limit: it commits at Slurm's warning (a signalled
+    # stop: the restart method's cost), requeues itself and waits for the policy to start it again.
+    wall_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise TraceError("the cluster has no nodes")
+        if self.wall_time_s is not None and (not math.isfinite(self.wall_time_s) or self.wall_time_s <= 0):
+            raise TraceError(f"wall time must be > 0 seconds, got {self.wall_time_s!r}")
         if len({n.name for n in self.nodes}) != len(self.nodes):
             raise TraceError("node names must be unique")
         if not math.isfinite(self.interval_s) or self.interval_s <= 0:
@@ -82,6 +87,7 @@ class JobRecord:
     gpu_s: float                # GPU-seconds held
     restart_loss_gpu_s: float   # restart stalls + redone work + synchronous checkpoint stalls
     elastic: bool = True        # False: a rigid job (min = max GPUs)
+    time_limits: int = 0        # incarnations ended at SimConfig.wall_time_s (each also a restart)
 
     @property
     def jct_s(self) -> float | None:
@@ -125,7 +131,7 @@ class _Run:
 
     __slots__ = ("job", "placement", "remaining", "stall", "stall_counts", "since_ckpt_run", "since_ckpt_work",
                  "attained", "executed", "start", "finish", "restarts", "loss", "speed",
-                 "pending_stall", "segment_left", "segment")
+                 "pending_stall", "segment_left", "segment", "incarnation_start", "time_limits")
 
     def __init__(self, job: SimJob) -> None:
         self.job = job
@@ -145,6 +151,8 @@ class _Run:
         self.pending_stall = 0.0        # traditional: synchronous checkpoint owed before the next start
         self.segment_left = math.inf    # work before the speed changes (SegmentedSpeed: the epoch's end)
         self.segment: Segment | None = None
+        self.incarnation_start = 0.0    # when the current placement began (a time limit counts from it)
+        self.time_limits = 0
 
     @property
     def gpus(self) -> int:
@@ -216,6 +224,7 @@ class Simulation:
         timeline: list[tuple[float, str, int]] = []
         n_failures = 0
         sync = cfg.restart.sync_checkpoint_s if cfg.restart.method == "traditional" else 0.0
+        wall = cfg.wall_time_s
 
         while done < total:
             # 1. the next event time
@@ -229,6 +238,8 @@ class Simulation:
             for run in active.values():
                 if run.placement and run.speed > 0:
                     t_next = min(t_next, now + run.stall + min(run.remaining, run.segment_left) / run.speed)
+                if run.placement and wall is not None and run.job.elastic:
+                    t_next = min(t_next, run.incarnation_start + wall)
             if t_next > cfg.max_time_s:
                 log.warning("stopping at the time limit %.0f s with %d jobs unfinished", cfg.max_time_s, total - done)
                 break
@@ -255,6 +266,14 @@ class Simulation:
                 run.placement = {}
                 done += 1
                 reasons.append("completion")
+            # 3b. time limits: the incarnation commits at the warning and requeues itself
+            if wall is not None:
+                for key, run in active.items():
+                    if run.placement and run.job.elastic and now >= run.incarnation_start + wall - 1e-9:
+                        self._stop_signalled(run, sync)
+                        run.time_limits += 1
+                        timeline.append((now, key, 0))
+                        reasons.append("time-limit")
             # 4. node repairs and failures
             while repairs and repairs[0][0] <= now:
                 _, name = heapq.heappop(repairs)
@@ -306,7 +325,7 @@ class Simulation:
         records = tuple(JobRecord(
             key=r.job.key, application=r.job.application, submit_s=r.job.submit_s, start_s=r.start,
             finish_s=r.finish, requested_gpus=r.job.requested_gpus, restarts=r.restarts, gpu_s=r.attained,
-            restart_loss_gpu_s=r.loss, elastic=r.job.elastic) for r in runs.values())
+            restart_loss_gpu_s=r.loss, elastic=r.job.elastic, time_limits=r.time_limits) for r in runs.values())
         return SimResult(policy=self.policy.name, restart_method=cfg.restart.method, jobs=records,
                          decisions=tuple(decisions), utilisation=tuple(util), timeline=tuple(timeline),
                          node_failures=n_failures, end_s=now, wall_s=time.perf_counter() - wall0,
@@ -352,6 +371,16 @@ class Simulation:
         run.stall = 0.0
         run.segment, run.segment_left = None, math.inf
 
+    def _stop_signalled(self, run: _Run, sync: float) -> None:
+        """A signalled stop (a resize, a time limit): the checkpoint it takes loses no work; the traditional
+        method stops only after a full synchronous checkpoint, owed before the next start."""
+        run.pending_stall += sync
+        run.since_ckpt_run = run.since_ckpt_work = 0.0
+        run.placement = {}
+        run.speed = 0.0
+        run.stall = 0.0
+        run.segment, run.segment_left = None, math.inf
+
     def _apply(self, decision: Decision, active: dict[str, _Run], up: Mapping[str, SimNode], now: float,
                sync: float) -> list[tuple[str, int, int]]:
         unknown = sorted(set(decision.placements) - set(active))
@@ -387,12 +416,11 @@ class Simulation:
             if new == run.placement:
                 continue
             before = run.gpus
-            if run.placement and self.config.restart.method == "traditional":
-                # The traditional method stops only after a full synchronous checkpoint.
-                run.pending_stall += sync
-            run.since_ckpt_run = run.since_ckpt_work = 0.0  # the signalled stop checkpoints
+            if run.placement:
+                self._stop_signalled(run, sync)
             run.placement = new
             if new:
+                run.incarnation_start = now
                 if run.start is None:
                     run.start = now
                     run.stall = self._overhead(run.job)
@@ -403,9 +431,5 @@ class Simulation:
                     run.stall_counts = True
                 run.pending_stall = 0.0
                 run.speed = self._effective_speed(run)
-            else:
-                run.speed = 0.0
-                run.stall = 0.0
-                run.segment, run.segment_left = None, math.inf
             changes.append((key, before, sum(new.values())))
         return changes

@@ -31,6 +31,8 @@ def summarize(result: SimResult) -> dict[str, object]:
         "gpu_util": allocated / capacity if capacity > 0 else 0.0,
         "jobs_per_hour": len(done) / (makespan / 3600.0) if makespan > 0 else 0.0,
         "restarts": sum(j.restarts for j in result.jobs),
+        # only where a wall time was set (SimConfig.wall_time_s): the restarts that were time limits
+        **({"time_limits": limits} if (limits := sum(j.time_limits for j in result.jobs)) else {}),
         "restart_loss_share": loss / held if held > 0 else 0.0,
         "node_failures": result.node_failures,
         "decision_points": len(result.decisions),

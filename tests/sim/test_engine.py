@@ -153,3 +153,29 @@ def test_failure_file(tmp_path):
     path.write_text("time_s,node\n100,n001\n")
     with pytest.raises(TraceError, match="missing column"):
         parse_failures(str(path))
+
+
+@pytest.mark.parametrize("method, stall", [("forward-layer", 0.0), ("traditional", 10.0)])
+def test_a_time_limit_ends_each_incarnation_and_the_job_rides_through_at_the_restart_cost(method, stall):
+    # 1,000 s of work at 4 GPUs, incarnations of at most 300 s, 20 s per (re)start: the job runs
+    # 280 s of work per incarnation (4 of them: 280 x 3 + 160) and loses none of it at a limit.
+    restart = RestartModel(method, overhead_s=20, checkpoint_interval_s=1e9, sync_checkpoint_s=stall)
+    config = SimConfig(parse_cluster("1x4"), restart=restart, wall_time_s=300)
+    result = Simulation([job("a", 0, 4, 1000, lo=1, hi=4, overhead=None)], make_policy("static"), config).run()
+    rec = result.jobs[0]
+    assert rec.time_limits == 3 and rec.restarts == 3
+    # traditional: each limit's stop writes a synchronous checkpoint, paid before the next start
+    per = 300 - 20 - stall
+    assert rec.finish_s == pytest.approx(3 * 300 + 20 + stall + (1000 - 280 - 2 * per))
+    assert summarize(result)["time_limits"] == 3
+    # a rigid job's time limit is its run time (the trace's): it is not cut
+    rigid = Simulation([job("r", 0, 4, 1000, overhead=None)], make_policy("static"), config).run().jobs[0]
+    assert rigid.time_limits == 0 and rigid.restarts == 0
+
+
+def test_without_a_wall_time_nothing_is_cut_and_the_summary_has_no_time_limits():
+    result = Simulation([job("a", 0, 4, 1000, lo=1, hi=4, overhead=None)], make_policy("static"),
+                        SimConfig(parse_cluster("1x4"), restart=RestartModel(overhead_s=20))).run()
+    assert result.jobs[0].restarts == 0 and "time_limits" not in summarize(result)
+    with pytest.raises(TraceError, match="wall time"):
+        SimConfig(parse_cluster("1x4"), wall_time_s=0)
