@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,25 +30,12 @@ from table import print_rows  # benchmarks/table.py: how every benchmark prints 
 from slurm_elastic.cluster.cli_backend import CliBackend  # noqa: E402
 from slurm_elastic.cluster.model import JobState  # noqa: E402
 from slurm_elastic.control.plugin import lua_source  # noqa: E402
-from slurm_elastic.devcluster import LocalCluster  # noqa: E402
+from slurm_elastic.devcluster import LocalCluster, processes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "job_templates" / "ddp.sbatch"
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
 DIGITS = [sys.executable, "-m", "slurm_elastic.train.examples.digits"]
-
-
-def free_port_base(nodes: int) -> int:
-    for base in range(23017, 30000, 17):
-        ports = [base, base + 1, *range(base + 4, base + 4 + nodes)]
-        try:
-            for port in ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise SystemExit("no free ports")
 
 
 def alone_env(ckpt: Path, job: str) -> dict[str, str]:
@@ -102,7 +88,7 @@ def main() -> int:
 
     (root / "job_submit.lua").write_text(lua_source())
     local = LocalCluster(root / "cluster")
-    local.up(nodes=1, spares=0, port_base=free_port_base(1), job_submit_lua=root / "job_submit.lua", timeout=90)
+    local.up(nodes=1, spares=0, port_base=processes.free_port_base(6), job_submit_lua=root / "job_submit.lua", timeout=90)
     env = {**os.environ, **local.env(), "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
     daemon = subprocess.Popen([sys.executable, "-c", CLI, "-v", "admin", "daemon", "--interval", "2"], env=env,

@@ -39,7 +39,6 @@ from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE
 from slurm_elastic import jobfiles as shim
-from slurm_elastic.errors import JobFileRefused
 from slurm_elastic.jobfiles import read_metrics
 
 METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
@@ -189,16 +188,11 @@ def slurm_end(job: Job, *, owner_uid: int | None) -> dict[str, object] | None:
     except ValueError:
         return None
     restart = job.restarts - 1
-    try:
-        data = shim.read_user_file(os.path.join(directory, shim.end_cause_file_name(job.job_id, restart)),
-                                   owner_uid=owner_uid, max_bytes=shim.END_CAUSE_MAX_BYTES, what="an end cause")
-        ack, _ = shim.read_record(os.path.join(directory, shim.ack_file_name(job.job_id, restart)), shim.Ack.parse,
-                                  owner_uid=owner_uid, max_bytes=shim.ACK_MAX_BYTES, what="an ACK")
-    except (JobFileRefused, OSError):
-        return None
-    cause = None if data is None else shim.parse_end_cause(data)
+    cause = shim.read_end_cause(directory, job.job_id, restart, owner_uid=owner_uid)
     if cause is None:
         return None
+    ack, _ = shim.read_record(os.path.join(directory, shim.ack_file_name(job.job_id, restart)), shim.Ack.parse,
+                              owner_uid=owner_uid, max_bytes=shim.ACK_MAX_BYTES, what="an ACK")
     step = ack.step if ack is not None and ack.committed else None
     line = (f"restart {job.restarts} after a {cause}: " +
             (f"checkpoint of step {step} acknowledged" if step is not None else "no acknowledged checkpoint"))

@@ -22,6 +22,6 @@ from slurm_elastic.jobfiles.peer_lost import (COMMIT_STATES, DETECTORS, PEER_LOS
 from slurm_elastic.jobfiles.reading import load_json, read_record, read_user_file
 from slurm_elastic.jobfiles.records import (ACK_MAX_BYTES, BATCH_MAX_BYTES, END_CAUSE_MAX_BYTES, GEOMETRY_MAX_BYTES,
                                             HEARTBEAT_MAX_BYTES, Ack, BatchRange, Geometry, Heartbeat, LauncherStopped,
-                                            parse_end_cause)
+                                            parse_end_cause, read_end_cause)
 
 __all__ = [name for name in dir() if not name.startswith("_") and name != "annotations"]

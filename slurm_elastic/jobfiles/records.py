@@ -8,11 +8,12 @@ reads it; `parse` raises JobFileRefused (a ValueError) for anything else.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from slurm_elastic.errors import JobFileRefused
-from slurm_elastic.jobfiles.names import END_CAUSES, RELAUNCHES_IN_PLACE
-from slurm_elastic.jobfiles.reading import field_float, field_int, field_object
+from slurm_elastic.jobfiles.names import END_CAUSES, RELAUNCHES_IN_PLACE, end_cause_file_name
+from slurm_elastic.jobfiles.reading import field_float, field_int, field_object, read_user_file
 
 MAX_WORLD = 10**5
 MAX_BATCH = 10**8
@@ -140,6 +141,17 @@ def parse_end_cause(data: bytes) -> str | None:
     """`ENDED-<job>-<restart>` (plain text, a shell writes it): one of END_CAUSES, else None."""
     text = data.decode("ascii", errors="replace").strip()
     return text if text in END_CAUSES else None
+
+
+def read_end_cause(job_dir: str, slurm_job_id: str | int, restart_count: int, *, owner_uid: int | None) -> str | None:
+    """What the job template wrote of incarnation `restart_count`'s end, read as every job file (owner,
+    size, no link or FIFO); None when there is none or it is not one of END_CAUSES."""
+    try:
+        data = read_user_file(os.path.join(job_dir, end_cause_file_name(slurm_job_id, restart_count)),
+                              owner_uid=owner_uid, max_bytes=END_CAUSE_MAX_BYTES, what="an end cause")
+    except (JobFileRefused, OSError):
+        return None
+    return None if data is None else parse_end_cause(data)
 
 
 HEARTBEAT_STATES = ("running", "done", "failed")

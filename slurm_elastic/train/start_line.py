@@ -6,7 +6,6 @@ import os
 import sys
 
 from slurm_elastic import jobfiles as protocol
-from slurm_elastic.errors import JobFileRefused
 from slurm_elastic.train.environment import JobEnvironment
 
 PREFIX = "slurm-elastic:"
@@ -29,7 +28,7 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
     if any(r == restart and s < env.step_id for _, r, s in lost):
         return "a lost peer (the survivors committed and were relaunched in place)"
     if restart > 0 and protocol.ack_file_name(job, restart - 1) in names:
-        cause = end_cause(job_dir, job, restart - 1)
+        cause = protocol.read_end_cause(job_dir, job, restart - 1, owner_uid=os.getuid())
         if cause is not None:
             return f"a {cause} (checkpoint acknowledged at Slurm's signal)"
         return "a signalled stop: a resize by the controller, a time limit or a preemption (checkpoint acknowledged)"
@@ -39,17 +38,6 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
         return (f"a requeue (restart {restart}) with no acknowledged checkpoint: a node failure, a time "
                 "limit or an unacknowledged stop; the last periodic checkpoint")
     return f"an earlier run under job key {os.path.basename(job_dir)}"
-
-
-def end_cause(job_dir: str, job: str | int, restart: int) -> str | None:
-    """What the job template wrote of incarnation `restart`'s end ("time limit", "preemption"), or None."""
-    try:
-        data = protocol.read_user_file(os.path.join(job_dir, protocol.end_cause_file_name(job, restart)),
-                                       owner_uid=os.getuid(), max_bytes=protocol.END_CAUSE_MAX_BYTES,
-                                       what="an end cause")
-    except (JobFileRefused, OSError):
-        return None
-    return None if data is None else protocol.parse_end_cause(data)
 
 
 def steps_reached(job_dir: str) -> int | None:
