@@ -236,7 +236,8 @@ def solve(model: Model, *, limits: Limits, mip_rel_gap: float, warm: np.ndarray 
     has_point = info.primal_solution_status == 2  # kSolutionStatusFeasible
     x = np.asarray(h.getSolution().col_value, float) if has_point else None
     objective = float(info.objective_function_value) if has_point else -INF
-    bound = float(info.mip_dual_bound) if integ.any() else objective
+    # an LP stopped by a limit has a point but proves nothing: only an optimal LP's value is a bound
+    bound = float(info.mip_dual_bound) if integ.any() else objective if status == "Optimal" else INF
     gap = float(info.mip_gap) if integ.any() else 0.0
     log.debug("HiGHS %s in %.3fs: obj %.6g bound %.6g gap %.3g (%d cols, %d rows)",
               status, solve_s, objective, bound, gap, model.ncol, model.nrow)

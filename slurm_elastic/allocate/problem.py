@@ -255,12 +255,15 @@ class Allocation:
     """The solver's answer.
 
     `gpus[key]` is g_j (0 = not running); `placement[key]` maps node name ->
-    GPUs of the job there. `method` is "milp", "milp-work-limit" (HiGHS's
-    incumbent at its node limit: repeatable), "milp-time-limit" (at the
-    wall-clock cap: not repeatable) or "greedy" (no incumbent: fallback).
-    `status` says what the final answer is certified to be
-    (allocate/solver.py `_certified`, docs/allocator.md): never "within gap"
-    when `mip_gap`, the final gap after packing, is above the gap asked for.
+    GPUs of the job there. `method` is the route: "milp", "lp-rounded" (the
+    counts model's LP, rounded, proven within the gap by its bound:
+    branch-and-bound skipped), "milp-work-limit" (HiGHS's incumbent at its
+    node limit: repeatable), "milp-time-limit" (at the wall-clock cap: not
+    repeatable) or "greedy" (no incumbent, or the warm start scored higher).
+    `status` says what the final answer is certified to be against a proven
+    bound (allocate/solver.py `_certified`, docs/allocator.md): "optimal"
+    only at a final gap of 0, "within-gap" up to the gap asked for, never
+    when `mip_gap`, the final gap after packing, is above it.
     """
 
     gpus: Mapping[str, int]

@@ -17,11 +17,23 @@ from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
 
-# Above this many (job, node) pairs the exact per-node model is too slow to be
-# worth it on a small controller host; see docs/allocator.md for the measurement.
-EXACT_MAX_PAIRS = 1_000
+# Above this many (job, node) pairs auto does not run the exact per-node model. Its root node (cuts on
+# every node's CPU and memory rows) is not bounded by any work limit HiGHS has, and where CPUs or memory
+# bind it cost 0.4-1.3 s CPU at 160-320 pairs and hit a 10 s cap at 960; at 80 pairs it stayed under
+# 0.4 s on every case measured (docs/allocator.md, "Solving it").
+EXACT_MAX_PAIRS = 100
 
-LP_ROUNDED = "lp-rounded-within-gap"
+# What a status certifies about the FINAL answer (after packing, make-room, fill or a fallback), judged
+# on its gap to a proven bound on the exact optimum: the one home of these names.
+OPTIMAL = "optimal"            # final gap 0: no placement scores higher
+WITHIN_GAP = "within-gap"      # 0 < final gap <= mip_rel_gap
+ABOVE_GAP = "above-gap"        # a bound is proven, the answer is further from it than mip_rel_gap
+WORK_LIMIT = "work-limit-reached"
+TIME_LIMIT = "time-limit-reached"
+# HiGHS's LP bound proved the rounded counts within the gap, so branch-and-bound was skipped: a route
+# (the Allocation's method), not a certificate
+LP_ROUNDED = "lp-rounded"
+_ZERO_GAP = 1e-9               # relative: float noise between HiGHS's objective and ours
 
 
 def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
@@ -63,7 +75,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         pairs = len(live) * int((inst.cap[:, 0] > 0).sum())
         # The counts model relaxes the exact one, so its bound holds for the exact optimum: a two-stage
         # answer proven within the gap asked for cannot be beaten by more than that gap, and the exact
-        # model is only worth its cost when that proof is missing (and the model is small).
+        # model is only worth running when that proof is missing and the model is small enough to be cheap.
         proven = two_rows is not None and _gap(inst.objective(two_rows), two_res.bound) <= policy.mip_rel_gap
         mode = "exact" if pairs <= EXACT_MAX_PAIRS and not proven else "two-stage"
     if mode == "exact":
@@ -90,7 +102,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         notes.append(f"HiGHS found no solution ({res.status}); greedy allocation used")
         return _answer(inst, rows, _status(res.status), "greedy", inst.objective(rows), math.nan, math.nan, t0,
                        notes)
-    method = "milp-time-limit" if res.time_limited else "milp-work-limit" if res.work_limited else "milp"
+    method = ("milp-time-limit" if res.time_limited else "milp-work-limit" if res.work_limited
+              else LP_ROUNDED if res.status == LP_ROUNDED else "milp")
     bad = inst.violations(rows)
     if bad:
         # should not happen; never hand Slurm an impossible placement
@@ -173,16 +186,17 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
         value = form.value(point)
         if value > form.value(warm):
             warm = point
-        if policy.lp_certificate and _gap(value, lp.objective) <= policy.mip_rel_gap:
+        if policy.lp_certificate and _gap(value, lp.bound) <= policy.mip_rel_gap:
             # HiGHS's LP bound already proves the rounded counts within the MIP gap: branch-and-bound
-            # could only confirm it, so it is skipped (the status says so, if packing keeps the gap)
-            res = highs.MilpResult(point, LP_ROUNDED, value, lp.objective,
-                                   _gap(value, lp.objective), lp.solve_s, False, False)
+            # could only confirm it, so it is skipped (the final answer's status is judged after packing)
+            res = highs.MilpResult(point, LP_ROUNDED, value, lp.bound,
+                                   _gap(value, lp.bound), lp.solve_s, False, False)
     if res is lp:
         res = highs.solve(form.model, limits=_limits(policy, t0), mip_rel_gap=policy.mip_rel_gap, warm=warm)
-        if lp.x is not None and lp.objective < res.bound:
+        if lp.bound < res.bound:
             # stopped early, HiGHS's MIP dual bound can be weaker than the LP bound it already has
-            res = dataclasses.replace(res, bound=lp.objective)
+            # (an LP stopped by a limit has bound inf: its value proves nothing)
+            res = dataclasses.replace(res, bound=lp.bound)
     if res.x is None:
         return None, res, fallback
     counts = form.counts(res.x)
@@ -231,20 +245,21 @@ def _status(highs_status: str) -> str:
 
 
 def _certified(res: highs.MilpResult, final_gap: float, asked_gap: float) -> str:
-    """What the answer's status may claim, judged on its FINAL gap (after packing), not the model's.
+    """What the answer's status may claim, judged on its FINAL gap (after packing), not on the model's.
 
-    "optimal" and "lp-rounded-within-gap" certify the answer within the gap
-    asked for; "above-gap" says a bound is proven but packing (or a fallback)
-    left the answer further from it; "time-limit-reached" and
-    "work-limit-reached" say where HiGHS stopped (the gap field says how far).
+    The counts model before packing, or HiGHS's own "Optimal" (within its gap, of its model), certify
+    nothing about the placement handed to Slurm; its gap to the proven bound does. A stop at a limit
+    says so first (the gap field says how far the answer is).
     """
     if res.time_limited:
-        return _status(res.status)
+        return TIME_LIMIT
     if res.work_limited:
-        return "work-limit-reached"     # HiGHS says "Solution limit reached" for its node limit
-    if res.status in ("Optimal", LP_ROUNDED):
-        return _status(res.status) if final_gap <= asked_gap + 1e-12 else "above-gap"
-    return _status(res.status)
+        return WORK_LIMIT     # HiGHS says "Solution limit reached" for its node limit
+    if res.status not in ("Optimal", LP_ROUNDED):
+        return _status(res.status)
+    if not final_gap <= asked_gap + _ZERO_GAP:     # NaN (no proven bound) is not within anything
+        return ABOVE_GAP
+    return OPTIMAL if final_gap <= _ZERO_GAP else WITHIN_GAP
 
 
 def _answer(inst: Instance, rows: Sequence[Row], status: str, method: str, objective: float, bound: float,

@@ -42,7 +42,7 @@ def test_render_lists_every_job_with_before_after():
     alloc = solve(AllocationProblem(jobs, nodes))
     text = render_explanation(alloc)
     lines = text.splitlines()
-    assert lines[0].startswith("method milp")
+    assert lines[0].startswith("method lp-rounded  status optimal")
     assert any(line.startswith("alpha") and "2 -> 4" in line and "[n0:4]" in line for line in lines)
     assert any(line.startswith("beta") and "0 -> 4" in line for line in lines)
     changed_only = render_explanation(alloc, only_changes=True)

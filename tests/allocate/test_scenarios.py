@@ -177,5 +177,5 @@ def test_when_memory_runs_out_first_packing_loses_the_job_worth_least_per_gb_not
     problem = AllocationProblem((job("a", 2, 75_000), job("b", 2, 75_000), job("c", 6, 25_000)),
                                 (node("n1", mem=256_000), node("n2", mem=256_000)), Policy(threads=1))
     exact, two = solve(problem, mode="exact"), solve(problem, mode="two-stage")
-    assert exact.status == "optimal" and exact.gpus["c"] == 6
+    assert exact.status in ("optimal", "within-gap") and exact.gpus["c"] == 6
     assert two.gpus == exact.gpus and two.objective == pytest.approx(exact.objective)
