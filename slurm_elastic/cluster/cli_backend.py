@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.model import ClusterState, Job
 from slurm_elastic.cluster.partitions import PartitionTimes, parse_partitions
+from slurm_elastic.cluster.reservations import AdvanceReservation, parse_reservations
 from slurm_elastic.cluster.parse_json import (JSON_ERRORS, MissingField, job_from_record, loads, parse_nodes,
                                               version_of)
 from slurm_elastic.cluster.parse_text import jobs_from_text, nodes_from_text
@@ -202,6 +203,10 @@ class CliBackend:
     def partition_times(self) -> tuple[PartitionTimes, ...]:
         """Every partition's DefaultTime and MaxTime (`scontrol -o show partition`: the same text on every Slurm)."""
         return parse_partitions(self._run(("scontrol", "-o", "show", "partition")))
+
+    def reservations(self) -> tuple[AdvanceReservation, ...]:
+        """Every advance reservation's window (`scontrol -o show reservation`)."""
+        return parse_reservations(self._run(("scontrol", "-o", "show", "reservation")))
 
     def submit(self, description: SubmitDescription) -> int:
         out = self._run(sbatch_args(description, self.version, self._expedite_enabled()), retry=False)

@@ -33,6 +33,7 @@ from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.cli_backend import CliBackend, classify, cpu_count_fields, node_count_fields, update_args
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.partitions import PartitionTimes
+from slurm_elastic.cluster.reservations import AdvanceReservation
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import (SlurmVersion, expand_hostlist, gres_gpus, job_cpus_per_node,
                                                 job_held, job_mem_per_node, job_state, node_state, per_gpu_value,
@@ -244,6 +245,9 @@ class PyslurmBackend:
     def partition_times(self) -> tuple[PartitionTimes, ...]:
         # read as the wrapper's sbatch is run: through the commands (the submitting user's view)
         return self._cli.partition_times()
+
+    def reservations(self) -> tuple[AdvanceReservation, ...]:
+        return self._cli.reservations()
 
     def hold(self, job_id: int) -> None:
         self._call("Job.hold", self._ps.Job(int(job_id)).hold)

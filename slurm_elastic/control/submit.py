@@ -18,6 +18,7 @@ from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.partitions import PartitionReader
+from slurm_elastic.cluster.reservations import ReservationReader
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
@@ -91,6 +92,7 @@ REFUSED_IN_ENV = {
 }
 EXPORT_ENV = "SBATCH_EXPORT"
 PARTITION_ENV = "SBATCH_PARTITION"       # sbatch's variable for --partition
+RESERVATION_ENV = "SBATCH_RESERVATION"   # sbatch's variable for --reservation
 _HETJOB_WORDS = ("hetjob", "packjob")
 
 PYTHON_ENV = settings.PYTHON.env   # the interpreter job_templates/*.sbatch run
@@ -120,6 +122,7 @@ class SubmitRequest:
     time_limits: TimeLimitPolicy = TimeLimitPolicy()
     time_limit: str | None = None          # its --time as sbatch will read it (None: the partition's default)
     partition: str | None = None           # its --partition as sbatch will read it (None: the default one)
+    reservation: str | None = None         # its --reservation as sbatch will read it (None: none)
     signal: str = shim.DEFAULT_SIGNAL      # the checkpoint signal, as scancel and sbatch --signal take it
 
 
@@ -134,6 +137,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     exports: list[str] = []
     times: list[str] = []
     partitions: list[str] = []
+    reservations: list[str] = []
     for option in parsed.options:
         if option.name in OWN_FLAGS:
             own[option.name] = True
@@ -150,6 +154,8 @@ def parse_command_line(args: list[str] | tuple[str, ...],
                 times.append(option.value or "")
             elif option.name == "partition":
                 partitions.append(option.value or "")
+            elif option.name == "reservation":
+                reservations.append(option.value or "")
             passthrough.append(option.as_argument())
     if not parsed.rest:
         raise SpecError("missing the batch script (usage: slurm-elastic sbatch [OPTIONS] SCRIPT [ARGS...])")
@@ -157,15 +163,14 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     script, script_args = parsed.rest[0], tuple(parsed.rest[1:])
     text = read_script(script)
     options = parse_directives(text)
-    script_exports, script_times, script_partitions = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
+    directives = _check_sbatch_directives(text, ignore_pbs=_ignores_pbs(parsed))
     options.update(elastic)  # the command line wins over #ELASTIC lines
     policy = time_limit.policy_from_options({k: options.pop(k) for k in time_limit.OPTIONS.values() if k in options})
     # sbatch reads --time from the command line, else SBATCH_TIMELIMIT, else the script.
-    given_time = (times[-1] if times else environ.get(time_limit.TIMELIMIT_ENV)
-                  or (script_times[-1] if script_times else None))
+    given_time = _as_sbatch_reads(times, environ.get(time_limit.TIMELIMIT_ENV), directives.times)
     time_limit.check_time_limit(policy, given_time)
-    partition = (partitions[-1] if partitions else environ.get(PARTITION_ENV)
-                 or (script_partitions[-1] if script_partitions else None))
+    partition = _as_sbatch_reads(partitions, environ.get(PARTITION_ENV), directives.partitions)
+    reservation = _as_sbatch_reads(reservations, environ.get(RESERVATION_ENV), directives.reservations)
     spec = spec_from_options(options)
     if spec.ckpt_dir is None:
         spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
@@ -182,14 +187,15 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     env[PYTHON_ENV] = settings.PYTHON.read(environ) or sys.executable
     _check_inherited(env, environ)
     # sbatch keeps the last --export it reads: the command line's, else the script's, else SBATCH_EXPORT.
-    user_export = (exports or script_exports or [None])[-1]
+    user_export = (exports or directives.exports or [None])[-1]
     if user_export is None and environ.get(EXPORT_ENV):
         user_export = environ[EXPORT_ENV]
     _refuse_job_key(environ, user_export, text)
     return SubmitRequest(spec=spec, script=os.path.abspath(script), script_args=script_args,
                          sbatch_args=tuple(passthrough), parsable=own["parsable"], watch=own["watch"],
                          dry_run=own["dry-run"], job_name=None, env=env, user_export=user_export,
-                         time_limits=policy, time_limit=given_time, partition=partition, signal=signal)
+                         time_limits=policy, time_limit=given_time, partition=partition,
+                         reservation=reservation, signal=signal)
 
 
 def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
@@ -300,12 +306,27 @@ def _file_kind(mode: int) -> str:
     return "not a plain file"
 
 
-def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str], list[str], list[str]]:
+def _as_sbatch_reads(given: list[str], variable: str | None, in_script: list[str]) -> str | None:
+    """An option's value as sbatch reads it: the command line's last, else its SBATCH_ variable, else the script's."""
+    return given[-1] if given else variable or (in_script[-1] if in_script else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptOptions:
+    """The values of the #SBATCH options the wrapper reads (each in the script's order)."""
+
+    exports: list[str]
+    times: list[str]
+    partitions: list[str]
+    reservations: list[str]
+
+
+def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> ScriptOptions:
     """#SBATCH/#SLURM options that would fight the elastic request are refused like their command-line form.
 
     Read with sbatch's own grammar (all the lines' words are one argument list to sbatch, so
-    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the --export, --time and --partition
-    values found.
+    `#SBATCH -a` followed by `#SBATCH 0-2` is an array too). Returns the values of the options the
+    wrapper reads.
     """
     words = directive_words(text)
     if not ignore_pbs:
@@ -313,7 +334,7 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str],
         if foreign:
             raise SpecError(f"line {foreign[0]}: #PBS/#BSUB directives are not read for elastic jobs "
                             "(sbatch runs with --ignore-pbs); write them as #SBATCH lines")
-    exports, times, partitions = [], [], []
+    found = ScriptOptions([], [], [], [])
     try:
         parsed = parse([w.word for w in words], SBATCH, stop_at_operand=False)
     except SpecError as exc:
@@ -327,13 +348,11 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> tuple[list[str],
             lineno = words[option.at].lineno
             raise SpecError(f"line {lineno}: #SBATCH {option.spelling}: "
                             f"{REFUSED_IN_SCRIPT[option.name].format(option.typed)}")
-        if option.name == "export":
-            exports.append(option.value or "")
-        elif option.name == "time":
-            times.append(option.value or "")
-        elif option.name == "partition":
-            partitions.append(option.value or "")
-    return exports, times, partitions
+        values = {"export": found.exports, "time": found.times, "partition": found.partitions,
+                  "reservation": found.reservations}.get(option.name)
+        if values is not None:
+            values.append(option.value or "")
+    return found
 
 
 # -- the initial size -------------------------------------------------------------------------------
@@ -365,6 +384,19 @@ def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDe
              *((f"--export={export}",) if export else ()))
     return SubmitDescription(script=request.script, shape=shape, comment=spec.to_comment(), job_name=request.job_name, requeue=True,
                              extra_args=extra, script_args=request.script_args)
+
+
+def submission_notices(backend: Backend, request: SubmitRequest, now: float | None = None) -> tuple[str, ...]:
+    """What the user should know before the job runs and nothing refuses: a reservation that ends its requeues."""
+    if request.reservation is None:
+        return ()
+    if not isinstance(backend, ReservationReader):
+        log.info("the %s backend cannot read reservations: the reservation's end is not checked",
+                 type(backend).__name__)
+        return ()
+    notice = time_limit.reservation_notice(request.time_limits, request.reservation, backend.reservations(),
+                                           time.time() if now is None else now)
+    return (notice,) if notice else ()
 
 
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:

@@ -10,16 +10,21 @@ the job commits at its limit but no longer requeues itself.
 At submit, the job's time limit (its --time, else its partition's DefaultTime, else MaxTime, as Slurm
 chooses it) must leave time to train before the warning, and a --time above the partition's MaxTime is
 refused with one line: Slurm would leave such a job pending for ever (PartitionTimeLimit) or reject it.
+A job in an advance reservation is told in one line when the reservation ends before its run would:
+Slurm lets the running incarnation go on past the end, but one requeued after it stays pending
+(reason Reservation), so the run ends at its first requeue after the window.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from slurm_elastic import settings
 from slurm_elastic.cluster.partitions import PartitionTimes, parse_duration
+from slurm_elastic.cluster.reservations import AdvanceReservation
 from slurm_elastic.errors import SpecError
 
 # Measured on the local cluster, a signalled commit of the digits MLP reached its ACK in 0.3 s and
@@ -127,3 +132,25 @@ def check_time_limit(policy: TimeLimitPolicy, time_limit: str | None) -> None:
         raise SpecError(f"--time {time_limit} ({limit_s} s) leaves no training before the checkpoint warning "
                         f"(--signal-before {policy.signal_before_s} s, which Slurm may send up to "
                         f"{SLURM_SIGNAL_EARLY_S} s early): give more than {needed} s or a smaller --signal-before")
+
+
+def reservation_notice(policy: TimeLimitPolicy, reservation: str | None,
+                       reservations: Sequence[AdvanceReservation], now: float) -> str | None:
+    """One line when the job's reservation ends before its run would (an unbounded run always outlives it).
+
+    `reservation`: the job's --reservation as given (a comma list: Slurm runs it in one of them, so the
+    latest end counts); a reservation not listed is Slurm's to refuse."""
+    names = [r for r in (reservation or "").split(",") if r]
+    ends = [r.end_at for r in reservations if r.name in names and r.end_at is not None]
+    if not ends:
+        return None
+    end = max(ends)
+    if policy.total_time_s is not None and now + policy.total_time_s <= end:
+        return None
+    left_min = max(int(end - now) // 60, 0)
+    bound = (f"before its --total-time ({policy.total_time_s // 60} min)" if policy.total_time_s is not None
+             else "though its run has no --total-time")
+    return (f"reservation {','.join(names)} ends at {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(end))} "
+            f"(in {left_min} min), {bound}: a requeue after that (a time limit, a resize) cannot start the job "
+            f"in it again and it stays pending (reason Reservation); give --total-time {left_min} or less to end "
+            "the run at its last time limit before then")

@@ -2,14 +2,17 @@
 the grace time, requeues itself and resumes where it stopped, losing no step.
 
 A private cluster of its own comes up with preemption configured (`LocalCluster.up(preempt_mode=...)`:
-partition `urgent` preempts `gpu`, `PreemptParameters=send_user_signal`). No controller runs: the
-rigid job preempts through Slurm alone. Waits are on states, with generous timeouts.
+partition `urgent` preempts `gpu`, `PreemptParameters=send_user_signal`). No controller runs until the
+job has committed and left: the rigid job preempts through Slurm alone. The daemon is started then, as
+at a site that runs it, and starts the requeued job, which Slurm would hold back ~120 s (BeginTime),
+at once. Waits are on states, with generous timeouts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ def preempting_cluster(request: pytest.FixtureRequest) -> Iterator[ElasticCluste
         pytest.skip("the private local Slurm cluster needs root")
     root = Path(tempfile.mkdtemp(prefix="se-preempt-", dir="/tmp"))
     os.chmod(root, 0o755)
-    for sub in ("ckpt", "out"):
+    for sub in ("ckpt", "out", "state"):
         (root / sub).mkdir()
         os.chmod(root / sub, 0o1777)
     local = LocalCluster(root / "cluster")
@@ -53,7 +56,9 @@ def preempting_cluster(request: pytest.FixtureRequest) -> Iterator[ElasticCluste
             local.down()
         _remove_scratch(root)
         pytest.fail(f"cannot start the private Slurm cluster: {exc}")
-    cluster = ElasticCluster(local=local, root=root, env={**os.environ, **local.env()})
+    cluster = ElasticCluster(local=local, root=root, env={**os.environ, **local.env(),
+                                                          "SLURM_ELASTIC_DAEMON_DIR": str(root / "state" / "daemon"),
+                                                          "SLURM_ELASTIC_STATE_DIR": str(root / "state" / "user-root")})
     try:
         yield cluster
     finally:
@@ -64,7 +69,7 @@ def preempting_cluster(request: pytest.FixtureRequest) -> Iterator[ElasticCluste
                 _remove_scratch(root)
 
 
-def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(preempting_cluster):
+def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(preempting_cluster, tmp_path):
     cluster = preempting_cluster
     ckpt = cluster.root / "ckpt"
     loss_log = cluster.root / "out" / "preempted-loss.jsonl"
@@ -74,7 +79,7 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
                       "--steps", "1000000", "--step-sleep", "0.05", "--loss-log", str(loss_log))
     job_id = int(out.stdout.strip())
     job_dir = ckpt / str(job_id)
-    rigid = None
+    rigid = daemon = None
 
     def job():
         return next((j for j in cluster.snapshot().jobs if j.job_id == job_id), None)
@@ -94,6 +99,7 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
         cluster.wait_for(lambda: next((j for j in cluster.snapshot().jobs if j.job_id == rigid), None) is not None
                          and next(j for j in cluster.snapshot().jobs if j.job_id == rigid).state
                          in (JobState.RUNNING, JobState.COMPLETED), 300, 1, what="the rigid job started")
+        daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", log=tmp_path / "daemon.log")
         cluster.wait_for(lambda: any(r["step"] >= (ack.step or 0) + 3 for r in json_lines(loss_log)), 600, 1,
                          what=lambda: f"the elastic job resumed; job {job()}\n{cluster.job_outputs()}")
         again = job()
@@ -102,6 +108,9 @@ def test_a_preempted_job_commits_in_its_grace_time_and_resumes_losing_no_step(pr
         end = next(r for r in status["jobs"] if r["job_id"] == job_id)["slurm_end"]
         assert end is not None and end["cause"] == "preemption" and end["committed_step"] == ack.step, end
     finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(60)
         subprocess.run(["scancel", "--quiet", str(job_id), *([str(rigid)] if rigid else [])], env=cluster.env,
                        check=False)
 

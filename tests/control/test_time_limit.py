@@ -157,3 +157,63 @@ def test_a_time_limit_the_partition_defeats_is_refused_at_submit_and_nothing_is_
 def test_a_time_limit_the_partition_allows_is_submitted(tmp_path: Path, args: list[str]) -> None:
     got, slurm = _submit_beside_a_short_partition(tmp_path, args)
     assert got in slurm.jobs, got
+
+
+# What Slurm 22.05's `scontrol -o show reservation` printed on the local cluster for an active and an
+# ended reservation; with none it prints the other line.
+RESERVATIONS = (
+    "ReservationName=r1 StartTime=2026-12-05T05:04:58 EndTime=2026-12-05T05:07:58 Duration=00:03:00 Nodes=n1 "
+    "NodeCnt=1 CoreCnt=8 Features=(null) PartitionName=(null) Flags=SPEC_NODES TRES=cpu=8 Users=root "
+    "Groups=(null) Accounts=(null) Licenses=(null) State=INACTIVE BurstBuffer=(null) Watts=n/a MaxStartDelay=(null)\n"
+    "ReservationName=maint StartTime=2026-12-06T08:00:00 EndTime=2026-12-06T20:00:00 Duration=12:00:00 "
+    "Nodes=n[1-4] NodeCnt=4 Flags=MAINT,SPEC_NODES State=INACTIVE\n")
+
+
+def _at(text: str) -> float:
+    import time
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_scontrol_reservation_lines_give_each_reservations_window() -> None:
+    from slurm_elastic.cluster.reservations import AdvanceReservation, parse_reservations
+    assert parse_reservations(RESERVATIONS) == (
+        AdvanceReservation("r1", _at("2026-12-05T05:04:58"), _at("2026-12-05T05:07:58")),
+        AdvanceReservation("maint", _at("2026-12-06T08:00:00"), _at("2026-12-06T20:00:00")))
+    assert parse_reservations("No reservations in the system\n") == ()
+
+
+@pytest.mark.parametrize("args, says", [
+    # no --total-time: the run outlives any reservation
+    (["--reservation=maint"], "reservation maint ends at 2026-12-06T20:00:00 (in 720 min), though its run has no "
+                              "--total-time"),
+    (["--reservation=maint", "--total-time=13:00:00"], "before its --total-time (780 min)"),
+    (["--reservation=maint", "--total-time=12:00:00"], None),       # ends with the reservation
+    (["--reservation=maint,r1", "--total-time=11:00:00"], None),    # Slurm may run it in either: the later end counts
+    (["--reservation=elsewhere"], None),                            # not listed: Slurm's to refuse
+    ([], None),
+])
+def test_a_reservation_that_ends_before_the_run_is_said_in_one_line_at_submit(
+        tmp_path: Path, args: list[str], says: str | None) -> None:
+    from slurm_elastic.cluster.reservations import parse_reservations
+    from slurm_elastic.control.submit import submission_notices
+
+    class Reserved:   # the part of a backend the notice reads
+        def reservations(self):
+            return parse_reservations(RESERVATIONS)
+
+    request = parse_command_line(["--gpus=1-4", *args, _script(tmp_path)], environ=SITE)
+    notices = submission_notices(Reserved(), request, now=_at("2026-12-06T08:00:00"))
+    if says is None:
+        assert notices == ()
+    else:
+        assert len(notices) == 1 and says in notices[0], notices
+        assert "cannot start the job in it again" in notices[0] and "give --total-time 720 or less" in notices[0]
+
+
+def test_the_reservation_is_read_where_sbatch_reads_it(tmp_path: Path) -> None:
+    script = _script(tmp_path, "#SBATCH --reservation=in-script")
+    assert parse_command_line(["--gpus=1-4", script], environ=SITE).reservation == "in-script"
+    env = {**SITE, "SBATCH_RESERVATION": "from-env"}
+    assert parse_command_line(["--gpus=1-4", script], environ=env).reservation == "from-env"
+    assert parse_command_line(["--gpus=1-4", "--reservation=given", script], environ=env).reservation == "given"
+    assert parse_command_line(["--gpus=1-4", _script(tmp_path)], environ=SITE).reservation is None

@@ -1,0 +1,49 @@
+"""Slurm's advance reservations' windows, as `scontrol -o show reservation` prints them.
+
+A job submitted into a reservation may start only inside its window; one requeued after the
+window has closed cannot start in it again, so an elastic job's requeues end with its reservation.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+_FIELD = re.compile(r"(?:^|\s)(ReservationName|StartTime|EndTime)=(\S*)")
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceReservation:
+    """One reservation's window (seconds since the epoch; None: Slurm printed no time)."""
+
+    name: str
+    start_at: float | None
+    end_at: float | None
+
+
+def _timestamp(text: str) -> float | None:
+    """Slurm's local 'YYYY-MM-DDTHH:MM:SS'; anything else ('Unknown', 'None') is no time."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def parse_reservations(text: str) -> tuple[AdvanceReservation, ...]:
+    """`scontrol -o show reservation`: one line per reservation; 'No reservations in the system' when none."""
+    out = []
+    for line in text.splitlines():
+        fields = dict(_FIELD.findall(line))
+        if "ReservationName" in fields:
+            out.append(AdvanceReservation(fields["ReservationName"], _timestamp(fields.get("StartTime", "")),
+                                   _timestamp(fields.get("EndTime", ""))))
+    return tuple(out)
+
+
+@runtime_checkable
+class ReservationReader(Protocol):
+    """A backend that can read the reservations (the wrapper says when one ends a job's requeues)."""
+
+    def reservations(self) -> tuple[AdvanceReservation, ...]: ...
