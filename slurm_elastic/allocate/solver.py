@@ -17,11 +17,12 @@ from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
 
-# Above this many (job, node) pairs auto does not run the exact per-node model. Its root node (cuts on
-# every node's CPU and memory rows) is not bounded by any work limit HiGHS has, and where CPUs or memory
-# bind it cost 0.4-1.3 s CPU at 160-320 pairs and hit a 10 s cap at 960; at 80 pairs it stayed under
-# 0.4 s on every case measured (docs/allocator.md, "Solving it").
-EXACT_MAX_PAIRS = 100
+# Above this many (job, node) pairs auto does not run the exact per-node model. Below it the model is
+# what finds the better answers where packing fragments (small clusters, memory that binds), at a cost
+# its root node's cuts make unbounded by any HiGHS work limit: 0.3-3.3 s CPU at 960 memory-bound pairs.
+# A limit of 100 pairs kept every such solve under 0.5 s but lost 1-5 % of the objective there and moved
+# the simulator's figures (docs/allocator.md, "Solving it").
+EXACT_MAX_PAIRS = 1_000
 
 # What a status certifies about the FINAL answer (after packing, make-room, fill or a fallback), judged
 # on its gap to a proven bound on the exact optimum: the one home of these names.
