@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -35,7 +36,26 @@ def problem_from_state(state: ClusterState, policy: Policy | None = None, *,
     jobs = tuple(job_request(job, restart_cost_s=_restart(restart_cost, job, str(job.job_id)),
                              throughput=_throughput(throughput, job, str(job.job_id)))
                  for job in state.elastic_jobs)
-    return AllocationProblem(jobs, capacity_from_state(state), policy)
+    return AllocationProblem(with_partitions(jobs, state), capacity_from_state(state), policy)
+
+
+def partition_nodes(state: ClusterState, partition: str) -> frozenset[str] | None:
+    """The nodes of `partition`; None where that is not known (no partition given, or the snapshot lists
+    no node's partitions). A pending job's comma list: the one with the most GPUs, where any size that
+    fits a partition of the list fits (Slurm starts the job in one of them, never across them)."""
+    names = sorted({p for p in partition.split(",") if p})
+    if not names or not any(n.partitions for n in state.nodes):
+        return None
+    members = {p: frozenset(n.name for n in state.nodes if p in n.partitions) for p in names}
+    gpus = {n.name: n.gpus for n in state.nodes}
+    return max(members.values(), key=lambda nodes: sum(gpus[n] for n in nodes))
+
+
+def with_partitions(requests: tuple[JobRequest, ...], state: ClusterState) -> tuple[JobRequest, ...]:
+    """Each elastic job's request limited to its partition's nodes: Slurm starts a resized job only there."""
+    partitions = {str(j.job_id): j.partition for j in state.elastic_jobs}
+    return tuple(dataclasses.replace(r, allowed_nodes=partition_nodes(state, partitions.get(r.key, "")))
+                 for r in requests)
 
 
 def capacity_from_state(state: ClusterState) -> tuple[NodeCapacity, ...]:

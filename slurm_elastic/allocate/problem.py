@@ -63,6 +63,8 @@ class JobRequest:
     restart_cost_s: float = 30.0
     throughput: Callable[..., float] | Mapping[int, float] | None = None  # a model, or a GPUs -> speed table
     allowed_gpus: tuple[int, ...] | None = None
+    # the nodes it may run on (its partition's; allocate/pools.py), None: any node of the problem
+    allowed_nodes: frozenset[str] | None = None
     must_run: bool = False
     # why it must run, as a rank (allocate/commitments.py's Commitment): when the must-run jobs cannot all
     # run, the lowest ranks are given up first
@@ -129,6 +131,10 @@ class JobRequest:
                                   f"got {self.commitment!r}")
         if self.allowed_gpus is not None and any(not isinstance(g, int) for g in self.allowed_gpus):
             raise AllocationError(f"job {self.key}: allowed GPU counts must be whole numbers, got {self.allowed_gpus!r}")
+        if self.allowed_nodes is not None and (not isinstance(self.allowed_nodes, frozenset)
+                                               or any(not isinstance(n, str) for n in self.allowed_nodes)):
+            raise AllocationError(f"job {self.key}: allowed nodes must be a frozenset of node names, "
+                                  f"got {self.allowed_nodes!r}")
         if self.throughput is not None and not (callable(self.throughput) or isinstance(self.throughput, Mapping)):
             raise AllocationError(f"job {self.key}: throughput must be a callable or a GPUs -> speed table")
         if self.values is not None and (not self.values or any(
@@ -248,6 +254,23 @@ class JobDecision:
     # machine-readable cause: "max", "capacity", "restart-cost", "node-cost", "min-not-placeable",
     # "no-gain", "traded" (see allocate/explain.py)
     cause: str = ""
+
+
+# What a status certifies about the FINAL answer (after packing, make-room, fill or a fallback), judged
+# on its gap to a proven bound on the exact optimum: the one home of these names.
+OPTIMAL = "optimal"            # final gap 0: no placement scores higher
+WITHIN_GAP = "within-gap"      # 0 < final gap <= mip_rel_gap
+ABOVE_GAP = "above-gap"        # a bound is proven, the answer is further from it than mip_rel_gap
+WORK_LIMIT = "work-limit-reached"
+TIME_LIMIT = "time-limit-reached"
+
+
+def weakest_status(statuses: list[str]) -> str:
+    """What answers solved apart may claim together: optimal only if each is, within the gap if each is,
+    else the first claim that is neither."""
+    if all(s == OPTIMAL for s in statuses):
+        return OPTIMAL
+    return next((s for s in statuses if s not in (OPTIMAL, WITHIN_GAP)), WITHIN_GAP)
 
 
 @dataclass(frozen=True, slots=True)

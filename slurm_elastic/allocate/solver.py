@@ -8,11 +8,12 @@ import math
 import time
 from typing import Sequence
 
-from slurm_elastic.allocate import commitments, explain, highs, users
+from slurm_elastic.allocate import commitments, explain, highs, pools, users
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
 from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, make_room, pack
-from slurm_elastic.allocate.problem import Allocation, AllocationProblem, Policy
+from slurm_elastic.allocate.problem import (ABOVE_GAP, OPTIMAL, TIME_LIMIT, WITHIN_GAP, WORK_LIMIT, Allocation,
+                                            AllocationProblem, Policy)
 from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
@@ -24,13 +25,6 @@ log = logging.getLogger(__name__)
 # the simulator's figures (docs/allocator.md, "Solving it").
 EXACT_MAX_PAIRS = 1_000
 
-# What a status certifies about the FINAL answer (after packing, make-room, fill or a fallback), judged
-# on its gap to a proven bound on the exact optimum: the one home of these names.
-OPTIMAL = "optimal"            # final gap 0: no placement scores higher
-WITHIN_GAP = "within-gap"      # 0 < final gap <= mip_rel_gap
-ABOVE_GAP = "above-gap"        # a bound is proven, the answer is further from it than mip_rel_gap
-WORK_LIMIT = "work-limit-reached"
-TIME_LIMIT = "time-limit-reached"
 # HiGHS's LP bound proved the rounded counts within the gap, so branch-and-bound was skipped: a route
 # (the Allocation's method), not a certificate
 LP_ROUNDED = "lp-rounded"
@@ -52,6 +46,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if not isinstance(problem, AllocationProblem):
         raise AllocationError(f"solve() needs an AllocationProblem, got {type(problem).__name__}")
     problem.validate()
+    if pools.restricted(problem):
+        return pools.solve_by_pool(problem, lambda p: solve(p, mode=mode))
     if users.claiming_users(problem):
         return users.solve_by_user(problem, lambda p: solve(p, mode=mode))
     inst = Instance(problem)

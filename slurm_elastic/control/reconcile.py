@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, capacity_from_state, job_request,
-                                              reserve_for_rigid)
+                                              reserve_for_rigid, with_partitions)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
@@ -444,7 +444,7 @@ class Reconciler:
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
-        problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
+        problem = pin_jobs(AllocationProblem(with_partitions(requests, scoped), capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
         # jobs), so a pin can never turn into "no room". The others are solved around it.

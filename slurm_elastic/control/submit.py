@@ -14,10 +14,11 @@ from typing import Mapping
 
 from slurm_elastic import settings
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
+from slurm_elastic.allocate.from_state import partition_nodes
 from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
-from slurm_elastic.cluster.partitions import PartitionReader
+from slurm_elastic.cluster.partitions import PartitionReader, PartitionTimes
 from slurm_elastic.cluster.reservations import ReservationReader
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
@@ -356,11 +357,14 @@ def _check_sbatch_directives(text: str, *, ignore_pbs: bool) -> ScriptOptions:
 
 
 # -- the initial size -------------------------------------------------------------------------------
-def initial_gpus(spec: ElasticSpec, state: ClusterState, policy: Policy = Policy()) -> int:
-    """The GPUs the allocator gives a new job on the capacity free now, else the minimum."""
+def initial_gpus(spec: ElasticSpec, state: ClusterState, policy: Policy = Policy(), *,
+                 allowed: frozenset[str] | None = None) -> int:
+    """The GPUs the allocator gives a new job on the capacity free now (on the `allowed` nodes, its
+    partition's; None: all), else the minimum."""
     from slurm_elastic.control.reconcile import solve
 
-    nodes = tuple(NodeCapacity(n.name, n.free.gpus, n.free.cpus, n.free.mem_mb) for n in state.nodes)
+    nodes = tuple(NodeCapacity(n.name, n.free.gpus, n.free.cpus, n.free.mem_mb) for n in state.nodes
+                  if allowed is None or n.name in allowed)
     req = JobRequest(key="new", min_gpus=spec.min_gpus, max_gpus=spec.max_gpus, gpu_step=spec.gpu_step,
                      cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, weight=spec.weight)
     try:
@@ -402,15 +406,19 @@ def submission_notices(backend: Backend, request: SubmitRequest, now: float | No
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:
     """Check the time limit against the partition's, choose the initial shape and submit (or only describe
     it, with `dry_run`)."""
+    partitions: tuple[PartitionTimes, ...] = ()
     if isinstance(backend, PartitionReader):
-        time_limit.check_partition_time(request.time_limits, request.time_limit, request.partition,
-                                        backend.partition_times())
+        partitions = backend.partition_times()
+        time_limit.check_partition_time(request.time_limits, request.time_limit, request.partition, partitions)
     else:
         log.info("the %s backend cannot read partitions: --time is not checked against MaxTime",
                  type(backend).__name__)
     state = backend.snapshot()
-    gpus = initial_gpus(request.spec, state)
-    shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes if n.available})
+    # Slurm starts the job in its partition (-p, else the default one): its size is chosen on those nodes
+    allowed = partition_nodes(state, request.partition or next((p.name for p in partitions if p.is_default), ""))
+    gpus = initial_gpus(request.spec, state, allowed=allowed)
+    shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes
+                                                   if n.available and (allowed is None or n.name in allowed)})
     description = describe_submission(request, shape)
     if request.dry_run:
         return description, None
