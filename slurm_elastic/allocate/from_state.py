@@ -11,6 +11,7 @@ from typing import Callable, Mapping, Union
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backfill import free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
+from slurm_elastic.cluster.reservations import AdvanceReservation
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,23 @@ def partition_nodes(state: ClusterState, partition: str) -> frozenset[str] | Non
     members = {p: frozenset(n.name for n in state.nodes if p in n.partitions) for p in names}
     gpus = {n.name: n.gpus for n in state.nodes}
     return max(members.values(), key=lambda nodes: sum(gpus[n] for n in nodes))
+
+
+def with_reservations(requests: tuple[JobRequest, ...], state: ClusterState,
+                      windows: Mapping[str, AdvanceReservation] | None) -> tuple[JobRequest, ...]:
+    """A job in an advance reservation limited to its nodes while Slurm has it active, and to none
+    otherwise (Slurm starts such a job nowhere else, and not before or after the window); `windows`
+    None: the reservations could not be read, so no such job is given GPUs it might not get."""
+    named = {str(j.job_id): j.reservation for j in state.elastic_jobs if j.reservation}
+    out = []
+    for r in requests:
+        name = named.get(r.key)
+        if name is not None:
+            window = (windows or {}).get(name)
+            nodes = frozenset(window.nodes) if window is not None and window.active else frozenset()
+            r = dataclasses.replace(r, allowed_nodes=nodes if r.allowed_nodes is None else r.allowed_nodes & nodes)
+        out.append(r)
+    return tuple(out)
 
 
 def with_partitions(requests: tuple[JobRequest, ...], state: ClusterState) -> tuple[JobRequest, ...]:
@@ -136,7 +154,8 @@ def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
     return tuple(sorted(queue, key=queue_order)[:rules.lookahead])
 
 
-def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy) -> RigidDemand:
+def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy,
+                      windows: Mapping[str, AdvanceReservation] | None = None) -> RigidDemand:
     """Capacity for elastic work less whole nodes kept for the pending rigid jobs Slurm would start next.
 
     For each such job in priority order: the nodes of its partition that
@@ -146,7 +165,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     nodes would cut into elastic minimums protected from it, or into the
     minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
-    they hold there.
+    they hold there. A job in an advance reservation is looked at only while
+    `windows` has it active, on its nodes.
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}
@@ -161,9 +181,13 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     reserved: list[RigidReservation] = []
     waiting: list[tuple[int, str]] = []
     for job in rigid_queue(state, rules):
+        window = (windows or {}).get(job.reservation) if job.reservation else None
+        if job.reservation and (window is None or not window.active):
+            continue      # Slurm starts it only inside its window: nothing elastic work leaves helps now
         need = Resources(job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mb)
         fits = [c for c in left.values() if c.gpus >= need.gpus and c.cpus >= need.cpus and c.mem_mb >= need.mem_mb
-                and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))]
+                and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))
+                and (window is None or c.name in window.nodes)]
         if len(fits) < job.num_nodes:
             waiting.append((job.job_id, "does not fit even without elastic jobs"))
             left = _keep_off_slurms_reservation(state, job, left, held)

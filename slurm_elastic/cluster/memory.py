@@ -37,6 +37,7 @@ from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
 from slurm_elastic.cluster.partitions import PartitionTimes
+from slurm_elastic.cluster.reservations import AdvanceReservation
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
@@ -78,6 +79,7 @@ class InMemorySlurm:
         self.on_stop: Callable[[Job, str], None] | None = None  # (job, why: requeue | node-fail | finish | cancel)
         self._next = 100
         self.reservation: Reservation | None = None  # the last scheduling pass's, for tests and the simulator
+        self.advance_reservations: list[AdvanceReservation] = []   # an admin's (scontrol create reservation)
 
     # -- time ----------------------------------------------------------------------------------
     @property
@@ -100,7 +102,7 @@ class InMemorySlurm:
                 run: bool = True, comment: str | None = None, spec_error: str | None = None,
                 name: str | None = None, held: bool = False, priority: int | None = None,
                 time_limit_s: float | None = None, partition: str = "gpu", cpus_per_gpu: int | None = None,
-                mem_per_gpu_mb: int | None = None) -> int:
+                mem_per_gpu_mb: int | None = None, reservation: str = "") -> int:
         """Submit a job (`spec` None: a rigid job); `priority` None takes priority/basic's submission order."""
         self._next += 1
         job_id = self._next
@@ -114,7 +116,7 @@ class InMemorySlurm:
                   cpus_per_node=cpg * gpus_per_node, mem_per_node_mb=mpg * gpus_per_node, cpus_per_gpu=cpg,
                   mem_per_gpu_mb=mpg, requeue=True, comment=text, spec=spec, spec_error=spec_error,
                   partition=partition, held=held, submit_time=self.now, priority=priority,
-                  time_limit_s=time_limit_s)
+                  time_limit_s=time_limit_s, reservation=reservation)
         self.jobs[job_id] = job
         if run:
             self.schedule()
@@ -150,6 +152,9 @@ class InMemorySlurm:
         self.schedule()
         return ClusterState(nodes=tuple(self.nodes.values()), jobs=tuple(self.jobs.values()), taken_at=self.now,
                             slurm_version="memory")
+
+    def reservations(self) -> tuple[AdvanceReservation, ...]:
+        return tuple(self.advance_reservations)
 
     def partition_times(self) -> tuple[PartitionTimes, ...]:
         names = dict.fromkeys(p for n in self.nodes.values() for p in n.partitions) | dict.fromkeys(self.partition_limits)
@@ -243,9 +248,18 @@ class InMemorySlurm:
             since = self.eligible_since.setdefault(job.job_id, now)
             if now - since >= self.start_latency_s:
                 eligible.append(job)
+        windows = {r.name: r for r in self.advance_reservations}
+        reserved = frozenset(n for r in self.advance_reservations if r.active for n in r.nodes)
         for job in sorted(eligible, key=queue_order):
+            window = windows.get(job.reservation) if job.reservation else None
+            if job.reservation and (window is None or not window.active):
+                # Slurm starts a job in a reservation only inside its window: after it, never
+                self.jobs[job.job_id] = dataclasses.replace(job, reason="Reservation")
+                continue
             # Backfill: a later job may not delay the reserved one.
             held_back = self.reservation.holds_back(job, now) if self.reservation is not None else frozenset()
+            # an active reservation's nodes are its jobs' alone, and its jobs run nowhere else
+            held_back |= (frozenset(self.nodes) - frozenset(window.nodes)) if window is not None else reserved
             chosen = self._fit(job, held_back)
             if chosen is not None:
                 started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",

@@ -164,6 +164,7 @@ class Job:
     requeue: bool = False
     held: bool = False
     partition: str = ""
+    reservation: str = ""              # the advance reservation it runs in or waits for ("": none)
     comment: str = ""
     user_id: int | None = None
     priority: int | None = None        # Slurm's priority (higher starts first); None where unread

@@ -141,6 +141,7 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
         restarts=number(_get(rec, "restart_cnt", "job", jid)) or 0,
         requeue=bool(_get(rec, "requeue", "job", jid)), held=held,
         partition=str(rec.get("partition") or ""), comment=comment, user_id=uid,
+        reservation=str(rec.get("resv_name") or ""),
         submit_time=float(submit) if submit else None,
         start_time=float(start) if (start and ran) else None,
         end_time=float(end) if (end and state.finished) else None,

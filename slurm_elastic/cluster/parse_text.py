@@ -122,6 +122,7 @@ def job_from_text(rec: dict[str, str]) -> Job:
         restarts=_int(rec, "Restarts", jid), requeue=rec.get("Requeue") == "1",
         held=job_held(state, hold_flag=False, priority=priority),
         partition=rec.get("Partition", ""), comment=comment, user_id=uid,
+        reservation="" if rec.get("Reservation", "") in _NULL else rec["Reservation"],
         submit_time=_time(rec.get("SubmitTime")),
         start_time=_time(rec.get("StartTime")) if ran else None,
         end_time=_time(rec.get("EndTime")) if state.finished else None,

@@ -503,7 +503,7 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=int(j.requeue_count or 0), requeue=bool(j.is_requeueable),
         held=job_held(state, hold_flag=False, priority=j.priority),
-        partition=str(j.partition or ""), comment=comment, user_id=j.user_id,
+        partition=str(j.partition or ""), comment=comment, user_id=j.user_id, reservation=str(j.reservation or ""),
         submit_time=float(j.submit_time) if j.submit_time else None,
         start_time=float(j.start_time) if (j.start_time and ran) else None,
         end_time=float(j.end_time) if (state.finished and getattr(j, "end_time", None)) else None,

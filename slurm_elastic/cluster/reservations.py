@@ -11,16 +11,21 @@ import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-_FIELD = re.compile(r"(?:^|\s)(ReservationName|StartTime|EndTime)=(\S*)")
+from slurm_elastic.cluster.slurm_values import expand_hostlist
+
+_FIELD = re.compile(r"(?:^|\s)(ReservationName|StartTime|EndTime|Nodes|State)=(\S*)")
 
 
 @dataclass(frozen=True, slots=True)
 class AdvanceReservation:
-    """One reservation's window (seconds since the epoch; None: Slurm printed no time)."""
+    """One reservation's window (seconds since the epoch; None: Slurm printed no time), its nodes, and
+    whether Slurm has it ACTIVE now."""
 
     name: str
     start_at: float | None
     end_at: float | None
+    nodes: tuple[str, ...] = ()
+    active: bool = False
 
 
 def _timestamp(text: str) -> float | None:
@@ -38,7 +43,8 @@ def parse_reservations(text: str) -> tuple[AdvanceReservation, ...]:
         fields = dict(_FIELD.findall(line))
         if "ReservationName" in fields:
             out.append(AdvanceReservation(fields["ReservationName"], _timestamp(fields.get("StartTime", "")),
-                                   _timestamp(fields.get("EndTime", ""))))
+                                          _timestamp(fields.get("EndTime", "")),
+                                          expand_hostlist(fields.get("Nodes")), fields.get("State") == "ACTIVE"))
     return tuple(out)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, capacity_from_state, job_request,
-                                              reserve_for_rigid, with_partitions)
+                                              reserve_for_rigid, with_partitions, with_reservations)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
@@ -37,6 +37,7 @@ from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeuePro
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
                                             with_basis)
 from slurm_elastic.control.revive import Reviver
+from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_EXPIRY, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S,
                                     RECENT_PLAN_S, RESTART_BUDGET, SIGNAL, SPEED, Setting)
@@ -269,6 +270,25 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
 
+def outside_windows(state: ClusterState, windows: Mapping[str, AdvanceReservation] | None, *,
+                    lost: frozenset[int]) -> dict[int, str]:
+    """Running elastic jobs whose reservation Slurm no longer has active, and why each is kept at its size:
+    a requeue would leave it pending for good (reason Reservation). `windows` None: not readable, so
+    every running job in one is kept. A job whose node was lost restarts anyway."""
+    out = {}
+    for job in state.elastic_jobs:
+        if (not job.reservation or job.state is not JobState.RUNNING or job.held or job.job_id in lost
+                or lost_node(job, state)):
+            continue
+        window = None if windows is None else windows.get(job.reservation)
+        if windows is None:
+            out[job.job_id] = f"its reservation {job.reservation} could not be read: kept at its size"
+        elif window is None or not window.active:
+            out[job.job_id] = (f"its reservation {job.reservation} is over: Slurm would not start it again "
+                               "after a requeue")
+    return out
+
+
 def _same_reason(seen: str, ours: str) -> bool:
     """Slurm shows a drain reason as it was set, less repeated blanks, cut at 200 characters (cli_backend)."""
     a, b = " ".join(seen.split()), " ".join(ours.split())[:200]
@@ -417,7 +437,8 @@ class Reconciler:
         # its incarnation is over (the survivors committed and exited).
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid)
+        windows = self._reservation_windows(scoped)
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows)
         # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
         # budget, measure first, the share floor): kept by them, one job held its size and the other
         # went back to the queue though both minimums fitted beside the rigid job (seen live).
@@ -444,7 +465,10 @@ class Reconciler:
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
-        problem = pin_jobs(AllocationProblem(with_partitions(requests, scoped), capacity, policy), pins, hit)
+        for job_id, why in outside_windows(scoped, windows, lost=frozenset(acting)).items():
+            pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
+        requests = with_reservations(with_partitions(requests, scoped), scoped, windows)
+        problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
         # jobs), so a pin can never turn into "no room". The others are solved around it.
@@ -605,6 +629,21 @@ class Reconciler:
         return tuple(resumed)
 
     # -- hysteresis and the restart budget ----------------------------------------------------
+    def _reservation_windows(self, state: ClusterState) -> dict[str, AdvanceReservation] | None:
+        """The advance reservations, read only when an active or pending job names one; None: they could not
+        be read."""
+        if not any(j.reservation and not j.state.finished for j in state.jobs):
+            return {}
+        if not isinstance(self.backend, ReservationReader):
+            log.warning("the %s backend cannot read reservations: jobs in one are kept at their size",
+                        type(self.backend).__name__)
+            return None
+        try:
+            return {r.name: r for r in self.backend.reservations()}
+        except SlurmError as exc:
+            log.warning("cannot read the reservations (%s): jobs in one are kept at their size this cycle", exc)
+            return None
+
     def _pins(self, state: ClusterState, now: float,
               stuck: frozenset[int] = frozenset()) -> tuple[dict[int, str], dict[int, int]]:
         why: dict[int, str] = {}

@@ -102,6 +102,7 @@ class RawJob:
     memory_allocated: dict[str, int] = field(default_factory=dict)  # job_resources, running jobs only
     end_time: int = 0
     exit_code: int = 0   # job_info's raw wait status
+    resv_name: str | None = None
 
     @property
     def base(self) -> str:
@@ -136,7 +137,7 @@ def raw_job_from_capture(rec: dict) -> RawJob:
         requeue=bool(rec["requeue"]), partition=rec["partition"], comment=rec.get("comment") or None,
         submit_time=number(rec["submit_time"]) or 0, start_time=number(rec["start_time"]) or 0,
         memory_allocated=allocated, end_time=number(rec.get("end_time")) or 0,
-        exit_code=_wait_status(rec.get("exit_code")))
+        exit_code=_wait_status(rec.get("exit_code")), resv_name=rec.get("resv_name") or None)
 
 
 def _wait_status(ec: object) -> int:
@@ -185,6 +186,7 @@ class FakeJob:
     requeue_count = property(lambda self: self._r.restart_cnt)
     is_requeueable = property(lambda self: self._r.requeue)
     partition = property(lambda self: self._r.partition)
+    reservation = property(lambda self: self._r.resv_name)   # job.pyx: cstr.to_unicode(ptr.resv_name)
     comment = property(lambda self: self._r.comment)
     submit_time = property(lambda self: self._r.submit_time or None)
     start_time = property(lambda self: self._r.start_time or None)

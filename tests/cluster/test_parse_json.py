@@ -298,3 +298,10 @@ def test_the_signal_that_ended_a_job_and_when(version: str) -> None:
     assert killed.end_time is not None and killed.start_time is not None and killed.end_time - killed.start_time == 3
     assert job_from_record(failed_by_signal(version, sig=0, exit_status=1)).exit_signal is None
     assert job_from_record(failed_by_signal(version, sig=9)).exit_signal == 9
+
+
+def test_a_jobs_reservation_is_its_resv_name() -> None:
+    doc = load("24.11", "scontrol-show-job-held.json")
+    assert {j.reservation for j in parse_jobs(doc)} == {""}
+    doc["jobs"][0]["resv_name"] = "r2"
+    assert parse_jobs(doc)[0].reservation == "r2"

@@ -104,3 +104,13 @@ def test_exit_code_text_gives_the_signal(exit_code: str, signal: int | None) -> 
     text = text.replace("ExitCode=0:0", f"ExitCode={exit_code}")
     (job,) = jobs_from_text(text)
     assert job.state.finished and job.exit_signal == signal and job.end_time is not None
+
+
+def test_a_jobs_reservation_is_read_where_scontrol_prints_one() -> None:
+    # Slurm 22.05 on the local cluster printed `Reservation=r2` for a job submitted with --reservation=r2 and
+    # no Reservation field for a job without one (as in every capture)
+    text = project_text("24.11", "scontrol-show-job-held-then-cancelled.txt")
+    assert "Reservation=" not in text
+    (plain,) = jobs_from_text(text)
+    (reserved,) = jobs_from_text(text.replace(" Partition=", " Reservation=r2 Partition=", 1))
+    assert (plain.reservation, reserved.reservation) == ("", "r2")

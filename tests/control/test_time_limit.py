@@ -177,8 +177,11 @@ def _at(text: str) -> float:
 def test_scontrol_reservation_lines_give_each_reservations_window() -> None:
     from slurm_elastic.cluster.reservations import AdvanceReservation, parse_reservations
     assert parse_reservations(RESERVATIONS) == (
-        AdvanceReservation("r1", _at("2026-12-05T05:04:58"), _at("2026-12-05T05:07:58")),
-        AdvanceReservation("maint", _at("2026-12-06T08:00:00"), _at("2026-12-06T20:00:00")))
+        AdvanceReservation("r1", _at("2026-12-05T05:04:58"), _at("2026-12-05T05:07:58"), ("n1",), active=False),
+        AdvanceReservation("maint", _at("2026-12-06T08:00:00"), _at("2026-12-06T20:00:00"),
+                           ("n1", "n2", "n3", "n4"), active=False))
+    active = RESERVATIONS.splitlines()[0].replace("State=INACTIVE", "State=ACTIVE")
+    assert parse_reservations(active)[0].active
     assert parse_reservations("No reservations in the system\n") == ()
 
 
