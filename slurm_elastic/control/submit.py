@@ -414,8 +414,14 @@ def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription,
         log.info("the %s backend cannot read partitions: --time is not checked against MaxTime",
                  type(backend).__name__)
     state = backend.snapshot()
-    # Slurm starts the job in its partition (-p, else the default one): its size is chosen on those nodes
+    # Slurm starts the job in its partition (-p, else the default one), inside its reservation if it names
+    # one: its size is chosen on those nodes
     allowed = partition_nodes(state, request.partition or next((p.name for p in partitions if p.is_default), ""))
+    if request.reservation and isinstance(backend, ReservationReader):
+        windows = {r.name: r for r in backend.reservations()}
+        names = [n for n in request.reservation.split(",") if n]
+        inside = frozenset(n for name in names if (w := windows.get(name)) is not None and w.active for n in w.nodes)
+        allowed = inside if allowed is None else allowed & inside
     gpus = initial_gpus(request.spec, state, allowed=allowed)
     shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes
                                                    if n.available and (allowed is None or n.name in allowed)})

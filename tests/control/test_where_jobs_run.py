@@ -113,3 +113,17 @@ def test_a_rigid_job_in_an_active_reservation_gets_its_nodes_back_and_one_in_a_c
     rec.cycle()
     assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[rigid].nodes == ("n2",)
     assert slurm.jobs[elastic].state is JobState.RUNNING and slurm.jobs[elastic].nodes == ("n1",)
+
+
+def test_the_wrapper_sizes_a_new_job_in_a_reservation_on_the_reservations_nodes(tmp_path):
+    from slurm_elastic.control.submit import parse_command_line, submit
+
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\nsrun true\n")
+    site = {"SLURM_ELASTIC_CKPT_DIR": str(tmp_path / "ckpt")}
+    slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
+    for window, gpus in ((_window(True), 8), (_window(False), 1)):     # a closed one: its minimum
+        slurm.advance_reservations = [window]
+        description, _ = submit(slurm, parse_command_line(["--gpus=1-16", "--reservation=course", str(script)],
+                                                          environ=site))
+        assert description.shape.nodes * description.shape.gpus_per_node == gpus, (window, description.shape)
