@@ -70,7 +70,9 @@ def _merged(parts: list[tuple[frozenset[str] | None, Allocation]]) -> Allocation
         decisions=tuple(d for a in answers for d in a.decisions),
         unplaceable=tuple(u for a in answers for u in a.unplaceable),
         notes=tuple(f"{_pool_name(nodes)}: {n}" for nodes, a in parts for n in a.notes)
-        + tuple(f"{_pool_name(nodes)}: {len(a.gpus)} jobs, {a.method}, {a.status}" for nodes, a in parts),
+        + tuple(f"{_pool_name(nodes)}: {len(a.gpus)} job{'' if len(a.gpus) == 1 else 's'} solved "
+                f"{'on these nodes alone' if nodes is not None else 'on what the groups before left'} "
+                f"({a.method}, {a.status})" for nodes, a in parts),
         basis={k: v for a in answers for k, v in a.basis.items()},
     )
 

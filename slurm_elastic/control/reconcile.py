@@ -29,6 +29,7 @@ from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
+from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
@@ -37,7 +38,6 @@ from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeuePro
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
                                             with_basis)
 from slurm_elastic.control.revive import Reviver
-from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_EXPIRY, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S,
                                     RECENT_PLAN_S, RESTART_BUDGET, SIGNAL, SPEED, Setting)
@@ -628,7 +628,7 @@ class Reconciler:
             resumed.append(drain.node)
         return tuple(resumed)
 
-    # -- hysteresis and the restart budget ----------------------------------------------------
+    # -- where jobs may run -------------------------------------------------------------------
     def _reservation_windows(self, state: ClusterState) -> dict[str, AdvanceReservation] | None:
         """The advance reservations, read only when an active or pending job names one; None: they could not
         be read."""
@@ -644,6 +644,7 @@ class Reconciler:
             log.warning("cannot read the reservations (%s): jobs in one are kept at their size this cycle", exc)
             return None
 
+    # -- hysteresis and the restart budget ----------------------------------------------------
     def _pins(self, state: ClusterState, now: float,
               stuck: frozenset[int] = frozenset()) -> tuple[dict[int, str], dict[int, int]]:
         why: dict[int, str] = {}
