@@ -37,12 +37,15 @@ CASES = {
     "mixed": dict(jobs=1_000, nodes=512, gpn=8, mixed=True),
     # the next cycle after "medium" with nothing changed: the warm start is the answer
     "steady": dict(jobs=1_000, nodes=512, gpn=8, mixed=False, steady=True),
+    # "medium" on a site of 4 partitions of 128 nodes, each job in one: solved pool by pool (allocate/pools.py)
+    "partitioned": dict(jobs=1_000, nodes=512, gpn=8, mixed=False, partitions=4),
 }
 
 
 def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
-                 policy: Policy | None = None, memory_bound: bool = False) -> AllocationProblem:
-    """`memory_bound`: 256 GB per 8 GPUs and 48-96 GB per GPU asked, so memory runs out before GPUs."""
+                 policy: Policy | None = None, memory_bound: bool = False, partitions: int = 1) -> AllocationProblem:
+    """`memory_bound`: 256 GB per 8 GPUs and 48-96 GB per GPU asked, so memory runs out before GPUs.
+    `partitions` > 1: the nodes in that many equal blocks, each job allowed one block (its partition)."""
     rng = random.Random(seed)
     caps = []
     for n in range(nodes):
@@ -71,16 +74,35 @@ def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
             mem_per_gpu_mb=rng.choice((48_000, 64_000, 96_000) if memory_bound else (16_000, 32_000, 48_000)),
             weight=round(rng.uniform(0.5, 2.0), 2), restart_cost_s=rng.uniform(10, 120), throughput=model,
             allowed_gpus=(1, 2, 4, 8, 16, 24, 32, 48, 64) if rng.random() < 0.3 else None))
+    blocks = [frozenset(c.name for c in caps[b * nodes // partitions:(b + 1) * nodes // partitions])
+              for b in range(partitions)] if partitions > 1 else [None]
+    if partitions > 1:
+        reqs = [replace(r, allowed_nodes=rng.choice(blocks)) for r in reqs]
     base = AllocationProblem(tuple(reqs), tuple(caps), policy or Policy())
-    # the previous cycle: 90 % of the jobs existed and got a greedy allocation
-    old = AllocationProblem(tuple(reqs[: int(jobs * 0.9)]), tuple(caps), base.policy)
-    rows, _ = greedy_baseline(old)
-    names = [c.name for c in caps]
-    current = {r.key: {names[n]: g for n, g in rows[i].items()} for i, r in enumerate(old.jobs)}
+    # the previous cycle: 90 % of the jobs existed and got a greedy allocation (in their partitions)
+    current: dict[str, dict[str, int]] = {}
+    for block in blocks:
+        pool = tuple(c for c in caps if block is None or c.name in block)
+        mine = tuple(replace(r, allowed_nodes=None) for r in reqs[: int(jobs * 0.9)] if r.allowed_nodes == block)
+        rows, _ = greedy_baseline(AllocationProblem(mine, pool, base.policy))
+        names = [c.name for c in pool]
+        current.update({r.key: {names[n]: g for n, g in rows[i].items()} for i, r in enumerate(mine)})
     down = set(rng.sample(range(nodes), max(1, nodes // 50)))
     caps = [NodeCapacity(c.name, 0, 0, 0) if n in down else c for n, c in enumerate(caps)]
     reqs = [replace(r, current=current.get(r.key, {})) for r in reqs]
     return AllocationProblem(tuple(reqs), tuple(caps), base.policy)
+
+
+def _greedy_objective(problem: AllocationProblem) -> float:
+    """The greedy baseline's objective; with partitions, one greedy per partition on its nodes (summed)."""
+    groups: dict[frozenset[str] | None, list[JobRequest]] = {}
+    for job in problem.jobs:
+        groups.setdefault(job.allowed_nodes, []).append(replace(job, allowed_nodes=None))
+    total = 0.0
+    for nodes, jobs in groups.items():
+        pool = tuple(n for n in problem.nodes if nodes is None or n.name in nodes)
+        total += greedy_baseline(AllocationProblem(tuple(jobs), pool, problem.policy))[1]
+    return total
 
 
 def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
@@ -92,7 +114,7 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
         problem = AllocationProblem(tuple(replace(j, current=dict(previous.placement[j.key])) for j in problem.jobs),
                                     problem.nodes, problem.policy)
     t0 = time.perf_counter()
-    _, greedy_obj = greedy_baseline(problem)
+    greedy_obj = _greedy_objective(problem)
     greedy_s = time.perf_counter() - t0
     times, cpu, last = [], [], None
     for _ in range(runs):
@@ -109,6 +131,7 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
         "nodes": spec["nodes"],
         "gpus_per_node": spec["gpn"] if not spec["mixed"] else "4/8 mixed",
         "steady": steady,
+        "partitions": spec.get("partitions", 1),
         "gpus_free": int(sum(n.gpus for n in problem.nodes)),
         "gpus_demanded": int(sum(j.max_gpus for j in problem.jobs)),
         "method": last.method,
