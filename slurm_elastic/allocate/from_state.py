@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Union
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backfill import free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
-from slurm_elastic.cluster.reservations import AdvanceReservation
+from slurm_elastic.cluster.reservations import AdvanceReservation, open_nodes
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def with_reservations(requests: tuple[JobRequest, ...], state: ClusterState,
     for r in requests:
         name = named.get(r.key)
         if name is not None:
-            window = (windows or {}).get(name)
-            nodes = frozenset(window.nodes) if window is not None and window.active else frozenset()
+            nodes = open_nodes(windows, name)
             r = dataclasses.replace(r, allowed_nodes=nodes if r.allowed_nodes is None else r.allowed_nodes & nodes)
         out.append(r)
     return tuple(out)
@@ -181,13 +180,13 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     reserved: list[RigidReservation] = []
     waiting: list[tuple[int, str]] = []
     for job in rigid_queue(state, rules):
-        window = (windows or {}).get(job.reservation) if job.reservation else None
-        if job.reservation and (window is None or not window.active):
+        inside = open_nodes(windows, job.reservation) if job.reservation else None
+        if inside is not None and not inside:
             continue      # Slurm starts it only inside its window: nothing elastic work leaves helps now
         need = Resources(job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mb)
         fits = [c for c in left.values() if c.gpus >= need.gpus and c.cpus >= need.cpus and c.mem_mb >= need.mem_mb
                 and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))
-                and (window is None or c.name in window.nodes)]
+                and (inside is None or c.name in inside)]
         if len(fits) < job.num_nodes:
             waiting.append((job.job_id, "does not fit even without elastic jobs"))
             left = _keep_off_slurms_reservation(state, job, left, held)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 from slurm_elastic.cluster.slurm_values import expand_hostlist
 
@@ -46,6 +46,17 @@ def parse_reservations(text: str) -> tuple[AdvanceReservation, ...]:
                                           _timestamp(fields.get("EndTime", "")),
                                           expand_hostlist(fields.get("Nodes")), fields.get("State") == "ACTIVE"))
     return tuple(out)
+
+
+def open_nodes(windows: Mapping[str, AdvanceReservation] | None, names: str) -> frozenset[str]:
+    """The nodes of the named reservations (a comma list) that Slurm has active now: where a job in them may
+    start. None windows (not readable) or a closed or unknown reservation: none."""
+    out: set[str] = set()
+    for name in (n for n in names.split(",") if n):
+        window = (windows or {}).get(name)
+        if window is not None and window.active:
+            out.update(window.nodes)
+    return frozenset(out)
 
 
 @runtime_checkable

@@ -29,7 +29,7 @@ from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
-from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader
+from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
@@ -280,10 +280,9 @@ def outside_windows(state: ClusterState, windows: Mapping[str, AdvanceReservatio
         if (not job.reservation or job.state is not JobState.RUNNING or job.held or job.job_id in lost
                 or lost_node(job, state)):
             continue
-        window = None if windows is None else windows.get(job.reservation)
         if windows is None:
             out[job.job_id] = f"its reservation {job.reservation} could not be read: kept at its size"
-        elif window is None or not window.active:
+        elif not open_nodes(windows, job.reservation):
             out[job.job_id] = (f"its reservation {job.reservation} is over: Slurm would not start it again "
                                "after a requeue")
     return out

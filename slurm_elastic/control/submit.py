@@ -19,7 +19,7 @@ from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.partitions import PartitionReader, PartitionTimes
-from slurm_elastic.cluster.reservations import ReservationReader
+from slurm_elastic.cluster.reservations import ReservationReader, open_nodes
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
@@ -418,9 +418,7 @@ def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription,
     # one: its size is chosen on those nodes
     allowed = partition_nodes(state, request.partition or next((p.name for p in partitions if p.is_default), ""))
     if request.reservation and isinstance(backend, ReservationReader):
-        windows = {r.name: r for r in backend.reservations()}
-        names = [n for n in request.reservation.split(",") if n]
-        inside = frozenset(n for name in names if (w := windows.get(name)) is not None and w.active for n in w.nodes)
+        inside = open_nodes({r.name: r for r in backend.reservations()}, request.reservation)
         allowed = inside if allowed is None else allowed & inside
     gpus = initial_gpus(request.spec, state, allowed=allowed)
     shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes
