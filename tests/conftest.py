@@ -109,6 +109,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
+        "--heavy-last",
+        action="store_true",
+        default=False,
+        help="run tests marked `heavy` after the others (a suite beside another on one host)",
+    )
+    parser.addoption(
         "--long",
         action="store_true",
         default=False,
@@ -117,6 +123,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--heavy-last"):
+        # A suite beside the host's (.ci/run): its heavy tests wait for the host's on HEAVY_LOCK, so
+        # it does its other tests first, while the host's heavy ones run.
+        items.sort(key=lambda item: item.get_closest_marker("heavy") is not None)
     if config.getoption("--long"):
         return
     skip_long = pytest.mark.skip(reason="long variant: run with --long")
