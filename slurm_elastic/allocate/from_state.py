@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Union
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backfill import free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
-from slurm_elastic.cluster.reservations import AdvanceReservation, open_nodes
+from slurm_elastic.cluster.reservations import AdvanceReservation, blocking, open_nodes
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +53,26 @@ def partition_nodes(state: ClusterState, partition: str) -> frozenset[str] | Non
 
 
 def with_reservations(requests: tuple[JobRequest, ...], state: ClusterState,
-                      windows: Mapping[str, AdvanceReservation] | None) -> tuple[JobRequest, ...]:
+                      windows: Mapping[str, AdvanceReservation] | None, now: float) -> tuple[JobRequest, ...]:
     """A job in an advance reservation limited to its nodes while Slurm has it active, and to none
     otherwise (Slurm starts such a job nowhere else, and not before or after the window); `windows`
-    None: the reservations could not be read, so no such job is given GPUs it might not get."""
-    named = {str(j.job_id): j.reservation for j in state.elastic_jobs if j.reservation}
+    None: the reservations could not be read, so no such job is given GPUs it might not get. Every job
+    is kept off the nodes of the other reservations that would not let it start now
+    (`reservations.blocking`: Slurm would leave it pending until they end)."""
+    jobs = {str(j.job_id): j for j in state.elastic_jobs}
+    every = frozenset(n.name for n in state.nodes)
     out = []
     for r in requests:
-        name = named.get(r.key)
-        if name is not None:
-            nodes = open_nodes(windows, name)
-            r = dataclasses.replace(r, allowed_nodes=nodes if r.allowed_nodes is None else r.allowed_nodes & nodes)
+        job = jobs.get(r.key)
+        if job is not None:
+            allowed = r.allowed_nodes
+            if job.reservation:
+                inside = open_nodes(windows, job.reservation)
+                allowed = inside if allowed is None else allowed & inside
+            blocked = blocking(windows, job.reservation, now, job.time_limit_s)
+            if blocked:
+                allowed = (every if allowed is None else allowed) - frozenset(blocked)
+            r = dataclasses.replace(r, allowed_nodes=allowed)
         out.append(r)
     return tuple(out)
 
@@ -165,7 +174,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
     they hold there. A job in an advance reservation is looked at only while
-    `windows` has it active, on its nodes.
+    `windows` has it active, on its nodes; no job on the nodes of another
+    reservation that would not let it start now (`reservations.blocking`).
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}
@@ -183,10 +193,11 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         inside = open_nodes(windows, job.reservation) if job.reservation else None
         if inside is not None and not inside:
             continue      # Slurm starts it only inside its window: nothing elastic work leaves helps now
+        blocked = blocking(windows, job.reservation, state.taken_at, job.time_limit_s)
         need = Resources(job.gpus_per_node, job.cpus_per_node, job.mem_per_node_mb)
         fits = [c for c in left.values() if c.gpus >= need.gpus and c.cpus >= need.cpus and c.mem_mb >= need.mem_mb
                 and (not job.partition or job.partition in partitions.get(c.name, (job.partition,)))
-                and (inside is None or c.name in inside)]
+                and (inside is None or c.name in inside) and c.name not in blocked]
         if len(fits) < job.num_nodes:
             waiting.append((job.job_id, "does not fit even without elastic jobs"))
             left = _keep_off_slurms_reservation(state, job, left, held)

@@ -37,7 +37,7 @@ from slurm_elastic.cluster.backend import SubmitDescription
 from slurm_elastic.cluster.backfill import Reservation, first_fit, free_now, reserve
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node, NodeFlag, NodeState, queue_order
 from slurm_elastic.cluster.partitions import PartitionTimes
-from slurm_elastic.cluster.reservations import AdvanceReservation
+from slurm_elastic.cluster.reservations import AdvanceReservation, blocking
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
@@ -249,7 +249,6 @@ class InMemorySlurm:
             if now - since >= self.start_latency_s:
                 eligible.append(job)
         windows = {r.name: r for r in self.advance_reservations}
-        reserved = frozenset(n for r in self.advance_reservations if r.active for n in r.nodes)
         for job in sorted(eligible, key=queue_order):
             window = windows.get(job.reservation) if job.reservation else None
             if job.reservation and (window is None or not window.active):
@@ -258,8 +257,11 @@ class InMemorySlurm:
                 continue
             # Backfill: a later job may not delay the reserved one.
             held_back = self.reservation.holds_back(job, now) if self.reservation is not None else frozenset()
-            # an active reservation's nodes are its jobs' alone, and its jobs run nowhere else
-            held_back |= (frozenset(self.nodes) - frozenset(window.nodes)) if window is not None else reserved
+            # an active reservation's nodes are its jobs' alone, and its jobs run nowhere else; a job outside
+            # a reservation starts on its nodes only if its time limit ends before the window opens
+            held_back |= frozenset(blocking(windows, job.reservation, now, job.time_limit_s, slack_s=0.0))
+            if window is not None:
+                held_back |= frozenset(self.nodes) - frozenset(window.nodes)
             chosen = self._fit(job, held_back)
             if chosen is not None:
                 started = dataclasses.replace(job, state=JobState.RUNNING, nodes=tuple(chosen), reason="None",

@@ -29,7 +29,7 @@ from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
-from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, open_nodes
+from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
@@ -270,21 +270,33 @@ def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
     return dataclasses.replace(problem, jobs=tuple(jobs))
 
 
-def outside_windows(state: ClusterState, windows: Mapping[str, AdvanceReservation] | None, *,
+def outside_windows(state: ClusterState, windows: Mapping[str, AdvanceReservation] | None, now: float, *,
                     lost: frozenset[int]) -> dict[int, str]:
-    """Running elastic jobs whose reservation Slurm no longer has active, and why each is kept at its size:
-    a requeue would leave it pending for good (reason Reservation). `windows` None: not readable, so
-    every running job in one is kept. A job whose node was lost restarts anyway."""
+    """Running elastic jobs a requeue would leave pending, and why each is kept at its size: its own
+    reservation is no longer active (pending for good, reason Reservation), or it runs on nodes of another
+    reservation that would not let it start again now (`reservations.blocking`: pending until that one
+    ends), unless a pending job of that reservation waits for them (then it moves off). `windows` None:
+    not readable, so every running job in one is kept. A job whose node was lost restarts anyway
+    (elsewhere: `with_reservations` keeps it off those nodes)."""
+    waited_for = {name for j in state.jobs if j.state is JobState.PENDING and j.reservation
+                  for name in j.reservation.split(",")}
     out = {}
     for job in state.elastic_jobs:
-        if (not job.reservation or job.state is not JobState.RUNNING or job.held or job.job_id in lost
-                or lost_node(job, state)):
+        if job.state is not JobState.RUNNING or job.held or job.job_id in lost or lost_node(job, state):
             continue
-        if windows is None:
+        if job.reservation and windows is None:
             out[job.job_id] = f"its reservation {job.reservation} could not be read: kept at its size"
-        elif not open_nodes(windows, job.reservation):
+        elif job.reservation and not open_nodes(windows, job.reservation):
             out[job.job_id] = (f"its reservation {job.reservation} is over: Slurm would not start it again "
                                "after a requeue")
+        elif (held := sorted(n for n in job.nodes if n in (blocked := blocking(windows, job.reservation, now,
+                                                                                job.time_limit_s))))\
+                and not any(blocked[n].name in waited_for for n in held):
+            window = blocked[held[0]]
+            opens = ("now" if window.active or window.start_at is None or window.start_at <= now else
+                     time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(window.start_at)))
+            out[job.job_id] = (f"reservation {window.name} on {','.join(held)} (from {opens}) would keep it "
+                               "pending after a requeue: kept where it is")
     return out
 
 
@@ -344,6 +356,7 @@ class Reconciler:
         self._sleep = sleep
         self._available: frozenset[str] | None = None
         self._reported_malformed: set[int] = set()
+        self._said_no_reservations = False
         self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
         self._said: dict[int, str] = {}
         self.peer_losses = PeerLossReader(clock=clock)
@@ -464,9 +477,10 @@ class Reconciler:
                         or j.job_id in stuck or j.job_id in acting)
         policy = self.config.policy
         capacity = without_reported_losses(rigid.capacity, scoped, acting)
-        for job_id, why in outside_windows(scoped, windows, lost=frozenset(acting)).items():
+        # Slurm's reservation windows are read against the time of Slurm's own state
+        for job_id, why in outside_windows(scoped, windows, scoped.taken_at, lost=frozenset(acting)).items():
             pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
-        requests = with_reservations(with_partitions(requests, scoped), scoped, windows)
+        requests = with_reservations(with_partitions(requests, scoped), scoped, windows, scoped.taken_at)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
@@ -629,14 +643,14 @@ class Reconciler:
 
     # -- where jobs may run -------------------------------------------------------------------
     def _reservation_windows(self, state: ClusterState) -> dict[str, AdvanceReservation] | None:
-        """The advance reservations, read only when an active or pending job names one; None: they could not
-        be read."""
-        if not any(j.reservation and not j.state.finished for j in state.jobs):
-            return {}
+        """The advance reservations (every cycle: one to come keeps jobs off its nodes, whether or not a job
+        names it); None: they could not be read."""
         if not isinstance(self.backend, ReservationReader):
-            log.warning("the %s backend cannot read reservations: jobs in one are kept at their size",
-                        type(self.backend).__name__)
-            return None
+            if not self._said_no_reservations:
+                log.warning("the %s backend cannot read reservations: jobs in one are kept at their size, and "
+                            "reservations to come are not seen", type(self.backend).__name__)
+                self._said_no_reservations = True
+            return None if any(j.reservation and not j.state.finished for j in state.jobs) else {}
         try:
             return {r.name: r for r in self.backend.reservations()}
         except SlurmError as exc:

@@ -19,7 +19,7 @@ from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.partitions import PartitionReader, PartitionTimes
-from slurm_elastic.cluster.reservations import ReservationReader, open_nodes
+from slurm_elastic.cluster.reservations import ReservationReader, blocking, open_nodes
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
@@ -391,16 +391,20 @@ def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDe
 
 
 def submission_notices(backend: Backend, request: SubmitRequest, now: float | None = None) -> tuple[str, ...]:
-    """What the user should know before the job runs and nothing refuses: a reservation that ends its requeues."""
-    if request.reservation is None:
-        return ()
+    """What the user should know before the job runs and nothing refuses: a reservation that ends its requeues,
+    reservations it is not in that keep it off their nodes."""
     if not isinstance(backend, ReservationReader):
-        log.info("the %s backend cannot read reservations: the reservation's end is not checked",
+        log.info("the %s backend cannot read reservations: the reservations are not checked",
                  type(backend).__name__)
         return ()
-    notice = time_limit.reservation_notice(request.time_limits, request.reservation, backend.reservations(),
-                                           time.time() if now is None else now)
-    return (notice,) if notice else ()
+    now = time.time() if now is None else now
+    reservations = backend.reservations()
+    partitions = backend.partition_times() if isinstance(backend, PartitionReader) else ()
+    limit = time_limit.expected_limit_s(request.time_limit, request.partition, partitions)
+    notices = (time_limit.reservation_notice(request.time_limits, request.reservation, reservations, now)
+               if request.reservation else None,
+               time_limit.blocked_notice(limit, request.reservation, reservations, now))
+    return tuple(n for n in notices if n)
 
 
 def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:
@@ -417,9 +421,16 @@ def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription,
     # Slurm starts the job in its partition (-p, else the default one), inside its reservation if it names
     # one: its size is chosen on those nodes
     allowed = partition_nodes(state, request.partition or next((p.name for p in partitions if p.is_default), ""))
-    if request.reservation and isinstance(backend, ReservationReader):
-        inside = open_nodes({r.name: r for r in backend.reservations()}, request.reservation)
-        allowed = inside if allowed is None else allowed & inside
+    if isinstance(backend, ReservationReader):
+        windows = {r.name: r for r in backend.reservations()}
+        if request.reservation:
+            inside = open_nodes(windows, request.reservation)
+            allowed = inside if allowed is None else allowed & inside
+        # nor on the nodes of a reservation that is not its own and opens before its time limit ends
+        limit = time_limit.expected_limit_s(request.time_limit, request.partition, partitions)
+        blocked = frozenset(blocking(windows, request.reservation or "", time.time(), limit))
+        if blocked:
+            allowed = (frozenset(n.name for n in state.nodes) if allowed is None else allowed) - blocked
     gpus = initial_gpus(request.spec, state, allowed=allowed)
     shape = request_shape(request.spec, gpus, {}, {n.gpus for n in state.nodes
                                                    if n.available and (allowed is None or n.name in allowed)})

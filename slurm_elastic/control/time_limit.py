@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from slurm_elastic import settings
 from slurm_elastic.cluster.partitions import PartitionTimes, parse_duration
-from slurm_elastic.cluster.reservations import AdvanceReservation
+from slurm_elastic.cluster.reservations import AdvanceReservation, blocking
 from slurm_elastic.errors import SpecError
 
 # Measured on the local cluster, a signalled commit of the digits MLP reached its ACK in 0.3 s and
@@ -118,6 +118,20 @@ def check_partition_time(policy: TimeLimitPolicy, time_limit: str | None, partit
     raise SpecError(problems[0])
 
 
+def expected_limit_s(time_limit: str | None, partition: str | None,
+                     partitions: Sequence[PartitionTimes]) -> float | None:
+    """The time limit Slurm will give the job: its --time, else its partition's DefaultTime, else that
+    partition's MaxTime (the first of a -p list; no -p: the default partition); None: unlimited or not
+    known."""
+    if time_limit is not None:
+        return parse_duration(time_limit, "--time")
+    names = [p for p in (partition or "").split(",") if p]
+    part = next((p for p in partitions if (p.name == names[0] if names else p.is_default)), None)
+    if part is None:
+        return None
+    return part.default_s if part.default_s is not None else part.max_s
+
+
 def check_time_limit(policy: TimeLimitPolicy, time_limit: str | None) -> None:
     """One line when the job's own limit leaves no time before the warning (each incarnation would be
     signalled as it starts). `time_limit` is the job's --time as given; None: the partition's default,
@@ -154,3 +168,23 @@ def reservation_notice(policy: TimeLimitPolicy, reservation: str | None,
             f"(in {left_min} min), {bound}: a requeue after that (a time limit, a resize) cannot start the job "
             f"in it again and it stays pending (reason Reservation); give --total-time {left_min} or less to end "
             "the run at its last time limit before then")
+
+
+def blocked_notice(time_limit_s: float | None, reservation: str | None,
+                   reservations: Sequence[AdvanceReservation], now: float) -> str | None:
+    """One line when reservations the job is not in keep it (and its requeues) off nodes: Slurm starts a
+    job on a reservation's nodes only if its time limit ends before the window opens."""
+    blocked = blocking({r.name: r for r in reservations}, reservation or "", now, time_limit_s)
+    if not blocked:
+        return None
+    first = min(blocked.values(), key=lambda r: (r.start_at or 0.0, r.name))
+    names = ", ".join(sorted({r.name for r in blocked.values()}))
+    opens = ("now" if first.active or first.start_at is None or first.start_at <= now else
+             time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(first.start_at)))
+    limit = ("it has no time limit" if time_limit_s is None else
+             f"its time limit ({int(time_limit_s) // 60} min) would end after that")
+    return (f"reservation {names} holds {len(blocked)} node(s) from {opens} and {limit}: Slurm starts it and "
+            "its requeues on them only after the reservation ends"
+            + ("; a --time shorter than the time left lets it run there until then (it requeues itself at each "
+               "limit)" if first.start_at is not None and first.start_at > now else ""))
+

@@ -1,5 +1,6 @@
 """An elastic job is sized on the nodes Slurm would start it on: its partition's, its reservation's while
-that is active; once the reservation is over a running job keeps its size (a requeue could not start)."""
+that is active, none of another reservation's that opens before its time limit would end; a running job
+a requeue could not start again keeps its size (its reservation is over, or another one holds its nodes)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,73 @@ def test_the_wrapper_sizes_a_new_job_in_a_reservation_on_the_reservations_nodes(
         description, _ = submit(slurm, parse_command_line(["--gpus=1-16", "--reservation=course", str(script)],
                                                           environ=site))
         assert description.shape.nodes * description.shape.gpus_per_node == gpus, (window, description.shape)
+
+
+# -- reservations a job is not in (a maintenance announced ahead) ---------------------------------------
+def _maintenance(slurm: InMemorySlurm, opens_in_s: float, nodes=("n2",)) -> None:
+    slurm.advance_reservations = [AdvanceReservation("maint", slurm.now + opens_in_s, slurm.now + opens_in_s + 3600,
+                                                     tuple(nodes), active=False)]
+
+
+def test_a_pending_unlimited_job_is_sized_off_the_nodes_of_a_maintenance_to_come_and_starts(tmp_path):
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    _maintenance(slurm, 7 * 86400)                 # a week ahead: an unlimited job would overlap it
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4, run=False)
+    rec = _controller(slurm, tmp_path)
+    assert rec.cycle().target(job) == 4            # n1's GPUs; at 8 Slurm would leave it pending a week
+    rec.cycle()
+    assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].nodes == ("n1",)
+
+
+def test_a_job_whose_time_limit_ends_before_the_window_opens_may_use_its_nodes(tmp_path):
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    _maintenance(slurm, 7 * 86400)
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4, run=False,
+                        time_limit_s=86400)
+    rec = _controller(slurm, tmp_path)
+    assert rec.cycle().target(job) == 8
+    rec.cycle()
+    assert slurm.jobs[job].state is JobState.RUNNING and set(slurm.jobs[job].nodes) == {"n1", "n2"}
+
+
+def test_a_running_job_on_the_nodes_of_a_maintenance_to_come_is_kept_where_it_is(tmp_path):
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    job = slurm.add_job(ElasticSpec(1, 12, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4)
+    assert slurm.jobs[job].nodes == ("n1",)
+    _maintenance(slurm, 7 * 86400, nodes=("n1",))
+    rec = _controller(slurm, tmp_path)
+    report = rec.cycle()
+    # 8 GPUs are free on n2-n3, but a requeue would leave it pending until the maintenance ends
+    assert report.target(job) == 4 and "reservation maint on n1" in report.pinned[job]
+    rec.cycle()
+    assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].restarts == 0
+
+
+def test_a_running_job_moves_off_a_reservations_nodes_when_a_job_of_that_reservation_waits(tmp_path):
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    job = slurm.add_job(ElasticSpec(2, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4)
+    slurm.advance_reservations = [AdvanceReservation("course", slurm.now - 60, slurm.now + 3600, ("n2",),
+                                                     active=True)]
+    rec = _controller(slurm, tmp_path)
+    assert "reservation course on n2 (from now)" in rec.cycle().pinned[job]   # nobody of `course` waits
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, reservation="course")
+    report = rec.cycle()
+    assert report.target(job) == 4
+    rec.cycle()
+    assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[rigid].nodes == ("n2",)
+    assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].nodes == ("n1",)
+
+
+def test_a_rigid_job_is_not_given_nodes_a_reservation_keeps_it_off(tmp_path):
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4,
+                        time_limit_s=600)
+    _maintenance(slurm, 3600, nodes=("n1",))       # opens in an hour: after the elastic job's limit, within the rigid's
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, time_limit_s=7200)
+    rec = _controller(slurm, tmp_path)
+    report = rec.cycle()
+    # n2 is the one node Slurm could start it on: the elastic job gives that one up, not n1
+    assert report.target(job) == 4 and report.rigid.reserved[0].nodes == ("n2",)
+    rec.cycle()
+    assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[rigid].nodes == ("n2",)
+    assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].nodes == ("n1",)
