@@ -286,12 +286,14 @@ def outside_windows(state: ClusterState, windows: Mapping[str, AdvanceReservatio
             continue
         if job.reservation and windows is None:
             out[job.job_id] = f"its reservation {job.reservation} could not be read: kept at its size"
-        elif job.reservation and not open_nodes(windows, job.reservation):
+            continue
+        if job.reservation and not open_nodes(windows, job.reservation):
             out[job.job_id] = (f"its reservation {job.reservation} is over: Slurm would not start it again "
                                "after a requeue")
-        elif (held := sorted(n for n in job.nodes if n in (blocked := blocking(windows, job.reservation, now,
-                                                                                job.time_limit_s))))\
-                and not any(blocked[n].name in waited_for for n in held):
+            continue
+        blocked = blocking(windows, job.reservation, now, job.time_limit_s)
+        held = sorted(n for n in job.nodes if n in blocked)
+        if held and not any(blocked[n].name in waited_for for n in held):
             window = blocked[held[0]]
             opens = ("now" if window.active or window.start_at is None or window.start_at <= now else
                      time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(window.start_at)))
