@@ -49,6 +49,7 @@ class SimulatedShim:
         self.path = protocol.metrics_path(ckpt_root, key)
         self.job = job
         self._last = _Progress()
+        self._last_time = -math.inf
 
     def report(self, per_node: tuple[int, ...], done: float, now: float, segment: Segment | None) -> bool:
         """Append a row for the job running at `per_node` with `done` work done; False when it did not step."""
@@ -76,6 +77,12 @@ class SimulatedShim:
         if int(step) <= int(self._last.step):
             return False
         row["step"] = int(step)
+        # The real shim writes a row as a step ends: this one is stamped when its last whole step ended, not
+        # at the tick. Stamped at the tick, a slow job's fraction of a step (up to 1/steps_per_s seconds) read
+        # as time that did no steps, i.e. as a restart, and its measured restart cost came out far too low.
+        if row["steps_per_s"] > 0:
+            row["time"] = max(now - (step - int(step)) / row["steps_per_s"], self._last_time)
+        self._last_time = row["time"]
         if noise is not None:
             row["grad_sqr"], row["grad_var"] = noise.grad_sqr, noise.grad_var
         _append(self.path, protocol.MetricsRow(**row))

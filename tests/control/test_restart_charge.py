@@ -41,3 +41,17 @@ def test_a_short_hysteresis_charges_as_the_measuring_time_and_stays_finite(tmp_p
     # A restarted job keeps its size until it has measured there (measure_first_s, 300 s), so a
     # hysteresis of 0 charges as 300 s would, never an infinite cost that forbids every resize.
     assert _charge(0.0, tmp_path / "a") == pytest.approx(_charge(300.0, tmp_path / "b"))
+
+
+def test_a_measured_restart_is_remembered_however_many_rows_follow_it():
+    from slurm_elastic.control.requests.measuring import measure
+    from slurm_elastic.control.requests.settings import RequestSettings
+
+    # As the real shim writes them: a row as a step ends, steps/s over the window since the previous row.
+    rows, t, step = [], 0.0, 0
+    for i in range(60):
+        t += 45.0 if i == 10 else 15.0        # one restart: 30 s that did no steps
+        step += 30
+        rows.append({"step": step, "time": t, "gpus": 4, "nodes": 1, "steps_per_s": 2.0})
+    costs = measure(rows, RequestSettings()).restart_costs_s
+    assert costs == (30.0,)                   # 49 ordinary rows later, not pushed out by them

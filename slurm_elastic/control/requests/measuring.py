@@ -38,7 +38,7 @@ from slurm_elastic import jobfiles as shim
 from slurm_elastic.allocate.stepmodel import step_time_model
 from slurm_elastic.allocate.throughput import MeasuredThroughput, concave_hull
 from slurm_elastic.cluster.model import Job, JobState
-from slurm_elastic.control.requests.settings import RequestSettings
+from slurm_elastic.control.requests.settings import RESTART_MIN_S, RequestSettings
 from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.jobfiles import BATCH_FILE, BatchRange, MetricsCursor, MetricsRow, parse_row, read_metrics, read_record
 from slurm_elastic.jobfiles import Geometry as JobGeometry
@@ -81,7 +81,7 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh), the newest COSTS_KEPT restart intervals, the
+    starts them afresh), the newest 16 restarts (intervals that lost at least RESTART_MIN_S), the
     newest gradient noise, and the last row.
     """
 
@@ -122,7 +122,8 @@ class MetricsTail:
             # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
             # interval loses nothing; time that did no steps is a restart: startup, plus redone steps.
             lost = float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v
-            self.lost_s.append((lost, (g, int(row["nodes"]))))
+            if lost >= RESTART_MIN_S:
+                self.lost_s.append((lost, (g, int(row["nodes"]))))
         self.last = row
         self.count += 1
 

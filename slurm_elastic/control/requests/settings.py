@@ -8,6 +8,10 @@ from slurm_elastic.allocate.from_state import DEFAULT_RESTART_COST_S
 from slurm_elastic.allocate.throughput import LinearThroughput
 from slurm_elastic.settings import HYSTERESIS, OBJECTIVE, SPEED
 
+# Less time that did no steps between two metrics rows is clock noise, not a restart (the metrics tail keeps
+# only the intervals above it, so that a job's restarts are not pushed out by its ordinary rows).
+RESTART_MIN_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSettings:
@@ -21,7 +25,7 @@ class RequestSettings:
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (rules.ShareFloor)
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
     measure_first_s: float = 300.0            # a job just started keeps its size this long unless measured
-    restart_min_s: float = 2.0                # less lost time between two rows is noise, not a restart
+    restart_min_s: float = RESTART_MIN_S      # less lost time between two rows is noise, not a restart
     metrics_max_bytes: int = 1 << 20          # only the file's last MiB is read
     geometry_max_bytes: int = 1 << 14         # geometry.json is a few hundred bytes; more is not the shim's
     batch_max_bytes: int = 1 << 12            # batch.json is three numbers

@@ -1,0 +1,41 @@
+"""The simulated shim stamps each row when its last whole step ended, as the real shim writes a row as a step
+ends: the controller then measures a restart's cost from restarts only, also for a job slower than a tick."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.control.requests.measuring import measure
+from slurm_elastic.control.requests.settings import RequestSettings
+from slurm_elastic.sim.jobs import SimJob
+from slurm_elastic.sim.shim import SimulatedShim
+
+SPEED = 0.03          # steps/s: one step every 33 s, slower than the 60 s ticks are fine
+
+
+def _rows(tmp_path, ticks):
+    """Rows at 60 s ticks for a job at SPEED that stalls `stall` seconds (a restart) at tick `at`."""
+    (tmp_path / protocol.job_key("7")).mkdir()
+    job = SimJob("slow", 0.0, 4, 1, 8, work=1e6, speed=lambda per_node: SPEED)
+    shim = SimulatedShim(str(tmp_path), "7", job)
+    for now, done in ticks:
+        shim.report((4,), done, now, None)
+    return [json.loads(line) for line in open(protocol.metrics_path(str(tmp_path), "7"))]
+
+
+def test_a_slow_job_running_steadily_shows_no_restart(tmp_path):
+    rows = _rows(tmp_path, [(t, SPEED * t) for t in range(60, 1260, 60)])
+    for row in rows:     # each row is stamped when its step ended
+        assert row["time"] == pytest.approx(row["step"] / SPEED)
+    assert measure(rows, RequestSettings()).restart_costs_s == ()
+
+
+def test_a_slow_jobs_restart_is_measured_at_what_it_cost(tmp_path):
+    stall = 30.0
+    ticks = [(t, SPEED * t) for t in range(60, 660, 60)]
+    ticks += [(t, SPEED * (t - stall)) for t in range(660, 1860, 60)]   # no step for 30 s after t = 600
+    costs = measure(_rows(tmp_path, ticks), RequestSettings()).restart_costs_s
+    assert len(costs) == 1 and costs[0] == pytest.approx(stall, abs=1e-6)
