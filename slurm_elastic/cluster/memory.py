@@ -211,6 +211,8 @@ class InMemorySlurm:
 
     def release(self, job_id: int) -> None:
         job = self._job("release", job_id)
+        if job.state is JobState.RUNNING:
+            return        # Slurm takes it (it clears a hold the job would carry into its next requeue)
         if not job.held:
             raise SlurmError(f"scontrol release: job {job_id} is not held")
         waiting = self.begin.get(job_id, 0) > self.now

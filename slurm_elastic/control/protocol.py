@@ -80,6 +80,7 @@ class RequeueProtocol:
         self._crash_after = crash_after if crash_after is not None else CRASH_AFTER.read()
         self._crash = crash or _sigkill_self
         self._requeued_at: dict[int, float] = {}
+        self._held_queued: set[int] = set()       # plans that held a queued job (Slurm may have started it)
         self._old_srun_until: dict[int, float] = {}   # plan id -> when a lingering old srun has given up
         self._may_act = may_act
         self._launcher_stopped: Callable[[int], str] = lambda job_id: ""
@@ -225,6 +226,7 @@ class RequeueProtocol:
         """Finish a plan whose job moved on, taking no step on it (journaled with the reason)."""
         note = f"{why} ({when})"
         log.warning("job %d: plan %d abandoned: %s", rec.job_id, rec.plan_id, note)
+        self._clear_hold_of_started(rec)
         self.journal.finish(rec.plan_id, ABANDONED, note)
         return Outcome(rec.plan_id, rec.job_id, ABANDONED, note)
 
@@ -321,6 +323,8 @@ class RequeueProtocol:
             try:
                 self._hold_action(rec.job_id, running=rec.plan.entry is PlanEntry.RUNNING, plan=rec.plan,
                                   plan_id=rec.plan_id)
+                if rec.plan.entry is PlanEntry.PENDING:
+                    self._held_queued.add(rec.plan_id)
                 return None
             except SlurmError as exc:
                 log.info("job %d: hold refused (%s); looking again", rec.job_id, exc)
@@ -498,9 +502,24 @@ class RequeueProtocol:
             self.backend.release(job_id)
         self._settle(job_id, attempt)
 
+    def _clear_hold_of_started(self, rec: PlanRecord) -> None:
+        """A queued job Slurm started just before our hold took it anyway (priority 0), and a running job shows
+        no hold (cluster.slurm_values.job_held): released here, or its next requeue (a lost node) would
+        leave it held for good (seen in CI on 22.05). Slurm takes a release of a running job."""
+        if rec.plan_id not in self._held_queued:
+            return
+        self._held_queued.discard(rec.plan_id)
+        job = self._observe(rec.job_id)
+        if job is not None and job.state is JobState.RUNNING:
+            try:
+                self.backend.release(rec.job_id)
+            except SlurmError as exc:
+                log.error("job %d: could not release the hold it started under: %s", rec.job_id, exc)
+
     def _roll_back(self, rec: PlanRecord, why: str) -> Outcome:
         """A step failed: leave the job released (with whatever shape it has), never held."""
         log.error("job %d: plan %d failed (%s); releasing the job unchanged", rec.job_id, rec.plan_id, why)
+        self._clear_hold_of_started(rec)
         try:
             self._release(rec.job_id)
         except SlurmError as exc:

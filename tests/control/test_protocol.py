@@ -316,3 +316,36 @@ def test_a_geometry_file_that_says_nothing_about_this_start_does_not_end_the_wai
     proto = _protocol(slurm, journal, ack_timeout_s=60.0)
     [out] = proto.execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
     assert out.acked is False and proto._clock() >= 60.0
+
+
+class _SlurmThatStartsTheJobAsItIsHeld(FakeSlurm):
+    """Slurm starts the queued job in the instant the hold arrives: real Slurm takes the hold of a running job,
+    invisible while it runs (job_held) and carried into its next requeue as priority 0; a release clears it
+    (both seen live on 22.05)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.carried: set[int] = set()
+
+    def schedule(self) -> None:
+        """Nothing starts but by `hold` here."""
+
+    def hold(self, job_id: int) -> None:
+        self.jobs[job_id] = dataclasses.replace(self.jobs[job_id], state=JobState.RUNNING, nodes=("n4",))
+        self.carried.add(job_id)
+
+    def release(self, job_id: int) -> None:
+        self.carried.discard(job_id)
+        super().release(job_id)
+
+
+def test_a_queued_job_that_started_under_its_hold_is_released_so_no_later_requeue_leaves_it_held(tmp_path):
+    slurm = _SlurmThatStartsTheJobAsItIsHeld()
+    journal = Journal(tmp_path / "journal.sqlite")
+    queued = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=4, run=False)
+    slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], reason="Resources")
+    plan = Plan(job_id=queued, from_gpus=4, to_gpus=2, shape=RequestShape(1, 2, 1, 1024), entry=PlanEntry.PENDING,
+                reason="queued job resized to what fits now")
+    [out] = _protocol(slurm, journal).execute([plan], slurm.snapshot())
+    assert out.status in (ABANDONED, ROLLED_BACK) and "started before it could be held" in out.note
+    assert slurm.jobs[queued].state is JobState.RUNNING and queued not in slurm.carried
