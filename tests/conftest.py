@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -521,6 +523,17 @@ def slurm_cluster() -> Iterator[SlurmTestCluster]:
                 if stop_at_end and _started_by_tests(local, marker) and not _live_users(users):
                     local.down()
                     marker.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def short_cluster_dir() -> Iterator[Path]:
+    """A private cluster's state directory short enough for slurmstepd's sockets (ClusterLayout refuses a
+    longer one): pytest's tmp_path under xdist, and more so under the chroots' basetemp, is not."""
+    root = Path(tempfile.mkdtemp(prefix="se-c-", dir="/tmp"))
+    try:
+        yield root / "cluster"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # -- acting as real unprivileged users ----------------------------------------------------------------------

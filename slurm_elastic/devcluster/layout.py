@@ -18,6 +18,10 @@ DEFAULT_PORT_BASE = 6817
 _NODE_PORT_OFFSET = 3
 # A unix socket path is limited to 108 bytes (sun_path).
 _MAX_SOCKET_PATH = 107
+# slurmstepd's socket in a node's spool: <node>_<job id>.<step id>. Job ids up to Slurm's default MaxJobId
+# (67043328), the batch step's id is 4294967291: a longer path and every batch job fails to launch
+# ("launch failed requeued held"), which nothing at `up` would show.
+_LONGEST_STEP_SOCKET = "_67043328.4294967291"
 _RUNTIME_ROOT = Path("/run/slurm-elastic")
 # slurm.conf cannot quote: a blank splits a value, '#' starts a comment, '%' is expanded
 # (SlurmdSpoolDir=.../%n), ',' and '=' separate AuthInfo's fields. A state directory outside
@@ -106,6 +110,10 @@ class ClusterLayout:
             problems.append(f"--port-base {self.port_base} puts ports outside 1024-65535 (last would be {last_port})")
         if len(str(self.munge_socket)) > _MAX_SOCKET_PATH:
             problems.append(f"--state-dir is too long for a unix socket path ({self.munge_socket})")
+        step_socket = self.longest_step_socket
+        if len(str(step_socket)) > _MAX_SOCKET_PATH:
+            problems.append(f"--state-dir {self.state_dir} is too long: slurmstepd's socket {step_socket} would be "
+                            f"{len(str(step_socket))} bytes (at most {_MAX_SOCKET_PATH}); choose a shorter directory")
         if problems:
             raise ClusterSetupError("; ".join(problems))
 
@@ -243,6 +251,12 @@ class ClusterLayout:
 
     def slurmd_spool(self, node: str) -> Path:
         return self.spool_root / node
+
+    @property
+    def longest_step_socket(self) -> Path:
+        """The longest path slurmstepd may give a step's unix socket in a node's spool."""
+        node = max((spec.name for spec in self.node_specs), key=len)
+        return self.slurmd_spool(node) / f"{node}{_LONGEST_STEP_SOCKET}"
 
     @property
     def env_file(self) -> Path:

@@ -260,13 +260,14 @@ class LocalCluster:
         try:
             self._start_munged(layout)
             self._start_ctld(layout, timeout)
-            self._forget_the_last_run(layout)
+            recovered = self._forget_the_last_run(layout)
             self._mark_spares_down(layout)
             serving = [spec.name for spec in layout.node_specs if not spec.spare]
             for name in serving:
                 self._start_slurmd(layout, name)
             self._resume_drained(serving, timeout)
             self.wait_for_nodes(serving, node_state_serving, timeout=timeout, what="IDLE")
+            self._wait_until_gone(recovered, timeout)
         except BaseException:
             # Never leave half a cluster behind: stop whatever this call started.
             try:
@@ -371,7 +372,7 @@ class LocalCluster:
 
         _wait_until(answering, timeout, f"slurmctld did not answer within {timeout:.0f} s; see {layout.ctld_log}")
 
-    def _forget_the_last_run(self, layout: ClusterLayout) -> None:
+    def _forget_the_last_run(self, layout: ClusterLayout) -> list[str]:
         """Cancel the jobs that slurmctld recovered from this directory's last run.
 
         After an unclean stop (daemons killed, the machine gone) slurmctld recovers the jobs it had and
@@ -384,6 +385,20 @@ class LocalCluster:
             self.slurm("scancel", *jobs, check=False)
             log.warning("cancelled %d job(s) recovered from the last run of %s (stopped uncleanly): %s",
                         len(jobs), self.state_dir, " ".join(jobs))
+        return jobs
+
+    def _wait_until_gone(self, jobs: list[str], timeout: float) -> None:
+        """Wait until the cancelled recovered jobs have left the queue.
+
+        A cancelled job that was running stays COMPLETING until its node's slurmd registers and confirms it
+        ended: a session that ran squeue right after `up` saw the killed run's job (seen in CI, 24.11).
+        """
+        deadline = time.monotonic() + timeout
+        while left := sorted(set(jobs) & set(self._job_ids()), key=lambda job: (len(job), job)):
+            if time.monotonic() >= deadline:
+                raise ClusterSetupError(f"job(s) recovered from the last run and cancelled are still listed after "
+                                        f"{timeout:.0f} s: {' '.join(left)}; see {self.layout.ctld_log}")
+            time.sleep(0.1)
 
     def _resume_drained(self, names: list[str], timeout: float) -> None:
         """Resume those of names that a state recovered from the last run left drained.

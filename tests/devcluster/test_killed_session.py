@@ -57,8 +57,8 @@ def _session(directory: Path, test: str, env: dict[str, str]) -> subprocess.Comp
                           capture_output=True, text=True, env=env, cwd=directory, timeout=300)
 
 
-def test_a_cluster_left_up_by_a_killed_session_is_started_afresh(tmp_path: Path) -> None:
-    state = tmp_path / "cluster"
+def test_a_cluster_left_up_by_a_killed_session_is_started_afresh(tmp_path: Path, short_cluster_dir: Path) -> None:
+    state = short_cluster_dir
     env = {**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(state)}
     env.pop("SLURM_CONF", None)
     try:

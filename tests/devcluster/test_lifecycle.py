@@ -29,8 +29,8 @@ def _free_port_base(count: int) -> int:
 
 
 @pytest.fixture
-def short_dir(tmp_path: Path) -> Path:
-    return tmp_path / "cluster"
+def short_dir(short_cluster_dir: Path) -> Path:
+    return short_cluster_dir
 
 
 def test_up_with_options_runs_a_job_and_down_leaves_nothing(short_dir: Path, tmp_path: Path) -> None:
