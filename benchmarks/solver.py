@@ -27,8 +27,9 @@ import time
 from dataclasses import replace
 
 from slurm_elastic.allocate import (AllocationProblem, JobRequest, LinearThroughput, NodeCapacity, Policy,
-                                    greedy_baseline, solve, table_throughput)
+                                    greedy_baseline, repair, solve, table_throughput)
 from slurm_elastic.allocate.instance import Instance
+from slurm_elastic.allocate.repair import with_current
 
 CASES = {
     "small": dict(jobs=100, nodes=64, gpn=8, mixed=False),
@@ -168,6 +169,59 @@ def exact_vs_two_stage(policy: Policy) -> list[dict[str, object]]:
     return rows
 
 
+# The warm path's sizes: jobs x nodes x 8 GPUs
+WARM_SIZES = {"medium": (1_000, 512), "large": (5_000, 2_048), "huge": (10_000, 16_384)}
+
+
+def warm_rows(sizes: list[str], policy: Policy) -> list[dict[str, object]]:
+    """After one node event, the full solve and `repair` side by side on the same problem.
+
+    The cycle before: the benchmark's cluster, solved in full, its answer carried out. Then "lost": the
+    node holding the most jobs goes; "gained": one of the down nodes comes back (8 GPUs, 64 CPUs, 512 GB).
+    Both answers are scored with the same Instance.objective, outside the timed part.
+    """
+    rows = []
+    for size in sizes:
+        jobs, nodes = WARM_SIZES[size]
+        problem = make_problem(jobs, nodes, 8, False, seed=1, policy=policy)
+        before = with_current(problem, solve(problem))
+        busiest = max(_holders(before).items(), key=lambda kv: (kv[1], kv[0]))[0]
+        down = next(n.name for n in before.nodes if n.gpus == 0)
+        events = {
+            "lost": replace(before, nodes=tuple(n for n in before.nodes if n.name != busiest)),
+            "gained": replace(before, nodes=tuple(NodeCapacity(n.name, 8, 64, 512_000) if n.name == down else n
+                                                  for n in before.nodes)),
+        }
+        for event, after in events.items():
+            row: dict[str, object] = {"size": size, "jobs": jobs, "nodes": nodes, "event": event}
+            inst = Instance(after)
+            for path, run in (("full", solve), ("repair", repair)):
+                c0 = time.process_time()
+                answer = run(after)
+                row[f"{path}_cpu_s"] = round(time.process_time() - c0, 3)
+                placed = [{inst.node_index[n]: g for n, g in answer.placement[j.key].items()} for j in after.jobs]
+                row[f"{path}_objective"] = round(inst.objective(placed), 4)
+                row[f"{path}_jobs_changed"] = sum(1 for j in after.jobs if answer.placement[j.key] != dict(j.current))
+                row[f"{path}_placement_violations"] = len(inst.violations(placed))
+                row[f"{path}_status"] = answer.status
+                if path == "full":
+                    row["full_bound"] = round(answer.bound, 4)
+            bound = float(row["full_bound"])
+            for path in ("full", "repair"):
+                row[f"{path}_gap_to_bound"] = round(max(bound - float(row[f"{path}_objective"]), 0.0) / bound, 5)
+            row["load_avg_1m"] = round(os.getloadavg()[0], 1)
+            rows.append(row)
+    return rows
+
+
+def _holders(problem: AllocationProblem) -> dict[str, int]:
+    count: dict[str, int] = {}
+    for job in problem.jobs:
+        for name in job.current:
+            count[name] = count.get(name, 0) + 1
+    return count
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
@@ -180,10 +234,32 @@ def main(argv: list[str] | None = None) -> int:
                     help="always run branch-and-bound on the counts MILP (Policy.lp_certificate=False)")
     ap.add_argument("--exact-vs-two-stage", action="store_true",
                     help="compare the exact per-node model with the two-stage method on small clusters")
+    ap.add_argument("--warm", metavar="SIZES", nargs="?", const="medium,large,huge",
+                    help="after one node lost and one gained: the full solve and the warm path (repair) side by "
+                         "side; sizes from " + ", ".join(WARM_SIZES) + " (default all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     policy = Policy(time_limit_s=args.time_limit or None, max_nodes=args.max_nodes, mip_rel_gap=args.gap,
                     lp_certificate=not args.no_lp_certificate)
+    if args.warm:
+        sizes = args.warm.split(",")
+        unknown = [s for s in sizes if s not in WARM_SIZES]
+        if unknown:
+            print(f"unknown --warm size {unknown[0]!r}; known: {', '.join(WARM_SIZES)}", file=sys.stderr)
+            return 2
+        rows = warm_rows(sizes, policy)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        print(f"{'jobs x nodes x 8':<20} {'event':<7} {'path':<7} {'cpu_s':>7} {'objective':>11} {'gap to bound':>12} "
+              f"{'changed':>7} {'violations':>10} {'status':<18} {'load':>5}")
+        for r in rows:
+            for path in ("full", "repair"):
+                print(f"{r['jobs']:,} x {r['nodes']:,}".ljust(20) + f" {r['event']:<7} {path:<7} "
+                      f"{r[path + '_cpu_s']:>7.3f} {r[path + '_objective']:>11.2f} {r[path + '_gap_to_bound']:>12.3%} "
+                      f"{r[path + '_jobs_changed']:>7} {r[path + '_placement_violations']:>10} "
+                      f"{r[path + '_status']:<18} {r['load_avg_1m']:>5}")
+        return 0
     if args.exact_vs_two_stage:
         rows = exact_vs_two_stage(policy)
         if args.json:

@@ -13,6 +13,7 @@ from slurm_elastic.allocate.problem import (
     ThroughputModel,
     Unplaceable,
 )
+from slurm_elastic.allocate.repair import RepairingSolver, repair
 from slurm_elastic.allocate.shapes import request_shape, shape_of
 from slurm_elastic.allocate.solver import greedy_baseline, solve
 from slurm_elastic.allocate.throughput import (
@@ -27,7 +28,8 @@ from slurm_elastic.errors import AllocationError
 
 __all__ = [
     "Allocation", "AllocationError", "AllocationProblem", "JobDecision", "JobRequest",
-    "LinearThroughput", "NodeCapacity", "PiecewiseThroughput", "Policy", "ThroughputModel", "Unplaceable",
-    "fit_throughput", "greedy_baseline", "read_metrics", "render_explanation", "request_shape", "shape_of",
+    "LinearThroughput", "NodeCapacity", "PiecewiseThroughput", "Policy", "RepairingSolver", "ThroughputModel",
+    "Unplaceable", "fit_throughput", "greedy_baseline", "read_metrics", "render_explanation", "repair",
+    "request_shape", "shape_of",
     "solve", "table_throughput", "throughput_from_checkpoints",
 ]

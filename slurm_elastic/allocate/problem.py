@@ -263,6 +263,7 @@ WITHIN_GAP = "within-gap"      # 0 < final gap <= mip_rel_gap
 ABOVE_GAP = "above-gap"        # a bound is proven, the answer is further from it than mip_rel_gap
 WORK_LIMIT = "work-limit-reached"
 TIME_LIMIT = "time-limit-reached"
+REPAIRED = "repaired"          # allocate/repair.py: untouched jobs kept, the rest solved; no bound on the whole
 
 
 def weakest_status(statuses: list[str]) -> str:
