@@ -353,7 +353,13 @@ class Reconciler:
         self.requests = requests if requests is not None else default_request_source(
             RequestSettings(measured_speed=config.measured_speed, hold_s=config.min_resize_interval_s,
                             objective=config.policy.objective), sizes=journal)
-        self.allocator = allocator if allocator is not None else solve
+        # On a large cluster a node event between two full solves is answered by the warm path
+        # (allocate/repair.py); small clusters, the simulator's among them, always get the full solve.
+        if allocator is None:
+            from slurm_elastic.allocate.repair import RepairingSolver   # HiGHS loads only where a solve runs
+
+            allocator = RepairingSolver(clock=clock, full=solve)
+        self.allocator = allocator
         self._clock = clock
         self._sleep = sleep
         self._available: frozenset[str] | None = None

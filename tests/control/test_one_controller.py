@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from slurm_elastic.allocate.repair import RepairingSolver
 from slurm_elastic.cli import main
 from slurm_elastic.control import reconcile
 from slurm_elastic.control.requests import MeasuredRequests
@@ -54,5 +55,6 @@ def test_daemon_rebalance_and_simulator_use_the_same_reconciler_and_request_sour
     assert all(type(r) is reconcile.Reconciler for r in made)
     assert [r.requests for r in made] == sources                 # each from the one factory
     assert all(type(s) is MeasuredRequests for s in sources)
-    assert all(r.allocator is reconcile.solve for r in made)     # the L1 MILP, unless told otherwise
+    # the L1 MILP, with the warm path between its full solves on large clusters, unless told otherwise
+    assert all(type(r.allocator) is RepairingSolver and r.allocator.full is reconcile.solve for r in made)
     policy.close()
