@@ -50,7 +50,7 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         return pools.solve_by_pool(problem, lambda p: solve(p, mode=mode))
     if users.claiming_users(problem):
         return users.solve_by_user(problem, lambda p: solve(p, mode=mode))
-    inst = Instance(problem)
+    inst = Instance(problem, validated=True)
     notes: list[str] = []
     if mode not in ("auto", "exact", "two-stage", "greedy"):
         raise AllocationError(f"unknown solve mode {mode!r} (auto, exact, two-stage, greedy)")
