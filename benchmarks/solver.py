@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -40,7 +41,11 @@ CASES = {
     "steady": dict(jobs=1_000, nodes=512, gpn=8, mixed=False, steady=True),
     # "medium" on a site of 4 partitions of 128 nodes, each job in one: solved pool by pool (allocate/pools.py)
     "partitioned": dict(jobs=1_000, nodes=512, gpn=8, mixed=False, partitions=4),
+    # the largest sites (issue 30's sizes); only when named: generating the cycle before takes minutes
+    "huge": dict(jobs=10_000, nodes=16_384, gpn=8, mixed=False),
+    "giant": dict(jobs=10_000, nodes=100_000, gpn=8, mixed=False),
 }
+DEFAULT_CASES = ("small", "medium", "large", "mixed", "steady", "partitioned")
 
 
 def make_problem(jobs: int, nodes: int, gpn: int, mixed: bool, seed: int = 0,
@@ -149,6 +154,8 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
         "objective_ge_greedy": last.objective >= greedy_obj - 1e-9,
         "placement_violations": len(bad),
         "jobs_changed": sum(1 for d in last.decisions if d.gpus_before != d.gpus_after),
+        # this process's peak so far (the generator's greedy cycle included): what the solve needs is below it
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
     }
 
 
@@ -224,7 +231,8 @@ def _holders(problem: AllocationProblem) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                    help="comma-separated: " + ", ".join(CASES) + " (default: all but huge and giant)")
     ap.add_argument("--runs", type=int, default=3, help="solves per case (median reported)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="wall-clock cap, s (0: none)")
     ap.add_argument("--max-nodes", type=int, default=Policy().max_nodes,
@@ -276,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     header = (f"{'case':<7} {'jobs x nodes x GPUs':<22} {'free':>6} {'status':<22} {'solve_s':>8} {'cpu_s':>7} "
               f"{'gap':>7} {'objective':>10} {'greedy':>10} {'greedy_s':>8} {'>=greedy':>8} {'changed':>7} "
-              f"{'load':>5}")
+              f"{'load':>5} {'rss_MiB':>7}")
     if not args.json:
         print(header)
     for name in args.cases.split(","):
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['case']:<7} {size:<22} {r['gpus_free']:>6} {r['status']:<22} {r['solve_s']:>8.3f} "
                   f"{r['solve_cpu_s']:>7.3f} {r['mip_gap']:>7.2%} {r['objective']:>10.2f} "
                   f"{r['greedy_objective']:>10.2f} {r['greedy_s']:>8.2f} {str(r['objective_ge_greedy']):>8} "
-                  f"{r['jobs_changed']:>7} {r['load_avg_1m']:>5}", flush=True)
+                  f"{r['jobs_changed']:>7} {r['load_avg_1m']:>5} {r['peak_rss_mib']:>7}", flush=True)
             if r["placement_violations"]:
                 print(f"  !! {r['placement_violations']} placement rule(s) broken", flush=True)
     if args.json:
