@@ -168,6 +168,11 @@ class InMemorySlurm:
 
     def hold(self, job_id: int) -> None:
         job = self._job("hold", job_id)
+        if job.state is JobState.RUNNING:
+            # Slurm takes it (priority 0, seen live on 22.05): the job runs on and carries the hold into its
+            # next requeue, where it waits for a release
+            self.jobs[job_id] = dataclasses.replace(job, held=True)
+            return
         if job.state is not JobState.PENDING:
             raise SlurmError(f"scontrol hold: job {job_id} is not pending")
         self.jobs[job_id] = dataclasses.replace(job, held=True, reason="JobHeldAdmin")
@@ -212,7 +217,9 @@ class InMemorySlurm:
     def release(self, job_id: int) -> None:
         job = self._job("release", job_id)
         if job.state is JobState.RUNNING:
-            return        # Slurm takes it (it clears a hold the job would carry into its next requeue)
+            # Slurm takes it: it clears a hold the job would carry into its next requeue
+            self.jobs[job_id] = dataclasses.replace(job, held=False)
+            return
         if not job.held:
             raise SlurmError(f"scontrol release: job {job_id} is not held")
         waiting = self.begin.get(job_id, 0) > self.now

@@ -62,12 +62,34 @@ def test_update_with_start_now_clears_begin_time_and_release_starts_it():
 def test_refusals_match_scontrol():
     slurm = InMemorySlurm()
     j = slurm.add_job(ElasticSpec(2, 8), nodes=1, gpus_per_node=2)
-    with pytest.raises(SlurmError):
-        slurm.hold(j)                      # running: hold is for pending jobs
     slurm.release(j)     # running: scontrol takes it (exit 0 on 22.05, held or not), it only clears a hold
     assert slurm.jobs[j].state is JobState.RUNNING
     with pytest.raises(SlurmError):
         slurm.set_resources(j, RequestShape(1, 4, 1, 1024))
+    slurm.finish(j)
+    with pytest.raises(SlurmError):
+        slurm.hold(j)                      # ended: nothing to hold
+
+
+def test_a_hold_of_a_running_job_is_carried_into_its_next_requeue_as_on_slurm():
+    # Real Slurm takes `scontrol hold` of a running job (priority 0): it runs on, and when a lost node
+    # requeues it, it stays held until released (seen live in CI on 22.05, where it stalled a test).
+    slurm = InMemorySlurm(nodes=2)
+    j = slurm.add_job(ElasticSpec(2, 8), nodes=1, gpus_per_node=2)
+    slurm.hold(j)
+    assert slurm.jobs[j].state is JobState.RUNNING
+    slurm.node_down(slurm.jobs[j].nodes[0])
+    slurm.schedule()
+    assert slurm.jobs[j].state is JobState.PENDING and slurm.jobs[j].held
+    slurm.release(j)
+    assert not slurm.jobs[j].held and slurm.jobs[j].reason == "BeginTime"   # a requeued job's wait, no more
+    # released while it runs: the next requeue starts it again
+    j2 = slurm.add_job(ElasticSpec(2, 8), nodes=1, gpus_per_node=2)
+    slurm.hold(j2)
+    slurm.release(j2)
+    slurm.node_down(slurm.jobs[j2].nodes[0])
+    slurm.schedule()
+    assert not slurm.jobs[j2].held
 
 
 def test_node_failure_requeues_without_hold_and_return_takes_work():
