@@ -65,13 +65,14 @@ def sbatch(args: tuple[str, ...]) -> None:
     """
     from slurm_elastic.cluster.cli_backend import sbatch_args
     from slurm_elastic.cluster.select import select_backend
-    from slurm_elastic.control.submit import parse_command_line, submission_notices, submit
+    from slurm_elastic.control.submit import SiteView, parse_command_line, submission_notices, submit
 
     request = parse_command_line(args)
     backend = select_backend()
-    for notice in submission_notices(backend, request):
+    site = SiteView.read(backend)          # the partitions and reservations, read once for both
+    for notice in submission_notices(backend, request, site=site):
         click.echo(f"slurm-elastic sbatch: note: {notice}", err=True)
-    description, job_id = submit(backend, request)
+    description, job_id = submit(backend, request, site)
     if job_id is None:
         click.echo(shlex.join(sbatch_args(description)))
         return

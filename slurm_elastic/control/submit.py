@@ -19,7 +19,7 @@ from slurm_elastic.allocate.shapes import request_shape
 from slurm_elastic.cluster.backend import Backend, SubmitDescription
 from slurm_elastic.cluster.model import ClusterState
 from slurm_elastic.cluster.partitions import PartitionReader, PartitionTimes
-from slurm_elastic.cluster.reservations import ReservationReader, blocking, open_nodes
+from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.cluster.sbatch_options import (SBATCH, Arg, Grammar, Parsed, directive_words,
                                                   foreign_directive_lines, parse)
 from slurm_elastic.cluster.shape import RequestShape
@@ -390,39 +390,56 @@ def describe_submission(request: SubmitRequest, shape: RequestShape) -> SubmitDe
                              extra_args=extra, script_args=request.script_args)
 
 
-def submission_notices(backend: Backend, request: SubmitRequest, now: float | None = None) -> tuple[str, ...]:
+@dataclass(frozen=True, slots=True)
+class SiteView:
+    """What a submission reads from Slurm about the site, once: the partitions' times and the reservations
+    (None where the backend cannot read them)."""
+
+    partitions: tuple[PartitionTimes, ...] | None
+    reservations: tuple[AdvanceReservation, ...] | None
+
+    @classmethod
+    def read(cls, backend: Backend) -> SiteView:
+        partitions = backend.partition_times() if isinstance(backend, PartitionReader) else None
+        if partitions is None:
+            log.info("the %s backend cannot read partitions: --time is not checked against MaxTime",
+                     type(backend).__name__)
+        reservations = backend.reservations() if isinstance(backend, ReservationReader) else None
+        if reservations is None:
+            log.info("the %s backend cannot read reservations: the reservations are not checked",
+                     type(backend).__name__)
+        return cls(partitions, reservations)
+
+
+def submission_notices(backend: Backend, request: SubmitRequest, now: float | None = None,
+                       site: SiteView | None = None) -> tuple[str, ...]:
     """What the user should know before the job runs and nothing refuses: a reservation that ends its requeues,
     reservations it is not in that keep it off their nodes."""
-    if not isinstance(backend, ReservationReader):
-        log.info("the %s backend cannot read reservations: the reservations are not checked",
-                 type(backend).__name__)
+    site = site or SiteView.read(backend)
+    if site.reservations is None:
         return ()
     now = time.time() if now is None else now
-    reservations = backend.reservations()
-    partitions = backend.partition_times() if isinstance(backend, PartitionReader) else ()
-    limit = time_limit.expected_limit_s(request.time_limit, request.partition, partitions)
-    notices = (time_limit.reservation_notice(request.time_limits, request.reservation, reservations, now)
+    limit = time_limit.expected_limit_s(request.time_limit, request.partition, site.partitions or ())
+    notices = (time_limit.reservation_notice(request.time_limits, request.reservation, site.reservations, now)
                if request.reservation else None,
-               time_limit.blocked_notice(limit, request.reservation, reservations, now))
+               time_limit.blocked_notice(limit, request.reservation, site.reservations, now))
     return tuple(n for n in notices if n)
 
 
-def submit(backend: Backend, request: SubmitRequest) -> tuple[SubmitDescription, int | None]:
+def submit(backend: Backend, request: SubmitRequest, site: SiteView | None = None
+           ) -> tuple[SubmitDescription, int | None]:
     """Check the time limit against the partition's, choose the initial shape and submit (or only describe
-    it, with `dry_run`)."""
-    partitions: tuple[PartitionTimes, ...] = ()
-    if isinstance(backend, PartitionReader):
-        partitions = backend.partition_times()
+    it, with `dry_run`). `site`: what was read for the notices, else read here."""
+    site = site or SiteView.read(backend)
+    partitions = site.partitions or ()
+    if site.partitions is not None:
         time_limit.check_partition_time(request.time_limits, request.time_limit, request.partition, partitions)
-    else:
-        log.info("the %s backend cannot read partitions: --time is not checked against MaxTime",
-                 type(backend).__name__)
     state = backend.snapshot()
     # Slurm starts the job in its partition (-p, else the default one), inside its reservation if it names
     # one: its size is chosen on those nodes
     allowed = partition_nodes(state, request.partition or next((p.name for p in partitions if p.is_default), ""))
-    if isinstance(backend, ReservationReader):
-        windows = {r.name: r for r in backend.reservations()}
+    if site.reservations is not None:
+        windows = {r.name: r for r in site.reservations}
         if request.reservation:
             inside = open_nodes(windows, request.reservation)
             allowed = inside if allowed is None else allowed & inside

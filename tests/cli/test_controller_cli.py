@@ -233,3 +233,21 @@ def test_every_help_has_an_example(command):
     result = run(*command, "--help")
     assert result.exit_code == 0
     assert "Example" in result.output and "slurm-elastic " + command[0] in result.output
+
+
+def test_sbatch_reads_the_partitions_and_reservations_once(slurm, script, monkeypatch):
+    # Each is an scontrol call on a real site: the notices and the sizing share one read.
+    reads = {"partitions": 0, "reservations": 0}
+    partitions, reservations = slurm.partition_times, slurm.reservations
+
+    def count(name, read):
+        def counted():
+            reads[name] += 1
+            return read()
+        return counted
+
+    monkeypatch.setattr(slurm, "partition_times", count("partitions", partitions))
+    monkeypatch.setattr(slurm, "reservations", count("reservations", reservations))
+    result = run("sbatch", "--ckpt-dir", str(script.parent / "ckpt"), str(script))
+    assert result.exit_code == 0, result.output
+    assert reads == {"partitions": 1, "reservations": 1}

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -111,6 +112,28 @@ class ElasticCluster:
                 text = what() if callable(what) else what
                 raise AssertionError(f"timed out after {timeout:.0f} s waiting for {text or predicate}")
             time.sleep(interval)
+
+    @contextmanager
+    def reservation(self, name: str, *fields: str, daemon_log: Path) -> Iterator[list[subprocess.Popen[str]]]:
+        """An advance reservation (`scontrol create reservation ReservationName=name fields...`) for one test.
+
+        Yields a list a test appends its daemon to; at the end, whatever happened: the daemon stopped (its
+        log's tail printed), every job cancelled, the reservation deleted.
+        """
+        self.cancel_all()
+        subprocess.run(["scontrol", "create", "reservation", f"ReservationName={name}", *fields], env=self.env,
+                       check=True, capture_output=True, text=True)
+        daemons: list[subprocess.Popen[str]] = []
+        try:
+            yield daemons
+        finally:
+            for daemon in daemons:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(60)
+                print(daemon_log.read_text()[-3000:])
+            self.cancel_all()
+            subprocess.run(["scontrol", "delete", f"ReservationName={name}"], env=self.env, check=False,
+                           capture_output=True)
 
     def job_outputs(self) -> str:
         """Every job's stdout/stderr (appended across restarts), for failure messages."""

@@ -9,7 +9,6 @@ grows it onto them: a requeue at 16 GPUs would leave it pending until the mainte
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 
@@ -24,12 +23,8 @@ NAME = "se-maint"
 
 def test_a_maintenance_to_come_keeps_elastic_jobs_off_its_nodes(elastic_cluster, tmp_path):
     cluster = elastic_cluster
-    cluster.cancel_all()
-    subprocess.run(["scontrol", "create", "reservation", f"ReservationName={NAME}", "StartTime=now+20minutes",
-                    "Duration=60", "Nodes=n3,n4", "Users=root", "Flags=MAINT"], env=cluster.env, check=True,
-                   capture_output=True, text=True)
-    daemon = None
-    try:
+    with cluster.reservation(NAME, "StartTime=now+20minutes", "Duration=60", "Nodes=n3,n4",
+                             "Users=root", "Flags=MAINT", daemon_log=tmp_path / "daemon.log") as daemons:
         # Slurm's rule, on this version: a job with no time limit does not start on nodes reserved later
         plain = subprocess.run(["sbatch", "--parsable", "-N4", "--gres=gpu:1", "--mem=500", "--job-name=plain",
                                 "--output=/dev/null", "--wrap", "sleep 30"], env=cluster.env, capture_output=True,
@@ -52,16 +47,8 @@ def test_a_maintenance_to_come_keeps_elastic_jobs_off_its_nodes(elastic_cluster,
         first = cluster.wait_for(lambda: (j := job()).state is JobState.RUNNING and j, 60,
                                  what=lambda: f"the job running; {cluster.slurm_view()}")
         assert first.gpus == 8 and set(first.nodes) == {"n1", "n2"}, first
-        daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0", "--speed", "linear",
-                               "--ack-timeout", "10", log=tmp_path / "daemon.log")
+        daemons.append(cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0",
+                                     "--speed", "linear", "--ack-timeout", "10", log=tmp_path / "daemon.log"))
         time.sleep(12)              # six daemon cycles with n3-n4 idle: it stays where Slurm can start it
         now = job()
         assert now.state is JobState.RUNNING and now.gpus == 8 and now.restarts == first.restarts, now
-    finally:
-        if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(60)
-            print((tmp_path / "daemon.log").read_text()[-3000:])
-        cluster.cancel_all()
-        subprocess.run(["scontrol", "delete", f"ReservationName={NAME}"], env=cluster.env, check=False,
-                       capture_output=True)

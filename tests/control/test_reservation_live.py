@@ -8,7 +8,6 @@ Slurm starts only there), never to the cluster's 16: a 16-GPU requeue would stay
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 
@@ -23,12 +22,8 @@ NAME = "se-course"
 
 def test_a_job_in_a_reservation_grows_to_what_the_reservation_holds(elastic_cluster, tmp_path):
     cluster = elastic_cluster
-    cluster.cancel_all()
-    subprocess.run(["scontrol", "create", "reservation", f"ReservationName={NAME}", "StartTime=now", "Duration=60",
-                    "Nodes=n1,n2", "Users=root", "Flags=IGNORE_JOBS"], env=cluster.env, check=True,
-                   capture_output=True, text=True)
-    daemon = None
-    try:
+    with cluster.reservation(NAME, "StartTime=now", "Duration=60", "Nodes=n1,n2", "Users=root",
+                             "Flags=IGNORE_JOBS", daemon_log=tmp_path / "daemon.log") as daemons:
         blocker = subprocess.run(["sbatch", "--parsable", f"--reservation={NAME}", "--nodelist=n2", "--gres=gpu:4",
                                   "--mem=1000", "--job-name=blocker", "--output=/dev/null", "--wrap", "sleep 3000"],
                                  env=cluster.env, capture_output=True, text=True, check=True)
@@ -44,8 +39,8 @@ def test_a_job_in_a_reservation_grows_to_what_the_reservation_holds(elastic_clus
         first = cluster.wait_for(lambda: (j := job()).state is JobState.RUNNING and j, 60,
                                  what=lambda: f"the job running; {cluster.slurm_view()}")
         assert first.gpus == 4 and first.nodes == ("n1",) and first.reservation == NAME
-        daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0", "--speed", "linear",
-                               "--ack-timeout", "10", log=tmp_path / "daemon.log")
+        daemons.append(cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--hysteresis", "0",
+                                     "--speed", "linear", "--ack-timeout", "10", log=tmp_path / "daemon.log"))
         subprocess.run(["scancel", str(blocker_id)], env=cluster.env, check=True)
         grown = cluster.wait_for(lambda: (j := job()).state is JobState.RUNNING and j.gpus > 4 and j, 180, 0.5,
                                  what=lambda: f"the job grown; {cluster.slurm_view()}")
@@ -53,11 +48,3 @@ def test_a_job_in_a_reservation_grows_to_what_the_reservation_holds(elastic_clus
         time.sleep(8)              # four daemon cycles: it stays at what the reservation holds
         now = job()
         assert now.state is JobState.RUNNING and now.gpus == 8 and now.restarts == grown.restarts, now
-    finally:
-        if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            daemon.wait(60)
-            print((tmp_path / "daemon.log").read_text()[-3000:])
-        cluster.cancel_all()
-        subprocess.run(["scontrol", "delete", f"ReservationName={NAME}"], env=cluster.env, check=False,
-                       capture_output=True)
