@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -149,11 +150,16 @@ class CycleReport:
                             for j, x in sorted(self.peer_losses.items())],
             "drained": list(self.drained), "resumed": list(self.resumed), "revived": list(self.revived),
             "gpus": {"total": self.gpus_total, "elastic": self.gpus_elastic, "free": self.gpus_free},
+            # no bound (greedy) or no score (the warm path): null, not JSON's invalid NaN
             "solver": None if alloc is None else {"status": alloc.status, "method": alloc.method,
-                                                  "objective": alloc.objective, "mip_gap": alloc.mip_gap,
-                                                  "bound": alloc.bound, "solve_s": alloc.solve_s,
-                                                  "notes": list(alloc.notes)},
+                                                  "objective": _finite(alloc.objective),
+                                                  "mip_gap": _finite(alloc.mip_gap), "bound": _finite(alloc.bound),
+                                                  "solve_s": alloc.solve_s, "notes": list(alloc.notes)},
         }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def scope_state(state: ClusterState, user: str | None) -> tuple[ClusterState, dict[int, str]]:

@@ -3,6 +3,8 @@ change (allocate/repair.py); its full solve still runs first and on its period."
 
 from __future__ import annotations
 
+import json
+
 from slurm_elastic.allocate.problem import REPAIRED
 from slurm_elastic.allocate.repair import RepairingSolver
 from slurm_elastic.cluster.memory import InMemorySlurm
@@ -40,3 +42,6 @@ def test_a_lost_node_between_full_solves_changes_only_the_job_that_ran_there(tmp
             assert report.target(j) == 4 and tuple(slurm.jobs[j].nodes) == where[j], j
     # a full solve would weigh the requeued job against the others; the warm path leaves them be
     assert report.target(victim) == 0
+    # `admin rebalance --json` shows the path; a score it did not compute is null, not NaN
+    solver = json.loads(json.dumps(report.to_json(), allow_nan=False, default=str))["solver"]
+    assert solver["status"] == REPAIRED and solver["objective"] is None and solver["bound"] is None
