@@ -42,6 +42,7 @@ CASES = {
     # "medium" on a site of 4 partitions of 128 nodes, each job in one: solved pool by pool (allocate/pools.py)
     "partitioned": dict(jobs=1_000, nodes=512, gpn=8, mixed=False, partitions=4),
     # the largest sites (issue 30's sizes); only when named: generating the cycle before takes minutes
+    "xlarge": dict(jobs=10_000, nodes=4_096, gpn=8, mixed=False),
     "huge": dict(jobs=10_000, nodes=16_384, gpn=8, mixed=False),
     "giant": dict(jobs=10_000, nodes=100_000, gpn=8, mixed=False),
 }
@@ -232,7 +233,7 @@ def _holders(problem: AllocationProblem) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                    help="comma-separated: " + ", ".join(CASES) + " (default: all but huge and giant)")
+                    help="comma-separated: " + ", ".join(CASES) + " (default: all but xlarge, huge and giant)")
     ap.add_argument("--runs", type=int, default=3, help="solves per case (median reported)")
     ap.add_argument("--time-limit", type=float, default=10.0, help="wall-clock cap, s (0: none)")
     ap.add_argument("--max-nodes", type=int, default=Policy().max_nodes,
