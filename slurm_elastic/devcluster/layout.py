@@ -110,10 +110,6 @@ class ClusterLayout:
             problems.append(f"--port-base {self.port_base} puts ports outside 1024-65535 (last would be {last_port})")
         if len(str(self.munge_socket)) > _MAX_SOCKET_PATH:
             problems.append(f"--state-dir is too long for a unix socket path ({self.munge_socket})")
-        step_socket = self.longest_step_socket
-        if len(str(step_socket)) > _MAX_SOCKET_PATH:
-            problems.append(f"--state-dir {self.state_dir} is too long: slurmstepd's socket {step_socket} would be "
-                            f"{len(str(step_socket))} bytes (at most {_MAX_SOCKET_PATH}); choose a shorter directory")
         if problems:
             raise ClusterSetupError("; ".join(problems))
 
@@ -257,6 +253,18 @@ class ClusterLayout:
         """The longest path slurmstepd may give a step's unix socket in a node's spool."""
         node = max((spec.name for spec in self.node_specs), key=len)
         return self.slurmd_spool(node) / f"{node}{_LONGEST_STEP_SOCKET}"
+
+    def check_step_sockets(self) -> None:
+        """Refuse a state directory too long for slurmstepd's sockets, before `up` writes anything.
+
+        Checked at `up` only: a cluster already in such a directory must still load, show and go down.
+        """
+        step_socket = self.longest_step_socket
+        if len(str(step_socket)) > _MAX_SOCKET_PATH:
+            raise ClusterSetupError(
+                f"--state-dir {self.state_dir} is too long: slurmstepd's socket {step_socket} would be "
+                f"{len(str(step_socket))} bytes (at most {_MAX_SOCKET_PATH}), and every batch job would fail to "
+                f"launch; choose a shorter directory")
 
     @property
     def env_file(self) -> Path:

@@ -254,6 +254,7 @@ class LocalCluster:
             preempt_mode=preempt_mode,
             grace_time_s=grace_time_s,
         )
+        layout.check_step_sockets()
         self._check_ports(layout)
         self._write_files(layout, version, lua_source)
         started = time.monotonic()

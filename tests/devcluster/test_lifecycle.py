@@ -149,3 +149,10 @@ def test_up_after_an_unclean_stop_runs_nothing_of_the_last_run(short_dir: Path, 
     finally:
         local.down()
     assert local.leftover_processes() == []
+
+
+def test_up_refuses_a_state_dir_too_long_for_slurmstepds_sockets_and_writes_nothing(short_cluster_dir: Path) -> None:
+    deep = short_cluster_dir.parent / ("d" * 60) / "cluster"
+    with pytest.raises(ClusterSetupError, match="too long: slurmstepd's socket"):
+        LocalCluster(deep).up(nodes=1, spares=0, port_base=_free_port_base(5))
+    assert not deep.exists(), "a refused `up` writes nothing"

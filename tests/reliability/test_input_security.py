@@ -226,14 +226,14 @@ def test_a_garbled_cluster_json_is_one_line(tmp_path: Path, name: str, command: 
 
 
 @pytest.mark.slurm
-def test_a_garbled_cluster_json_neither_strands_the_daemons_nor_blocks_a_new_up(tmp_path: Path) -> None:
+def test_a_garbled_cluster_json_neither_strands_the_daemons_nor_blocks_a_new_up(short_cluster_dir: Path) -> None:
     """down still stops what runs in the state directory; up on a garbled cluster.json starts afresh."""
     from slurm_elastic.devcluster import LocalCluster
     from slurm_elastic.devcluster.version import find_program
 
     if os.geteuid() != 0 or find_program("slurmctld") is None:
         pytest.skip("needs root and Slurm's daemons to start a local cluster")
-    state = tmp_path / "cluster"
+    state = short_cluster_dir
     local = LocalCluster(state)
     up = ["cluster", "up", "--state-dir", str(state), "--nodes", "1", "--spares", "0"]
     base = str(processes.free_port_base(5))
