@@ -86,15 +86,15 @@ def _solve_touched(problem: AllocationProblem, rest: list[JobRequest], room: dic
     bad = [job for job in rest
            if not placement_is_valid_shape(sub.placement.get(job.key, {}), full, whole)]
     if bad:
+        redone = {job.key for job in bad}
         gpus, placement = dict(sub.gpus), {k: dict(v) for k, v in sub.placement.items()}
         for job in rest:
-            if job not in bad:
+            if job.key not in redone:
                 _take(room, job, placement.get(job.key, {}))
         free = {name for name, r in room.items() if r[0] == full[name]}
         again = over(free, bad)
         gpus.update(again.gpus)
         placement.update({k: dict(v) for k, v in again.placement.items()})
-        redone = {job.key for job in bad}
         sub = replace(sub, gpus=gpus, placement=placement,
                       decisions=tuple(d for d in sub.decisions if d.key not in redone) + again.decisions,
                       notes=(*sub.notes, f"{len(bad)} spanning placement(s) on shared nodes re-solved over "
@@ -119,14 +119,10 @@ def _split(jobs: tuple[JobRequest, ...], room: dict[str, list[int]]) -> tuple[li
     still on it sends every one of them to the rest (the solve re-places them together).
     """
     holding = [job for job in jobs if job.current and _holds(job, room)]
-    use: dict[str, list[int]] = {}
+    left = {name: list(r) for name, r in room.items()}
     for job in holding:
-        for name, g in job.current.items():
-            u = use.setdefault(name, [0, 0, 0])
-            u[0] += g
-            u[1] += g * job.cpus_per_gpu
-            u[2] += g * job.mem_per_gpu_mb
-    over = {name for name, u in use.items() if any(a > b for a, b in zip(u, room[name]))}
+        _take(left, job, dict(job.current))
+    over = {name for name, r in left.items() if min(r) < 0}
     kept = {job.key for job in holding if not over.intersection(job.current)}
     return [job for job in jobs if job.key in kept], [job for job in jobs if job.key not in kept]
 
