@@ -200,6 +200,14 @@ IN_PLACE_WAIT_S: Setting[int] = Setting(
     "in_place_wait_s", 120, "Seconds a job template whose ranks lost a node watches for Slurm shrinking the "
     "job in place (else it waits for the requeue).", JOB, kind="int", env="SLURM_ELASTIC_IN_PLACE_WAIT_S",
     minimum=0, read_by="job_templates")
+KEEP_RANKS: Setting[int] = Setting(
+    "keep_ranks", 1, "After a lost node the surviving ranks keep their processes and re-form the group at "
+    "the new size (the job templates run the training command under slurm_elastic.train.regroup); 0: they "
+    "exit and are relaunched.", JOB, kind="int", env="SLURM_ELASTIC_KEEP_RANKS", minimum=0, maximum=1,
+    read_by="job_templates")
+GENERATION: Setting[int] = Setting(
+    "generation", 0, "How many times this srun step's surviving ranks re-formed their group (set by "
+    "slurm_elastic.train.regroup, not by users).", JOB, kind="int", env="SLURM_ELASTIC_GENERATION", minimum=0)
 LIMIT_WARNING_S: Setting[int] = Setting(
     "limit_warning_s", 0, "Seconds before its time limit a job gets the checkpoint signal and then requeues "
     "itself (set by `slurm-elastic sbatch --signal-before`; 0: none).", JOB, kind="int",
@@ -228,7 +236,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
     RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
-    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, LIMIT_WARNING_S, RUN_DEADLINE,
+    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, KEEP_RANKS, GENERATION, LIMIT_WARNING_S, RUN_DEADLINE,
     CLUSTER_DIR, PORT_SEARCH_START,
     CRASH_AFTER,
 )

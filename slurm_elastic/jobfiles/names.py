@@ -153,12 +153,15 @@ def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int, step
 #   lost              the first survivor to see a lost peer says so here; every rank looks
 #   status-<rank>.json  a survivor's completed step and state digest, after it stopped stepping
 #   decision.json     the agreed step and the committing rank (created once, never replaced)
+#   ready-<rank>.json  a survivor whose training thread can re-form the group in its process (train/regroup.py)
+#   regroup.json      whether the survivors re-form the group in place or exit to be relaunched (created once)
 # Only the job's own ranks write there; the controller reads only the peer-lost report.
 
 RUN_DIR_PREFIX = "run-"
 RENDEZVOUS_FILE = "rendezvous.json"
 LOST_FILE = "lost"
 DECISION_FILE = "decision.json"
+REGROUP_FILE = "regroup.json"
 
 
 def run_dir_name(slurm_job_id: str | int, restart_count: int, step_id: str | int) -> str:
@@ -176,3 +179,7 @@ def heartbeat_file_name(rank: int) -> str:
 
 def status_file_name(rank: int) -> str:
     return f"status-{int(rank)}.json"
+
+
+def ready_file_name(rank: int) -> str:
+    return f"ready-{int(rank)}.json"

@@ -385,12 +385,14 @@ class LayerCheckpointer:
         self.store.begin_step(step)
         return [self.store.write_tensors(step, g.file_name, state.groups[g.index], rank=rank) for g in self.groups]
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
+        """Remove the hooks and end the writer (wait=False: without waiting for a file it is still on)."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
         self._work.put(None)
-        self._writer.join()
+        if wait:
+            self._writer.join()
 
     # -- capture ---------------------------------------------------------------------------
     def _make_hook(self, slot: int) -> Callable[..., None]:

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurm_elastic import settings
 from slurm_elastic.errors import ElasticError
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class JobEnvironment:
     launcher: str                      # "slurm", "torchrun" or "single"
     node_name: str = ""                # the Slurm node name (not always the host name)
     step_id: int = 0                   # the srun step: ranks relaunched inside one job get a new one
+    generation: int = 0                # times this step's surviving ranks re-formed their group (train/regroup.py)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JobEnvironment:
@@ -74,6 +76,7 @@ class JobEnvironment:
             launcher="slurm",
             node_name=_node_name(env),
             step_id=_int(env, "SLURM_STEP_ID", 0),
+            generation=settings.GENERATION.read(env),
         )
 
     @classmethod

@@ -43,11 +43,12 @@ STARTUP_GRACE_S = 60.0
 
 
 class RunDirectory:
-    """`<job dir>/run-<job>-<restart>-<step>/`: small JSON files, each replaced whole by a rename."""
+    """`<job dir>/run-<job>-<restart>-<step>[.<generation>]/`: small JSON files, each replaced whole by a rename."""
 
-    def __init__(self, job_dir: str, job_id: str, restart_count: int, step_id: int) -> None:
+    def __init__(self, job_dir: str, job_id: str, restart_count: int, step_id: int, generation: int = 0) -> None:
         self.job_dir = job_dir
-        self.name = protocol.run_dir_name(job_id, restart_count, step_id)
+        # A group the survivors re-formed meets in a directory of its own (.1, .2, ...).
+        self.name = protocol.run_dir_name(job_id, restart_count, step_id) + (f".{generation}" if generation else "")
         self.path = os.path.join(job_dir, self.name)
         self.restart_count = restart_count
 
@@ -63,7 +64,9 @@ class RunDirectory:
         import shutil
 
         for name in os.listdir(self.job_dir):
-            parsed = protocol.parse_run_dir_name(name)
+            base, dot, generation = name.rpartition(".")
+            parsed = protocol.parse_run_dir_name(name) or (
+                protocol.parse_run_dir_name(base) if dot and generation.isdigit() else None)
             if parsed is not None and parsed[1] < self.restart_count:
                 shutil.rmtree(os.path.join(self.job_dir, name), ignore_errors=True)
 
@@ -284,6 +287,47 @@ def agree(run: RunDirectory, liveness: Liveness, status: Mapping[str, Any], *, w
             assert decision is not None
             return decision
         time.sleep(poll_s)
+
+
+def regroup_deadline_s(liveness_timeout_s: float) -> float:
+    """How long survivors wait for each other's training threads before giving up re-forming in place:
+    a thread whose collective failed gets there at once; one blocked with a frozen peer would take the
+    collective timeout, and the relaunch is cheaper than that."""
+    return liveness_timeout_s + 2.0
+
+
+def agree_to_regroup(run: RunDirectory, *, rank: int, survivors: Iterable[int], deadline_s: float,
+                     poll_s: float = 0.05) -> bool:
+    """Say this survivor's training thread is ready to re-form the group; True when every survivor is.
+
+    The outcome is one file created once (regroup.json): the first survivor to see all of them ready
+    writes go, the first to reach the deadline first writes no-go, and everyone follows the file, so no
+    survivor waits in a new group for one that exited.
+    """
+    ranks = sorted(int(r) for r in survivors)
+    run.publish(protocol.ready_file_name(rank), {"rank": rank, "time": time.time()})
+    end = time.monotonic() + deadline_s
+    while True:
+        outcome = run.read(protocol.REGROUP_FILE)
+        if outcome is not None:
+            return bool(outcome.get("go"))
+        missing = [r for r in ranks if not run.exists(protocol.ready_file_name(r))]
+        if not missing:
+            run.create_once(protocol.REGROUP_FILE, {"go": True, "survivors": ranks, "time": time.time()})
+        elif time.monotonic() >= end:
+            log.warning("rank %d: survivors %s not ready to re-form the group within %g s", rank, missing, deadline_s)
+            run.create_once(protocol.REGROUP_FILE, {"go": False, "not_ready": missing, "time": time.time()})
+        else:
+            time.sleep(poll_s)
+
+
+def give_up_regroup(run: RunDirectory, *, rank: int, why: str) -> None:
+    """No re-forming in place for this loss (unless the others already decided it): say so at once, for the
+    other survivors and for the job template, which then relaunches the ranks."""
+    try:
+        run.create_once(protocol.REGROUP_FILE, {"go": False, "not_ready": [rank], "why": why, "time": time.time()})
+    except OSError as exc:
+        log.warning("rank %d: cannot write %s: %s", rank, protocol.REGROUP_FILE, exc)
 
 
 def read_statuses(run: RunDirectory, world_size: int) -> dict[int, dict[str, Any]]:

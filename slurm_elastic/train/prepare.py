@@ -351,8 +351,8 @@ class ElasticLoop:
     # -- ending --------------------------------------------------------------------------------------
     def close(self) -> None:
         """Commit outstanding checkpoints and leave the process group (replaces destroy_process_group())."""
-        if self._closed:
-            return
+        if self._closed or self.session.regrouped:
+            return       # a session left for a re-formed group (train/regroup.py) is closed already
         if self._had_group and not dist.is_initialized():
             self._closed = True
             _flush()

@@ -22,7 +22,7 @@ from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.errors import CheckpointError, ElasticError, SpecError
 from slurm_elastic.spec import BatchRange, parse_batch_range
 from slurm_elastic import jobfiles as protocol
-from slurm_elastic.train import peers, rendezvous, start_line
+from slurm_elastic.train import peers, regroup, rendezvous, start_line
 from slurm_elastic.train.checkpointer import (
     DEFAULT_GROUP_BYTES,
     FinishedSnapshot,
@@ -130,13 +130,21 @@ class ElasticSession:
         self.heartbeat_s = heartbeat_s
         self.liveness_timeout_s = liveness_timeout_s
         self.jit_deadline_s = jit_deadline_s
-        self.run_dir = peers.RunDirectory(self.job_dir, self.env.job_id, self.env.restart_count, self.env.step_id)
+        self.run_dir = peers.RunDirectory(self.job_dir, self.env.job_id, self.env.restart_count, self.env.step_id,
+                                          self.env.generation)
         self._liveness: peers.Liveness | None = None
         # Held while the optimizer changes the state (and while rank 0 commits): a peer-loss
         # handler takes it and keeps it, so the state it reads is a whole step's.
         self._state_lock = threading.Lock()
         self._boundary_rng: dict[int, RawRng] = {}     # the last two step boundaries' generators
         self._peer_loss_lock = threading.Lock()
+        # Under slurm_elastic.train.regroup the survivors of a peer loss may go on in their processes;
+        # whichever thread handles the loss first, the training thread is the one that can unwind the loop.
+        self._keep_ranks = regroup.running() and self.env.launcher == "slurm"
+        self._loss_handled = threading.Event()         # the first handler's agreement (and commit) is done
+        self._training_thread_here = threading.Event()  # the training thread reached the loss too
+        self._decision: dict[str, Any] | None = None
+        self.regrouped = False                          # this session was left for a re-formed group
         # Adaptive batch (opt-in): the range from the argument, else from the wrapper's variable.
         text = batch if batch is not None else settings.BATCH.read()
         try:
@@ -201,6 +209,8 @@ class ElasticSession:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if self.regrouped:
+            return False          # left in _leave_for_regroup; the Regroup goes on to the runner
         if exc is not None and not _clean_exit(exc) and self.env.world_size > 1:
             self._peer_lost_behind(exc)       # does not return when a peer was lost
         if exc is None and self._ckpt is not None:
@@ -633,14 +643,21 @@ class ElasticSession:
         threading.Thread(target=self._peer_lost, args=(reason, "heartbeat"), name="peer-lost", daemon=True).start()
 
     def _peer_lost(self, reason: str, detected_by: str) -> None:
-        """Stop stepping, agree with the other survivors, commit if this rank is the committer,
-        exit with PEER_LOST_EXIT_CODE. Runs once per process; never returns."""
+        """Stop stepping, agree with the other survivors, commit if this rank is the committer; then go on in
+        this process at the new size (raises regroup.Regroup) where every survivor can, else exit with
+        PEER_LOST_EXIT_CODE. The agreement runs once per process; never returns."""
+        in_training_thread = threading.current_thread() is threading.main_thread()
         if not self._peer_loss_lock.acquire(blocking=False):
+            if in_training_thread and self._keep_ranks:
+                self._loss_handled.wait()
+                self._training_thread_here.set()
+                if self._decision is not None:
+                    self._regroup_or_exit(self._decision)
             while True:              # the first caller ends the process
                 time.sleep(3600)
         detected_at = time.time()
         log.error("rank %d: peer lost (%s); agreeing on the step to commit", self.rank, reason)
-        code = protocol.PEER_LOST_EXIT_CODE
+        decision: dict[str, Any] | None = None
         try:
             assert self._liveness is not None
             self._liveness.declare_lost(reason)
@@ -662,13 +679,64 @@ class ElasticSession:
                 self._report(decision, detected_by, detected_at, commit="none", committed_step=self.last_committed_step)
         except BaseException as exc:   # whatever happens here, the process must end with the peer-loss code
             log.exception("rank %d: handling the peer loss failed: %s", self.rank, exc)
-        finally:
-            log.error("rank %d: exiting with %d", self.rank, code)
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # A broken process group can hang in destroy/atexit; leave at once.
-            os._exit(code)
+            decision = None
+        if self._keep_ranks and decision is not None:
+            self._decision = decision
+            self._loss_handled.set()
+            if in_training_thread:
+                self._regroup_or_exit(decision)
+            # The training thread takes over when its own collective fails; blocked in one with a frozen
+            # peer it would wait the collective timeout, so after the survivors' readiness deadline the
+            # process ends as without regrouping (the others see it not ready and do the same).
+            if self._training_thread_here.wait(peers.regroup_deadline_s(self.liveness_timeout_s)):
+                return
+            peers.give_up_regroup(self.run_dir, rank=self.rank, why="its training thread is blocked")
+        self._loss_handled.set()
+        self._exit_peer_lost()
+
+    def _regroup_or_exit(self, decision: dict[str, Any]) -> None:
+        """The training thread, after the agreement: re-form the group with the other survivors in this
+        process (raises regroup.Regroup) when every one of them is ready to, else exit for a relaunch."""
+        try:
+            go = peers.agree_to_regroup(self.run_dir, rank=self.rank, survivors=decision["survivors"],
+                                        deadline_s=peers.regroup_deadline_s(self.liveness_timeout_s))
+            if go:
+                env = regroup.survivor_env(os.environ, decision, self.rank)
+                change = regroup.Regroup(env, rank=self.rank, new_rank=sorted(decision["survivors"]).index(self.rank),
+                                         world_size=len(decision["survivors"]), step=int(decision["step"] or 0))
+                self._leave_for_regroup()
+                log.info("rank %d: %s", self.rank, change)
+                raise change
+            log.warning("rank %d: not every survivor can go on in its process; exiting to be relaunched", self.rank)
+        except regroup.Regroup:
+            raise
+        except BaseException as exc:
+            log.exception("rank %d: re-forming the group failed: %s", self.rank, exc)
+        self._exit_peer_lost()
+
+    def _leave_for_regroup(self) -> None:
+        """What __exit__ would do, for a session whose process goes on: the liveness thread, the layer hooks
+        and the writer, the job directory, the signal handlers (the signal blocked again: one sent before
+        the next session's handler is in place stays pending). The runner leaves the process group."""
+        self.regrouped = True
+        if self._liveness is not None:
+            self._liveness.stop(peers.DONE)
+        if self._ckpt is not None:
+            self._ckpt.close(wait=False)     # halted: it writes nothing more
+        self.store.close()
+        sig = getattr(signal_module, "SIG" + self.signal_name)
+        signal_module.signal(sig, self._old_handler)
+        signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
+        signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
+
+    def _exit_peer_lost(self) -> None:
+        code = protocol.PEER_LOST_EXIT_CODE
+        log.error("rank %d: exiting with %d", self.rank, code)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # A broken process group can hang in destroy/atexit; leave at once.
+        os._exit(code)
 
     def _peer_lost_behind(self, exc: BaseException) -> None:
         """The session ends by an error (a raised exception, or an exit code other than 0 and the

@@ -1,0 +1,150 @@
+"""Keep the surviving ranks' processes through a lost peer: run the training command in this process and,
+when the survivors re-form their group, run it again there at the new size.
+
+    python -m slurm_elastic.train.regroup -m my_project.train --my-args
+    python -m slurm_elastic.train.regroup train.py --my-args
+
+The job templates start every rank this way (unless SLURM_ELASTIC_KEEP_RANKS=0).
+After a peer loss the survivors agree on the last step all of them completed and
+commit it (session.py); where every survivor's training thread can go on, they
+raise `Regroup` instead of exiting. It unwinds the user's loop (a BaseException:
+frameworks that catch Exception let it through); this runner leaves the broken
+process group, rewrites the Slurm variables to the survivors' coordinates and runs
+the command again in the same interpreter: torch and the user's modules stay
+imported, srun is not asked for a new step, and the new ElasticSession meets the
+other survivors in a run directory of the next generation and restores the step
+just committed (from the page cache it was written through).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurm_elastic import settings
+
+log = logging.getLogger(__name__)
+
+_running = False        # set by main(): only then may a session raise Regroup instead of exiting
+
+
+class Regroup(BaseException):
+    """The survivors re-form their group in this process; `env` is what changes in os.environ (None: unset)."""
+
+    def __init__(self, env: Mapping[str, str | None], *, rank: int, new_rank: int, world_size: int,
+                 step: int) -> None:
+        super().__init__(f"rank {rank} goes on as rank {new_rank} of {world_size} from step {step}")
+        self.env = dict(env)
+        self.rank, self.new_rank, self.world_size, self.step = rank, new_rank, world_size, step
+
+
+def running() -> bool:
+    """True inside `main`: the command can be run again, so a session may raise Regroup."""
+    return _running
+
+
+def survivor_env(environ: Mapping[str, str], decision: Mapping[str, Any], rank: int) -> dict[str, str | None]:
+    """The Slurm variables of `rank` in the group of `decision["survivors"]` (ranks renumbered in order).
+
+    The local rank (the GPU a rank uses) stays; nodes keep their order; MASTER_PORT is dropped so the new
+    rank 0 takes a fresh port from the kernel (train/rendezvous.py), and MASTER_ADDR too unless rank 0
+    is still the first rank.
+    """
+    survivors = sorted(int(r) for r in decision["survivors"])
+    node_of = {int(r): str(n) for r, n in decision["survivor_nodes"].items()}
+    nodes: list[str] = []
+    for r in survivors:
+        if node_of[r] not in nodes:
+            nodes.append(node_of[r])
+    per_node = [sum(1 for r in survivors if node_of[r] == n) for n in nodes]
+    new_rank = survivors.index(rank)
+    nodelist = ",".join(nodes)
+    tasks = ",".join(str(k) for k in per_node)
+    generation = settings.GENERATION.read(environ) + 1
+    env: dict[str, str | None] = {
+        "SLURM_PROCID": str(new_rank), "SLURM_NTASKS": str(len(survivors)), "SLURM_NPROCS": str(len(survivors)),
+        "SLURM_STEP_NUM_TASKS": str(len(survivors)), "SLURM_NODEID": str(nodes.index(node_of[rank])),
+        "SLURM_STEP_NUM_NODES": str(len(nodes)), "SLURM_NNODES": str(len(nodes)),
+        "SLURM_STEP_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+        "SLURM_STEP_TASKS_PER_NODE": tasks, "SLURM_TASKS_PER_NODE": tasks,
+        "MASTER_PORT": None, settings.GENERATION.env or "": str(generation),
+    }
+    if survivors[0] != 0:
+        env["MASTER_ADDR"] = None
+    return env
+
+
+def leave_group(timeout_s: float = 10.0) -> bool:
+    """Destroy the broken default process group; False when that did not return within `timeout_s`.
+
+    With gloo the survivors' sockets to the lost rank are already closed and destroy returns at once
+    (measured: under 10 ms); a thread bounds it all the same, since a hang here would cost the job
+    more than the relaunch it avoids.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return True
+    done = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:   # a broken group may refuse; what matters is that it is gone
+            log.debug("destroying the old process group: %s", exc)
+        done.set()
+
+    threading.Thread(target=destroy, name="leave-group", daemon=True).start()
+    return done.wait(timeout_s) and not dist.is_initialized()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    global _running
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or (args[0] == "-m" and len(args) < 2):
+        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+        print("usage: python -m slurm_elastic.train.regroup (-m MODULE | SCRIPT) [ARGS...]", file=sys.stderr)
+        return 2
+    module = args[1] if args[0] == "-m" else None
+    target = module or args[0]
+    rest = args[2:] if module else args[1:]
+    if module is None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))   # as `python script.py` does
+    _running = True
+    while True:
+        sys.argv = [target, *rest]
+        try:
+            if module is not None:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+            return 0
+        except Regroup as regroup:
+            t0 = time.monotonic()
+            if not leave_group():
+                print(f"slurm-elastic: rank {regroup.rank}: the old process group did not close; exiting to be "
+                      f"relaunched", file=sys.stderr, flush=True)
+                from slurm_elastic import jobfiles
+
+                os._exit(jobfiles.PEER_LOST_EXIT_CODE)
+            for name, value in regroup.env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            print(f"slurm-elastic: {regroup} in the same process (group left in {time.monotonic() - t0:.2f} s)",
+                  file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    # Run as -m this file is __main__; the sessions import slurm_elastic.train.regroup, whose flag and
+    # Regroup class are the ones that count.
+    from slurm_elastic.train import regroup as _module
+
+    sys.exit(_module.main())

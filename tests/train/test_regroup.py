@@ -1,0 +1,158 @@
+"""The survivors of a lost rank keep their processes and re-form the group at the new size (train/regroup.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic import jobfiles as protocol
+from slurm_elastic.train.regroup import survivor_env
+
+from .launch import rank_envs, wait_ranks
+
+NODES = ["nodeA", "nodeA", "nodeB"]
+DIGITS = ["-m", "slurm_elastic.train.examples.digits"]
+
+
+def _start(tmp_path: Path, name: str, steps: int, *, keep: bool = True, job_id: str = "51") -> tuple[list, Path]:
+    ckpt = tmp_path / name
+    log = tmp_path / f"{name}-loss.jsonl"
+    runner = ["-m", "slurm_elastic.train.regroup"] if keep else []
+    args = [*DIGITS, "--ckpt-dir", str(ckpt), "--steps", str(steps), "--every-steps", "7", "--step-sleep", "0.03",
+            "--loss-log", str(log), "--timeout-s", "600"]
+    procs = [subprocess.Popen([sys.executable, *runner, *args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for env in rank_envs(world_size=3, job_id=job_id, nodes=NODES)]
+    return procs, log
+
+
+def _rows(log: Path) -> list[dict]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def _wait_rows(log: Path, n: int, procs: list) -> None:
+    deadline = time.monotonic() + 180
+    while len(_rows(log)) < n:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "training stopped"
+        time.sleep(0.05)
+
+
+def _params(ckpt: Path, job_id: str) -> dict:
+    return json.loads((ckpt / job_id / "final-params.json").read_text())
+
+
+def test_survivors_go_on_in_their_processes_twice_and_end_with_the_weights_of_a_run_that_never_shrank(
+        tmp_path: Path) -> None:
+    steps = 45
+    procs, log = _start(tmp_path, "kept", steps)
+    try:
+        _wait_rows(log, 10, procs)
+        os.kill(procs[2].pid, signal.SIGKILL)          # nodeB's rank: 3 -> 2 ranks
+        procs[2].wait()
+        _wait_rows(log, 25, procs[:2])
+        os.kill(procs[1].pid, signal.SIGKILL)          # then 2 -> 1
+        procs[1].wait()
+        results = wait_ranks(procs[:1], timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    out = results[0].stdout
+    assert results[0].returncode == 0, out[-4000:]
+    # Rank 0 kept one process through both losses and went on at 2 ranks, then at 1.
+    assert "rank 0 goes on as rank 0 of 2" in out and "rank 0 goes on as rank 0 of 1" in out, out[-4000:]
+    assert out.count("slurm-elastic: started at step 0") == 1 and out.count("resumed at step") == 2
+    rows = _rows(log)
+    sizes = [r["world_size"] for r in rows]
+    assert sizes[0] == 3 and sizes[-1] == 1 and 2 in sizes
+    # No completed step lost: each generation resumed right after the last step every survivor completed.
+    report = protocol.PeerLostReport.parse((tmp_path / "kept" / "51" / protocol.peer_lost_file_name("51", 0, 0))
+                                           .read_bytes())
+    assert report.commit == "done" and report.world_size == 2    # the second loss's report (generation 1)
+    for before, after in zip(rows, rows[1:]):
+        assert after["step"] <= before["step"] + 1               # never a step skipped
+    assert rows[-1]["step"] == steps
+    # The math is unchanged: the same weights as 3 ranks throughout (float64, reduction order aside).
+    reference, ref_log = _start(tmp_path, "reference", steps, keep=False, job_id="52")
+    ref_results = wait_ranks(reference, timeout=240)
+    assert [r.returncode for r in ref_results] == [0, 0, 0], ref_results[0].stdout[-3000:]
+    kept, ref = _params(tmp_path / "kept", "51"), _params(tmp_path / "reference", "52")
+    assert kept["step"] == ref["step"] == steps
+    for name, values in ref["params"].items():
+        import torch
+
+        torch.testing.assert_close(torch.tensor(kept["params"][name]), torch.tensor(values), rtol=1e-9, atol=1e-9)
+
+
+def test_a_survivor_blocked_with_a_frozen_peer_makes_every_survivor_exit_for_the_relaunch(tmp_path: Path) -> None:
+    """A frozen rank holds the others' collective open: their training threads cannot unwind, so after
+    the readiness deadline they all exit with the peer-loss code (the template relaunches them)."""
+    procs, log = _start(tmp_path, "frozen", 100000)
+    try:
+        _wait_rows(log, 10, procs)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        results = wait_ranks(procs[:2], timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [r.returncode for r in results] == [protocol.PEER_LOST_EXIT_CODE] * 2, results[0].stdout[-3000:]
+    run = tmp_path / "frozen" / "51" / protocol.run_dir_name("51", 0, 0)
+    outcome = json.loads((run / protocol.REGROUP_FILE).read_text())
+    assert outcome["go"] is False
+    report = protocol.PeerLostReport.parse((tmp_path / "frozen" / "51" / protocol.peer_lost_file_name("51", 0, 0))
+                                           .read_bytes())
+    assert report.commit == "done"      # the commit stands: the relaunch resumes from it
+
+
+def test_survivor_coordinates_renumber_ranks_and_keep_nodes_in_order() -> None:
+    decision = {"survivors": [0, 1, 3], "survivor_nodes": {"0": "a", "1": "a", "3": "c"}}
+    env = survivor_env({"MASTER_PORT": "1234", "SLURM_ELASTIC_GENERATION": "1"}, decision, 3)
+    assert env["SLURM_PROCID"] == "2" and env["SLURM_NTASKS"] == "3" and env["SLURM_NODEID"] == "1"
+    assert env["SLURM_STEP_NODELIST"] == "a,c" and env["SLURM_STEP_TASKS_PER_NODE"] == "2,1"
+    assert env["SLURM_STEP_NUM_NODES"] == "2" and env["SLURM_ELASTIC_GENERATION"] == "2"
+    assert env["MASTER_PORT"] is None and "MASTER_ADDR" not in env     # rank 0 survived: its address stands
+    moved = survivor_env({}, {"survivors": [1, 2], "survivor_nodes": {"1": "a", "2": "b"}}, 1)
+    assert moved["SLURM_PROCID"] == "0" and moved["MASTER_ADDR"] is None and moved["SLURM_ELASTIC_GENERATION"] == "1"
+
+
+@pytest.mark.parametrize("argv", [[], ["-m"], ["--help"]])
+def test_the_runner_without_a_command_says_how_to_call_it(argv: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "slurm_elastic.train.regroup", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "usage: python -m slurm_elastic.train.regroup" in proc.stderr
+
+
+@pytest.mark.parametrize("catch", ["hydra", "lightning"])
+def test_survivors_go_on_in_their_processes_whatever_the_loop_does_with_the_error(tmp_path: Path, catch: str) -> None:
+    """The loss reaches the loop inside DDP's gradient all-reduce, where a Hydra-style runner catches it and
+    exits 1 (or a Lightning-style one raises its own error): the session still commits and the survivors
+    go on in their processes at the new size, to the last step."""
+    args = ["-m", "slurm_elastic.train.regroup", "-m", "tests.train.jit_trainer", "--ckpt-dir", str(tmp_path / "ckpt"),
+            "--log-dir", str(tmp_path), "--steps", "12", "--die", "2:6:bucket-first:kill", "--catch", catch]
+    procs = [subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=Path(__file__).resolve().parents[2])
+             for env in rank_envs(world_size=3, job_id="53", nodes=NODES)]
+    try:
+        results = wait_ranks(procs, timeout=240)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert results[2].returncode == -signal.SIGKILL
+    for rank, result in enumerate(results[:2]):
+        out = result.stdout
+        assert result.returncode == 0, out[-4000:]
+        went_on = out.find(f"rank {rank} goes on as rank {rank} of 2 from step 5")
+        assert went_on >= 0, out[-4000:]
+        if catch == "hydra":
+            assert 0 <= out.find("Error executing job") < went_on, out[-4000:]
+    applied = [json.loads(x)["step"] for x in (tmp_path / "applied-0.jsonl").read_text().splitlines()]
+    assert applied == list(range(1, 13)), applied     # every step once: 0 lost, none applied twice
