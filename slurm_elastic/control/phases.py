@@ -5,6 +5,10 @@ A restart the controller carried out (a journaled plan) is broken into
   failure -> detected -> ranks stopped -> checkpoint committed -> requeued -> relaunched -> running
           -> ranks attached -> first step
 
+or, where the survivors kept their processes (train/regroup.py; kind "peer loss, ranks kept"),
+
+  failure -> detected -> ranks stopped -> checkpoint committed -> group re-formed -> first step
+
 from these marks (each one may be missing; a phase with a missing end is not shown):
 
 Marks of the job's own incarnation are journaled when the controller acts (the next incarnation
@@ -16,6 +20,7 @@ removes the run directory and may replace the report), and read from the journal
 | detected | the report's `detected_at` | the plan opened (journal) |
 | ranks stopped | the survivors' `status-<rank>.json` in the run dir (the last one) | the signal sent (journal) |
 | checkpoint committed | the report, once `commit` is `done` (its mtime) | the ACK file (its mtime) |
+| group re-formed | `regroup.json` in the run dir saying go (its mtime) | - |
 | requeued / relaunched | the journal's `hold` step / the plan done (right after the release) | the same |
 | running | Slurm's start time of the next incarnation (1 s resolution) | the same |
 | ranks attached | `geometry.json` (written by rank 0 at every start) | the same |
@@ -29,6 +34,7 @@ metrics row comes up to the shim's metrics interval (5 s) after the first step.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -39,18 +45,21 @@ from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE
 from slurm_elastic import jobfiles as shim
-from slurm_elastic.jobfiles import read_metrics
+from slurm_elastic.jobfiles import read_metrics, read_user_file
 
 METRICS_TAIL_BYTES = 256 * 1024   # the rows after a restart are near the end
 
-MARKS = ("failed", "detected", "stopped", "committed", "requeued", "relaunched", "running", "attached",
+MARKS = ("failed", "detected", "stopped", "committed", "regrouped", "requeued", "relaunched", "running", "attached",
          "first_step")
 PHASE_NAMES = {
     "detected": "failure -> detected", "stopped": "detected -> ranks stopped",
-    "committed": "ranks stopped -> checkpoint committed", "requeued": "committed -> requeued",
+    "committed": "ranks stopped -> checkpoint committed", "regrouped": "committed -> group re-formed",
+    "requeued": "committed -> requeued",
     "relaunched": "requeued -> relaunched", "running": "relaunched -> running",
     "attached": "running -> ranks attached", "first_step": "ranks attached -> first step",
 }
+
+SKIP_NAMES = {("regrouped", "first_step"): "group re-formed -> first step"}   # ranks kept: no relaunch between
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +68,12 @@ class RestartPhases:
 
     job_id: int
     plan_id: int | None
-    kind: str                      # "peer loss" | "peer loss, in place" | "resize"
+    kind: str                      # "peer loss" | "peer loss, in place" | "peer loss, ranks kept" | "resize"
     failed: float | None = None
     detected: float | None = None
     stopped: float | None = None
     committed: float | None = None
+    regrouped: float | None = None
     requeued: float | None = None
     relaunched: float | None = None
     running: float | None = None
@@ -79,7 +89,8 @@ class RestartPhases:
             if at is None:
                 continue
             if last is not None:
-                name = PHASE_NAMES[mark] if last[0] == _before(mark) else f"{last[0]} -> {mark}"
+                name = (PHASE_NAMES[mark] if last[0] == _before(mark)
+                        else SKIP_NAMES.get((last[0], mark), f"{last[0]} -> {mark}"))
                 if self.kind.endswith("in place"):
                     name = name.replace("requeued", "shrunk")   # the same mark: the hold step, no requeue
                 out.append((name, round(at - last[1], 2)))
@@ -161,6 +172,15 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
         if directory is not None and owner_uid is not None and lost_step is not None:
             run_dir = os.path.join(directory, shim.run_dir_name(job.job_id, rec.restarts, lost_step + 1))
             relaunched = running = owned_mtime(os.path.join(run_dir, shim.RENDEZVOUS_FILE), owner_uid)
+    regrouped = _regrouped_at(directory, job, rec, lost_step, owner_uid) if in_place else None
+    if regrouped is not None:
+        # The survivors went on in their processes, before the daemon's shrink: that is not on the path.
+        kind, relaunched, running = "peer loss, ranks kept", None, None
+        first = (first_row_after(os.path.join(directory, shim.METRICS_FILE), regrouped - 1, owner_uid=owner_uid)
+                 if directory is not None and owner_uid is not None else None)
+        return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind=kind, failed=marks.get("failed", failed),
+                             detected=marks.get("detected", detected), stopped=marks.get("stopped", stopped),
+                             committed=marks.get("committed", committed), regrouped=regrouped, first_step=first)
     attached = first = None
     since = at.get("hold") if in_place else running   # in place: what follows the shrink (a 1-rank step has
     if since is not None and directory is not None and owner_uid is not None:   # no rendezvous file)
@@ -175,6 +195,23 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
                          # "release" is journaled before the credential gap is waited out; "done" right after it
                          relaunched=relaunched, running=running, attached=attached,
                          first_step=first)
+
+
+def _regrouped_at(directory: str | None, job: Job, rec: PlanRecord, lost_step: int | None,
+                  owner_uid: int | None) -> float | None:
+    """When the survivors of the lost step decided to go on in their processes (regroup.json saying go), if
+    they did: the file is the job's, read as its owner's (size, JSON); shown only."""
+    if directory is None or owner_uid is None or lost_step is None:
+        return None
+    path = os.path.join(directory, shim.run_dir_name(job.job_id, rec.restarts, lost_step), shim.REGROUP_FILE)
+    try:
+        data = read_user_file(path, owner_uid=owner_uid, max_bytes=4096, what="a regroup record")
+        body = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("go") is not True:
+        return None
+    return owned_mtime(path, owner_uid)
 
 
 def slurm_end(job: Job, *, owner_uid: int | None) -> dict[str, object] | None:

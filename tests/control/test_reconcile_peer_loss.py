@@ -483,3 +483,45 @@ def test_a_first_step_is_not_guessed_when_the_rows_since_the_restart_outgrew_the
     path.write_text("\n".join(many) + "\n")
     assert first_row_after(str(path), 104.5, owner_uid=os.getuid()) is None    # row 105 is not in the tail
     assert first_row_after(str(path), 100.0 + len(many) - 3.5, owner_uid=os.getuid()) == 100.0 + len(many) - 3
+
+
+def test_the_phases_of_a_loss_whose_survivors_kept_their_processes_end_at_their_first_step(tmp_path):
+    """The survivors re-formed the group before the daemon's shrink: the path is commit -> re-formed -> first
+    step (regroup.json's mtime, the first metrics row after it); the shrink is not on it."""
+    from slurm_elastic.cluster.model import Job
+    from slurm_elastic.control.phases import last_restart
+    from slurm_elastic.control.plan import Plan, PlanEntry
+
+    ckpt = tmp_path / "ckpt"
+    t = 1_800_000_000.0
+    job = Job(job_id=7, user="alice", name="j", state=JobState.RUNNING, nodes=("n1",), num_nodes=1,
+              gpus_per_node=1, restarts=0, start_time=t - 100, spec=ElasticSpec(1, 2, ckpt_dir=str(ckpt)))
+    journal = Journal(tmp_path / "j.sqlite")
+    plan = Plan(job_id=7, from_gpus=2, to_gpus=1, shape=RequestShape(1, 1, 1, 1),
+                entry=PlanEntry.RUNNING, reason="lost", forced=True, user="alice", exclude=("n2",))
+    pid = journal.open_plan(plan, restarts=0, now=t + 8)
+    journal.record(pid, "hold", IN_PLACE_NOTE, now=t + 9)
+    journal.finish(pid, "done", now=t + 9.5)
+
+    def mark(path: Path, at: float, text: str = "{}") -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        os.utime(path, (at, at))
+
+    jd = ckpt / "7"
+    body = _report(7, lost=("n2",), surviving=("n1",), world=2, detected_at=t + 0.5)
+    body["lost"] = [{"rank": 1, "node": "n2"}]
+    mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 5.5, json.dumps(body))
+    run = jd / shim.run_dir_name(7, 0, 0)
+    mark(run / shim.status_file_name(0), t + 0.6)
+    row = {"step": 42, "time": t + 6.5, "gpus": 1, "nodes": 1, "steps_per_s": 1.0, "samples_per_s": 48.0}
+    old = {**row, "step": 40, "time": t - 5, "gpus": 2, "nodes": 2}
+    mark(jd / shim.METRICS_FILE, t + 6.5, json.dumps(old) + "\n" + json.dumps(row) + "\n")
+    mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": False}))
+    assert last_restart(job, journal, owner_uid=os.getuid()).kind == "peer loss, in place"   # said no: relaunched
+    mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": True, "survivors": [0]}))
+    phases = last_restart(job, journal, owner_uid=os.getuid())
+    assert phases is not None and phases.kind == "peer loss, ranks kept"
+    assert phases.phases() == [("detected -> ranks stopped", 0.1), ("ranks stopped -> checkpoint committed", 4.9),
+                               ("committed -> group re-formed", 0.1), ("group re-formed -> first step", 0.9)]
+    assert phases.total_s() == 6.0
