@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 MAX_REPORT_BYTES = 64 * 1024   # a report is well under 1 KiB per lost rank; more is not the shim's
 STEPS_PROBED = 8               # srun steps per incarnation looked at (the templates run one)
 SETTLED = ("done", "failed", "none")
-STOPPED, IN_PLACE = "stopped", shim.RELAUNCHES_IN_PLACE   # what PeerLoss.launcher_stopped() says besides ""
+# what PeerLoss.launcher_stopped() says besides ""
+STOPPED, IN_PLACE, KEPT = "stopped", shim.RELAUNCHES_IN_PLACE, shim.RANKS_KEPT
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,10 @@ class PeerLoss:
     def launcher_stopped(self) -> str:
         """What the batch script said about this step's srun (jobfiles/names.py, launcher-stopped-J-R-S):
         "" nothing (it may still run: the release waits KillWait), STOPPED (SIGKILLed: no cancel of it can
-        reach the next incarnation) or IN_PLACE (stopped, and the script relaunches the ranks if the
-        running job is shrunk instead of requeued). Read when asked: the script writes it moments after
-        the report settles."""
+        reach the next incarnation), IN_PLACE (stopped, and the script relaunches the ranks if the
+        running job is shrunk instead of requeued) or KEPT (the survivors went on in their processes: the
+        script goes on in place, its srun still running). Read when asked: the script writes it moments
+        after the report settles."""
         if not self.launcher_marker or self.owner_uid is None:
             return ""
         try:
@@ -74,7 +76,8 @@ class PeerLoss:
             return ""
         if data is None:
             return ""
-        return IN_PLACE if LauncherStopped.parse_bytes(data).in_place else STOPPED
+        said = LauncherStopped.parse_bytes(data)
+        return KEPT if said.srun_running else IN_PLACE if said.in_place else STOPPED
 
     def marks(self) -> dict[str, float]:
         """The restart's marks this report gives (control/phases.py)."""

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 _STEPS = ("hold", "resize", "release")   # steps 3-5, after signal and ACK
 IN_PLACE = shim.RELAUNCHES_IN_PLACE      # the job's batch script relaunches the ranks in place
+KEPT = shim.RANKS_KEPT                   # its survivors went on in their processes (the srun still runs)
+STOPPED = "stopped"                      # its batch script SIGKILLed the step's srun (jobfiles LauncherStopped)
 IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)"
 
 CRASH_ENV = CRASH_AFTER.env
@@ -413,17 +415,18 @@ class RequeueProtocol:
     def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None, plan_id: int = 0) -> None:
         if running and plan is not None and plan.exclude and self._give_up_lost_nodes(job_id, plan.exclude):
             said = self._old_srun_stopped(job_id)
-            if said == IN_PLACE and self._fits_in_place(job_id, plan):
+            if said in (IN_PLACE, KEPT) and self._fits_in_place(job_id, plan):
                 self.journal.record(plan_id, "hold", IN_PLACE_NOTE)
                 self._in_place.add(plan_id)
-                log.info("job %d: shrunk in place to its surviving nodes; its batch script relaunches the ranks",
-                         job_id)
+                log.info("job %d: shrunk in place to its surviving nodes; %s", job_id,
+                         "its surviving ranks went on in their processes" if said == KEPT
+                         else "its batch script relaunches the ranks")
                 try:   # the job's own exclusion, for a later requeue; Slurm may refuse it on a running job
                     self.backend.exclude_nodes(job_id, plan.exclude)  # type: ignore[attr-defined]
                 except SlurmError as exc:
                     log.info("job %d: ExcNodeList not set while running (%s)", job_id, exc)
                 return
-            if said:
+            if said in (IN_PLACE, STOPPED):
                 log.info("job %d: its batch script stopped the old srun; releasing without the KillWait wait", job_id)
             else:
                 self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()

@@ -10,7 +10,7 @@ from slurm_elastic.jobfiles.metrics import MetricsCursor, MetricsRead, MetricsRo
 from slurm_elastic.jobfiles.names import (BATCH_ENV, BATCH_FILE, CKPT_DIR_ENV, DECISION_FILE, DEFAULT_SIGNAL, END_CAUSES,
                                           GEOMETRY_EXIT_CODE, GEOMETRY_FILE, JOB_KEY_ENV, LATEST_FILE,
                                           LAUNCHER_STOPPED_PREFIX, LOST_FILE, MANIFEST_FILE, METRICS_FILE,
-                                          PEER_LOST_EXIT_CODE, PEER_LOST_PREFIX, REGROUP_FILE, RELAUNCHES_IN_PLACE,
+                                          PEER_LOST_EXIT_CODE, PEER_LOST_PREFIX, RANKS_KEPT, REGROUP_FILE, RELAUNCHES_IN_PLACE,
                                           RENDEZVOUS_FILE, REQUEUE_EXIT_CODE, RUN_DIR_PREFIX, SIGNAL_ENV,
                                           STEP_DIR_PREFIX, ack_file_name, ack_path, batch_path, end_cause_file_name, geometry_path,
                                           heartbeat_file_name, job_dir, job_key, launcher_stopped_file_name,

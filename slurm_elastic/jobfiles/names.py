@@ -33,6 +33,7 @@ STEP_DIR_PREFIX = "step-"
 PEER_LOST_PREFIX = "peer-lost-"
 LAUNCHER_STOPPED_PREFIX = "launcher-stopped-"
 RELAUNCHES_IN_PLACE = "in-place"
+RANKS_KEPT = "kept"       # the survivors went on in their processes: the step's srun still runs
 
 _KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from slurm_elastic.errors import JobFileRefused
-from slurm_elastic.jobfiles.names import END_CAUSES, RELAUNCHES_IN_PLACE, end_cause_file_name
+from slurm_elastic.jobfiles.names import END_CAUSES, RANKS_KEPT, RELAUNCHES_IN_PLACE, end_cause_file_name
 from slurm_elastic.jobfiles.reading import field_float, field_int, field_object, read_user_file
 
 MAX_WORLD = 10**5
@@ -118,20 +118,27 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class LauncherStopped:
-    """`launcher-stopped-<job>-<restart>-<step>`, written by the batch script: it stopped that step's srun,
-    and says "in-place" when it relaunches the ranks if the running job is shrunk instead of requeued.
+    """`launcher-stopped-<job>-<restart>-<step>`, written by the batch script after a peer loss: it stopped
+    that step's srun ("stopped"), and relaunches the ranks if the running job is shrunk instead of requeued
+    ("in-place"); or the survivors went on in their processes and the srun still runs ("kept": the script
+    goes on in place too).
 
-    Plain text, not JSON (a shell writes it): any content other than "in-place" means stopped only.
+    Plain text, not JSON (a shell writes it): any other content means stopped only.
     """
 
     in_place: bool
+    srun_running: bool = False
 
     def to_bytes(self) -> bytes:
-        return (RELAUNCHES_IN_PLACE + "\n").encode() if self.in_place else b"stopped\n"
+        word = RANKS_KEPT if self.srun_running else RELAUNCHES_IN_PLACE if self.in_place else "stopped"
+        return (word + "\n").encode()
 
     @classmethod
     def parse_bytes(cls, data: bytes) -> LauncherStopped:
-        return cls(in_place=data.strip() == RELAUNCHES_IN_PLACE.encode())
+        word = data.strip()
+        if word == RANKS_KEPT.encode():
+            return cls(in_place=True, srun_running=True)
+        return cls(in_place=word == RELAUNCHES_IN_PLACE.encode())
 
 
 END_CAUSE_MAX_BYTES = 64

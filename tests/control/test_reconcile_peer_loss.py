@@ -179,16 +179,18 @@ def _crowded(tmp_path: Path):
     return slurm, a, others, tmp_path / "ckpt"
 
 
-def _in_place(ckpt: Path, job_id: int) -> None:
-    (ckpt / str(job_id) / shim.launcher_stopped_file_name(job_id, 0, 0)).write_text(shim.RELAUNCHES_IN_PLACE + "\n")
+def _in_place(ckpt: Path, job_id: int, word: str = shim.RELAUNCHES_IN_PLACE) -> None:
+    (ckpt / str(job_id) / shim.launcher_stopped_file_name(job_id, 0, 0)).write_text(word + "\n")
 
 
-def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeued(tmp_path):
+@pytest.mark.parametrize("word", [shim.RELAUNCHES_IN_PLACE, shim.RANKS_KEPT])
+def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeued(tmp_path, word):
+    """"in-place": the batch script relaunches the ranks; "kept": the survivors went on in their processes."""
     slurm, a, others, ckpt = _crowded(tmp_path)
     rec, clock = _reconciler(slurm, tmp_path)
     assert rec.cycle().plans == ()
     _write(ckpt, a, _report(a))
-    _in_place(ckpt, a)
+    _in_place(ckpt, a, word)
     report = rec.cycle()
     assert [p.job_id for p in report.plans] == [a] and report.outcomes[0].status == "done"
     job = slurm.jobs[a]
@@ -222,6 +224,19 @@ def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_p
     _in_place(ckpt, a)
     report = rec.cycle()
     assert report.plans[0].to_gpus == 8 and slurm.jobs[a].restarts == 1 and "n2" not in slurm.jobs[a].nodes
+
+
+def test_a_job_whose_kept_ranks_need_more_than_the_survivors_is_requeued_after_the_killwait_wait(cluster, tmp_path):
+    """"kept": the step's srun still runs (on the survivors, its lost node unanswered), so a requeue waits
+    KillWait as when the script said nothing: the old srun's last cancel must not reach the next step."""
+    slurm, a, _, ckpt = cluster
+    rec, clock = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a, shim.RANKS_KEPT)
+    report = rec.cycle()
+    assert report.plans[0].to_gpus == 8 and slurm.jobs[a].restarts == 1 and "n2" not in slurm.jobs[a].nodes
+    assert clock.skipped >= 30.0     # KillWait + 3 s, less what the cycle itself took
 
 
 def test_a_controller_that_dies_after_a_shrink_in_place_does_not_requeue_the_job_on_recovery(tmp_path):
