@@ -19,9 +19,11 @@ slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
   that node when a rigid job asks for it; seconds from the plan's opening (signal,
   checkpoint, ACK, requeue at the new size, start, first step).
 
-- in-place (run next, on the same cluster, its node back afterwards): a DDP job of
-  1-2 GPUs on two nodes with nothing free anywhere else; the daemon gives the lost
-  node up and does not requeue, the template relaunches the ranks on the survivor.
+- kept and in-place (run next, on the same cluster, its node back after each): a DDP
+  job of 1-2 GPUs on two nodes with nothing free anywhere else; the daemon gives the
+  lost node up and does not requeue. kept (the default): the survivor keeps its
+  process and re-forms the group alone (train/regroup.py); in-place
+  (SLURM_ELASTIC_KEEP_RANKS=0): the template relaunches the ranks on the survivor.
 
 Every other node is filled (3 GPUs each) by plain jobs, so the DDP job spans two
 nodes; the spare node is freed just before the loss. Each row is a mark of the
@@ -63,7 +65,8 @@ TEMPLATE = ROOT / "job_templates" / "ddp.sbatch"
 CLI = "import sys; from slurm_elastic.cli import main; sys.exit(main())"
 NODES = ("n1", "n2", "n3", "n4", "n5")
 LABELS = {"failed": "node lost (kill)", "detected": "detected (resize: plan opened)", "stopped": "ranks stopped",
-          "committed": "checkpoint committed", "requeued": "requeued (in place: shrunk)", "relaunched": "relaunched",
+          "committed": "checkpoint committed", "regrouped": "group re-formed (kept)",
+          "requeued": "requeued (in place: shrunk)", "relaunched": "relaunched",
           "running": "running (Slurm start)", "attached": "ranks attached", "first_step": "first step"}
 
 
@@ -102,12 +105,13 @@ def filler(env: dict[str, str], node: str, gpus: int = 3) -> int:
                   "--job-name=filler", "--output=/dev/null", "--wrap", "sleep 3000")
 
 
-def submit_ddp(env: dict[str, str], root: Path, gpus: str, loss_log: Path) -> int:
+def submit_ddp(env: dict[str, str], root: Path, gpus: str, loss_log: Path, *, keep_ranks: bool = True) -> int:
     out = subprocess.run([sys.executable, "-c", CLI, "sbatch", "--parsable", f"--gpus={gpus}",
                           f"--ckpt-dir={root / 'ckpt'}", f"--output={root}/%j.out", "--open-mode=append",
                           str(TEMPLATE), sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps",
                           "100000", "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600"],
-                         env=env, capture_output=True, text=True, check=True)
+                         env={**env, "SLURM_ELASTIC_KEEP_RANKS": "1" if keep_ranks else "0"}, capture_output=True,
+                         text=True, check=True)
     return int(out.stdout.strip())
 
 
@@ -117,8 +121,9 @@ def batch_host(env: dict[str, str], job_id: int) -> str:
 
 
 def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster, root: Path,
-                  fillers: dict[str, int]) -> dict[str, float]:
-    """A DDP job of 1-2 GPUs on two nodes with nothing free anywhere else loses one: shrunk in place.
+                  fillers: dict[str, int], *, keep_ranks: bool) -> dict[str, float]:
+    """A DDP job of 1-2 GPUs on two nodes with nothing free anywhere else loses one: shrunk in place, the
+    survivor's process kept (keep_ranks) or the ranks relaunched.
 
     Every node holds a 3-GPU filler; the fourth GPU of all but two nodes is taken too, so the job
     spans those two, and its survivor holds all it can get once one is lost. Afterwards the cluster
@@ -127,21 +132,26 @@ def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster,
     snap = backend.snapshot()
     free = [n.name for n in snap.nodes if n.gpus - n.gpus_alloc >= 1]
     extra = [filler(env, n, 1) for n in free[2:]]
-    loss_log = root / "inplace.jsonl"
-    job_id = submit_ddp(env, root, "1-2", loss_log)
+    loss_log = root / f"inplace-{keep_ranks}.jsonl"
+    job_id = submit_ddp(env, root, "1-2", loss_log, keep_ranks=keep_ranks)
     job = wait(lambda: (j := backend.snapshot().job(job_id)).state is JobState.RUNNING and len(j.nodes) == 2 and j,
                240, "the in-place job running on two nodes", 0.5)
     wait(lambda: len(rows_of(loss_log)) >= 5, 300, "the in-place job training", 0.5)
     victim = next(n for n in job.nodes if n != batch_host(env, job_id))
     failed = time.time()
     local.node_down(victim)
-    rows_before = len(rows_of(loss_log))
-    wait(lambda: len(rows_of(loss_log)) > rows_before + 2, 240, "the in-place job training again", 0.5)
-    state = backend.snapshot()
-    phases = last_restart(state.job(job_id), Journal(root / "daemon" / "journal.sqlite"),
-                          owner_uid=pwd.getpwnam("root").pw_uid)
-    if phases is None or phases.kind != "peer loss, in place" or state.job(job_id).restarts != 0:
-        raise SystemExit(f"the daemon did not shrink the job in place: {phases}")
+    kind = "peer loss, ranks kept" if keep_ranks else "peer loss, in place"
+
+    def shrunk_and_training():    # kept ranks train again before the daemon's shrink is journaled
+        if not [r for r in rows_of(loss_log) if r["world_size"] == 1][2:]:
+            return None
+        found = last_restart(backend.snapshot().job(job_id), Journal(root / "daemon" / "journal.sqlite"),
+                             owner_uid=pwd.getpwnam("root").pw_uid)
+        return found if found is not None and found.first_step is not None else None
+
+    phases = wait(shrunk_and_training, 240, "the in-place job shrunk and training again", 0.5)
+    if phases.kind != kind or backend.snapshot().job(job_id).restarts != 0:
+        raise SystemExit(f"the daemon did not shrink the job in place ({kind}): {phases}")
     marks = {"failed": failed, **{m: getattr(phases, m) for m in MARKS[1:] if getattr(phases, m) is not None}}
     subprocess.run(["scancel", str(job_id), *map(str, extra)], env=env, check=True)
     local.node_up(victim, timeout=120)
@@ -228,8 +238,8 @@ def main() -> None:
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
     daemon = None
-    marks: dict[str, dict[str, float]] = {"grow": {}, "rebalance-shrink": {}, "in-place": {}, "controller": {},
-                                          "plain-requeue": {}}
+    marks: dict[str, dict[str, float]] = {"grow": {}, "rebalance-shrink": {}, "kept": {}, "in-place": {},
+                                          "controller": {}, "plain-requeue": {}}
     try:
         # No hysteresis and the linear speed model: the resize case's grow comes at once and is a grow (the
         # digits job measures no faster at 2 CPU ranks); a lost node overrides hysteresis anyway.
@@ -242,7 +252,8 @@ def main() -> None:
         if not args.skip_resize:
             marks["grow"], marks["rebalance-shrink"] = resize_case(env, backend, root, fillers)
         if not args.skip_in_place:
-            marks["in-place"] = in_place_case(env, backend, local, root, fillers)
+            marks["kept"] = in_place_case(env, backend, local, root, fillers, keep_ranks=True)
+            marks["in-place"] = in_place_case(env, backend, local, root, fillers, keep_ranks=False)
         loss_log = root / "loss.jsonl"
         ddp = submit_ddp(env, root, "2-2", loss_log)
         job = wait(lambda: (j := backend.snapshot().job(ddp)).state is JobState.RUNNING and len(j.nodes) == 2 and j,

@@ -205,6 +205,10 @@ KEEP_RANKS: Setting[int] = Setting(
     "the new size (the job templates run the training command under slurm_elastic.train.regroup); 0: they "
     "exit and are relaunched.", JOB, kind="int", env="SLURM_ELASTIC_KEEP_RANKS", minimum=0, maximum=1,
     read_by="job_templates")
+MIN_GPUS: Setting[int] = Setting(
+    "min_gpus", 1, "The job's minimum GPU count (set by `slurm-elastic sbatch` from --gpus): its surviving ranks "
+    "go on in their processes only when at least this many survive a lost node.", JOB, kind="int",
+    env="SLURM_ELASTIC_MIN_GPUS", minimum=1)
 GENERATION: Setting[int] = Setting(
     "generation", 0, "How many times this srun step's surviving ranks re-formed their group (set by "
     "slurm_elastic.train.regroup, not by users).", JOB, kind="int", env="SLURM_ELASTIC_GENERATION", minimum=0)
@@ -236,7 +240,7 @@ SETTINGS: tuple[Setting[object], ...] = (
     DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
     RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
-    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, KEEP_RANKS, GENERATION, LIMIT_WARNING_S, RUN_DEADLINE,
+    CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, KEEP_RANKS, MIN_GPUS, GENERATION, LIMIT_WARNING_S, RUN_DEADLINE,
     CLUSTER_DIR, PORT_SEARCH_START,
     CRASH_AFTER,
 )

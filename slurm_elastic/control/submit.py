@@ -176,6 +176,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     if spec.ckpt_dir is None:
         spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
+    env[settings.MIN_GPUS.env or ""] = str(spec.min_gpus)   # survivors below it do not go on in place
     if spec.batch is not None:
         env[shim.BATCH_ENV] = spec.batch.to_text()   # the shim reads the range from here
     env.update(policy.env(submitted_at=time.time()))

@@ -680,7 +680,10 @@ class ElasticSession:
         except BaseException as exc:   # whatever happens here, the process must end with the peer-loss code
             log.exception("rank %d: handling the peer loss failed: %s", self.rank, exc)
             decision = None
-        if self._keep_ranks and decision is not None:
+        if self._keep_ranks and decision is not None and len(decision["survivors"]) < settings.MIN_GPUS.read():
+            # Below the job's minimum the controller requeues it: a stopped srun spares that the KillWait wait.
+            peers.give_up_regroup(self.run_dir, rank=self.rank, why="fewer survivors than the job's minimum GPUs")
+        elif self._keep_ranks and decision is not None:
             self._decision = decision
             self._loss_handled.set()
             if in_training_thread:

@@ -119,7 +119,8 @@ def test_sbatch_directives_and_dry_run_print_the_sbatch_command(slurm, script):
     # templates (unless the user set one).
     python = os.environ.get("SLURM_ELASTIC_PYTHON") or sys.executable
     assert line.endswith(f"--time=5 --ignore-pbs --signal=B:USR2@120 --export=ALL,SLURM_ELASTIC_CKPT_DIR=/scratch/ckpt,"
-                         f"SLURM_ELASTIC_LIMIT_WARNING_S=120,SLURM_ELASTIC_PYTHON={python} {script} arg1")
+                         f"SLURM_ELASTIC_MIN_GPUS=2,SLURM_ELASTIC_LIMIT_WARNING_S=120,SLURM_ELASTIC_PYTHON={python} "
+                         f"{script} arg1")
     assert line.count("--export") == 1
     assert not slurm.jobs
 
