@@ -13,9 +13,11 @@ _EXPORTS = {
     "ElasticSampler": "slurm_elastic.train.sampler",
     "BatchGeometry": "slurm_elastic.train.sampler",
     "JobEnvironment": "slurm_elastic.train.environment",
+    "Regroup": "slurm_elastic.train.regroup",
 }
 
-__all__ = ["BatchGeometry", "CheckpointStore", "ElasticSampler", "ElasticSession", "JobEnvironment", "LayerCheckpointer"]
+__all__ = ["BatchGeometry", "CheckpointStore", "ElasticSampler", "ElasticSession", "JobEnvironment", "LayerCheckpointer",
+           "Regroup"]
 
 
 def __getattr__(name: str) -> Any:

@@ -187,8 +187,9 @@ class Liveness:
                 if old is None or seq != old[0]:
                     self._seen[r] = (seq, now, body)
 
-    def gone(self, rank: int) -> bool:
-        """The rank ended cleanly, or its heartbeat stood still for the timeout."""
+    def gone(self, rank: int, within_s: float | None = None) -> bool:
+        """The rank ended cleanly, or its heartbeat stood still for the timeout (or `within_s`, shorter, where
+        the caller already knows a peer process died)."""
         with self._lock:
             seen = self._seen.get(rank)
         if seen is None:
@@ -197,7 +198,8 @@ class Liveness:
             # No heartbeat file yet: a rank starts beating only after the process group
             # is up, and a loaded node may take a while to get there.
             return time.monotonic() - seen[1] >= max(self.timeout_s, STARTUP_GRACE_S)
-        return seen[2].get("state", RUNNING) != RUNNING or time.monotonic() - seen[1] >= self.timeout_s
+        still = self.timeout_s if within_s is None else min(within_s, self.timeout_s)
+        return seen[2].get("state", RUNNING) != RUNNING or time.monotonic() - seen[1] >= still
 
     def node_of(self, rank: int) -> str | None:
         with self._lock:
@@ -262,9 +264,19 @@ class Liveness:
                 log.warning("rank %d: liveness check failed: %s", self.rank, exc)
 
 
+def died_quiet_s(interval_s: float) -> float:
+    """How long a rank's heartbeat must stand still to count it lost when a collective already said a peer
+    process died (its connection reset or closed: the peer's kernel answered for a process that is gone).
+    A live rank beats every interval whatever its training thread does, so two and a half intervals
+    without a beat, on top of that evidence, is a dead one, and the survivors need not wait the full
+    liveness timeout that a silent (frozen, unreachable) node needs."""
+    return 2.5 * interval_s
+
+
 def agree(run: RunDirectory, liveness: Liveness, status: Mapping[str, Any], *, world_size: int,
-          deadline_s: float, poll_s: float = 0.1) -> dict[str, Any]:
-    """Publish this survivor's status, wait until every rank has reported or is gone, and
+          deadline_s: float, poll_s: float = 0.1, died_quiet_s: float | None = None) -> dict[str, Any]:
+    """Publish this survivor's status, wait until every rank has reported or is gone (its heartbeat still
+    for the liveness timeout, or for `died_quiet_s` where this rank saw a peer process die), and
     return the decision (this rank's, or the one another survivor created first)."""
     rank = int(status["rank"])
     run.publish(protocol.status_file_name(rank), dict(status))
@@ -277,7 +289,7 @@ def agree(run: RunDirectory, liveness: Liveness, status: Mapping[str, Any], *, w
         missing = [r for r in range(world_size) if r not in statuses]
         liveness.observe(missing)
         late = time.monotonic() >= end
-        if all(liveness.gone(r) for r in missing) or late:
+        if all(liveness.gone(r, died_quiet_s) for r in missing) or late:
             if late and missing:
                 log.warning("rank %d: no status from ranks %s within %g s; counting them as lost",
                             rank, missing, deadline_s)

@@ -670,7 +670,9 @@ class ElasticSession:
                     log.warning("rank %d: the checkpoint writer is still busy; going on without it", self.rank)
                 state = self._ckpt.replica_state() if self.jit else None
             decision = peers.agree(self.run_dir, self._liveness, self._status(state), world_size=self.world_size,
-                                   deadline_s=self.jit_deadline_s)
+                                   deadline_s=self.jit_deadline_s,
+                                   died_quiet_s=peers.died_quiet_s(self.heartbeat_s) if _a_peer_died(reason)
+                                   else None)
             log.info("rank %d: survivors agreed: %s", self.rank, decision["reason"])
             if decision["committer"] == self.rank:
                 assert state is not None
@@ -919,6 +921,12 @@ def _is_peer_loss(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(s in text for s in
                                                  ("Gloo", "gloo", "Connection", "timed out", "Timed out", "NCCL"))
+
+
+def _a_peer_died(reason: str) -> bool:
+    """The error says a peer's kernel closed its end (a reset or closed connection, a broken pipe): its
+    process is gone, not slow. A timeout says nothing of the kind."""
+    return any(s in reason for s in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
 
 
 def _json_or_none(obj: Any) -> Any:

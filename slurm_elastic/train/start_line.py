@@ -25,6 +25,8 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
     job, restart = str(env.job_id), env.restart_count
     lost = [parsed for parsed in map(protocol.parse_peer_lost_file_name, names)
             if parsed is not None and parsed[0] == job]
+    if env.generation > 0:
+        return "a lost peer (the survivors committed and went on in their processes)"
     if any(r == restart and s < env.step_id for _, r, s in lost):
         return "a lost peer (the survivors committed and were relaunched in place)"
     if restart > 0 and protocol.ack_file_name(job, restart - 1) in names:
