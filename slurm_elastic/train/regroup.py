@@ -119,27 +119,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     _running = True
     while True:
         sys.argv = [target, *rest]
-        try:
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(target, run_name="__main__")
-            return 0
-        except Regroup as regroup:
-            t0 = time.monotonic()
-            if not leave_group():
-                print(f"slurm-elastic: rank {regroup.rank}: the old process group did not close; exiting to be "
-                      f"relaunched", file=sys.stderr, flush=True)
-                from slurm_elastic import jobfiles
+        regroup = _run_once(module, target)
+        if not isinstance(regroup, Regroup):
+            return regroup
+        t0 = time.monotonic()
+        if not leave_group():
+            print(f"slurm-elastic: rank {regroup.rank}: the old process group did not close; exiting to be "
+                  f"relaunched", file=sys.stderr, flush=True)
+            from slurm_elastic import jobfiles
 
-                os._exit(jobfiles.PEER_LOST_EXIT_CODE)
-            for name, value in regroup.env.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            print(f"slurm-elastic: {regroup} in the same process (group left in {time.monotonic() - t0:.2f} s)",
-                  file=sys.stderr, flush=True)
+            os._exit(jobfiles.PEER_LOST_EXIT_CODE)
+        for name, value in regroup.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        print(f"slurm-elastic: {regroup} in the same process (group left in {time.monotonic() - t0:.2f} s)",
+              file=sys.stderr, flush=True)
+
+
+def _run_once(module: str | None, target: str) -> int | Regroup:
+    """Run the command as `python` would; its Regroup, or the exit code of an uncaught error.
+
+    An error the script does not catch goes to sys.excepthook, as at the top of an interpreter:
+    ElasticLoop's hook hands a lost peer to the session there, which may answer with Regroup.
+    SystemExit passes on (the process exits with its code)."""
+    try:
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+        return 0
+    except Regroup as regroup:
+        return regroup
+    except SystemExit:
+        raise
+    except BaseException as exc:     # KeyboardInterrupt too: the interpreter would report it the same way
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        except Regroup as regroup:
+            return regroup
+        return 1
 
 
 if __name__ == "__main__":

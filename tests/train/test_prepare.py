@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -415,3 +416,27 @@ def test_clipping_a_micro_batch_waits_for_the_whole_steps_gradient(tmp_path: Pat
         assert all(n > 0.5 for n in norms)                       # the norm is still measured and returned
     for a, b in zip(updates[4], updates[2]):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), (a, b)
+
+
+def test_under_the_regroup_runner_the_survivors_of_a_lost_rank_finish_in_their_processes(tmp_path: Path) -> None:
+    """The tutorial as its author wrote it (no `with`, the peer loss uncaught in its backward): the error
+    reaches ElasticLoop's excepthook, whose session answers with Regroup; the runner (train/regroup.py)
+    runs the script again in the same process at 2 ranks, and both finish the run."""
+    procs = start_ranks("slurm_elastic.train.regroup", ["-m", "multigpu_elastic", "2", "1", "--snapshot_path",
+                                                          str(tmp_path / "snapshot.pt")],
+                        world_size=3, job_id="315",
+                        extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
+    assert procs[0].stdout is not None
+    head = []
+    for line in procs[0].stdout:
+        head.append(line)
+        if "[RANK0] Epoch 0" in line:
+            break
+    time.sleep(1.0)
+    procs[2].kill()
+    results = wait_ranks(procs, timeout=600)
+    outs = ["".join(head) + results[0].stdout, results[1].stdout]
+    for rank, (r, out) in enumerate(zip(results[:2], outs)):
+        assert r.returncode == 0, out[-3000:]
+        assert f"rank {rank} goes on as rank {rank} of 2" in out, out[-3000:]
+        assert f"[RANK{rank}] Epoch 1 | Batchsize: 4 | Steps: " in out, out[-3000:]    # the run's last epoch
