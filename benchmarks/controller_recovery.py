@@ -157,7 +157,9 @@ def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster,
     local.node_up(victim, timeout=120)
     wait(lambda: not [j for j in backend.snapshot().jobs if j.job_id in (job_id, *extra) and not j.state.finished],
          120, "the in-place case's jobs gone")
-    # The victim's filler died with its slurmd; once Slurm has ended it, the node gets a new one.
+    # The victim's filler died with its slurmd; Slurm, told by nobody (SlurmdTimeout), may still call it
+    # running after the node's slurmd is back, so it is cancelled, and the node gets a new one.
+    subprocess.run(["scancel", str(fillers[victim])], env=env, check=True)
     wait(lambda: backend.snapshot().job(fillers[victim]).state.finished, 120, "the lost node's filler ended")
     fillers[victim] = filler(env, victim)
     wait(lambda: all(backend.snapshot().job(j).state is JobState.RUNNING for j in fillers.values()), 60,
