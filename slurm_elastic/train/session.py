@@ -690,6 +690,9 @@ class ElasticSession:
             self._loss_handled.set()
             if in_training_thread:
                 self._regroup_or_exit(decision)
+            # The state is committed and the next session restores it, so the training thread may step
+            # on: held here, the lock would keep it from the collective whose failure brings it over.
+            self._state_lock.release()
             # The training thread takes over when its own collective fails; blocked in one with a frozen
             # peer it would wait the collective timeout, so after the survivors' readiness deadline the
             # process ends as without regrouping (the others see it not ready and do the same).
@@ -703,6 +706,11 @@ class ElasticSession:
         """The training thread, after the agreement: re-form the group with the other survivors in this
         process (raises regroup.Regroup) when every one of them is ready to, else exit for a relaunch."""
         try:
+            # Leave the old group first: a survivor whose training thread still waits in a collective on
+            # this rank (it saw the loss only through the `lost` file) gets its error now, not at the
+            # collective timeout. With this rank's sockets closed it can go no other way but on.
+            if not regroup.leave_group():
+                peers.give_up_regroup(self.run_dir, rank=self.rank, why="the old process group did not close")
             go = peers.agree_to_regroup(self.run_dir, rank=self.rank, survivors=decision["survivors"],
                                         deadline_s=peers.regroup_deadline_s(self.liveness_timeout_s))
             if go:

@@ -40,7 +40,11 @@ def _rows(log: Path) -> list[dict]:
 def _wait_rows(log: Path, n: int, procs: list) -> None:
     deadline = time.monotonic() + 180
     while len(_rows(log)) < n:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "training stopped"
+        if time.monotonic() >= deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            outs = [p.communicate(timeout=60)[0] for p in procs]
+            raise AssertionError("training stopped:\n" + "\n----\n".join(o[-3000:] for o in outs))
         time.sleep(0.05)
 
 
