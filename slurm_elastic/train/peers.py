@@ -328,7 +328,8 @@ def agree_to_regroup(run: RunDirectory, *, rank: int, survivors: Iterable[int], 
             run.create_once(protocol.REGROUP_FILE, {"go": True, "survivors": ranks, "time": time.time()})
         elif time.monotonic() >= end:
             log.warning("rank %d: survivors %s not ready to re-form the group within %g s", rank, missing, deadline_s)
-            run.create_once(protocol.REGROUP_FILE, {"go": False, "not_ready": missing, "time": time.time()})
+            run.create_once(protocol.REGROUP_FILE, {"go": False, "not_ready": missing, "time": time.time(),
+                                                    "why": f"survivors {missing} not ready within {deadline_s:g} s"})
         else:
             time.sleep(poll_s)
 
@@ -336,6 +337,7 @@ def agree_to_regroup(run: RunDirectory, *, rank: int, survivors: Iterable[int], 
 def give_up_regroup(run: RunDirectory, *, rank: int, why: str) -> None:
     """No re-forming in place for this loss (unless the others already decided it): say so at once, for the
     other survivors and for the job template, which then relaunches the ranks."""
+    log.warning("rank %d: the survivors do not go on in their processes: %s; exiting to be relaunched", rank, why)
     try:
         run.create_once(protocol.REGROUP_FILE, {"go": False, "not_ready": [rank], "why": why, "time": time.time()})
     except OSError as exc:

@@ -136,6 +136,10 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
             assert report.detected_by == "heartbeat", report   # no connection closed: nothing else could tell
         resumed = [r["step"] for r in json_lines(loss_log)[rows_at_restart:]]
         assert resumed[0] == report.committed_step + 1, (report.committed_step, resumed[:5])
+        # The job's output says which path it took and why: a 2-2 GPU job's lone survivor is below its minimum.
+        output = (cluster.root / "out" / f"{job_id}.out").read_text()
+        assert "do not go on in their processes (fewer survivors than the job's minimum GPUs)" in output, \
+            output[-3000:]
         # admin status breaks the restart into its phases, from the marks the job and the daemon wrote.
         status = json.loads(cluster.cli("admin", "status", "--json").stdout)
         last = next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
