@@ -8,8 +8,8 @@ The job templates start every rank this way (unless SLURM_ELASTIC_KEEP_RANKS=0).
 After a peer loss the survivors agree on the last step all of them completed and
 commit it (session.py); where every survivor's training thread can go on, they
 raise `Regroup` instead of exiting. It unwinds the user's loop (a BaseException:
-frameworks that catch Exception let it through); this runner leaves the broken
-process group, rewrites the Slurm variables to the survivors' coordinates and runs
+frameworks that catch Exception let it through); the session has left the broken
+process group (this runner makes sure it is gone), and the runner rewrites the Slurm variables to the survivors' coordinates and runs
 the command again in the same interpreter: torch and the user's modules stay
 imported, srun is not asked for a new step, and the new ElasticSession meets the
 other survivors in a run directory of the next generation and restores the step

@@ -730,7 +730,7 @@ class ElasticSession:
     def _leave_for_regroup(self) -> None:
         """What __exit__ would do, for a session whose process goes on: the liveness thread, the layer hooks
         and the writer, the job directory, the signal handlers (the signal blocked again: one sent before
-        the next session's handler is in place stays pending). The runner leaves the process group."""
+        the next session's handler is in place stays pending). The group was left in _regroup_or_exit."""
         self.regrouped = True
         if self._liveness is not None:
             self._liveness.stop(peers.DONE)

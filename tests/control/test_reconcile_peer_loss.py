@@ -443,6 +443,13 @@ def test_a_backend_that_cannot_exclude_nodes_never_acts_on_reports(tmp_path):
     assert rec.cycle().plans == ()
 
 
+def _mark(path: Path, at: float, text: str = "{}") -> None:
+    """A job file written at `at` (its mtime is the mark phases.py reads)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.utime(path, (at, at))
+
+
 def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(tmp_path):
     from slurm_elastic.cluster.model import Job
     from slurm_elastic.control.phases import last_restart
@@ -460,20 +467,15 @@ def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(t
         journal.record(pid, step, now=at)
     journal.finish(pid, "done", now=t + 8)
 
-    def mark(path: Path, at: float, text: str = "{}") -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        os.utime(path, (at, at))
-
     jd = ckpt / "7"
     body = _report(7, lost=("n2",), surviving=("n1",), world=2, detected_at=t + 0.5)
     body["lost"] = [{"rank": 1, "node": "n2"}]
-    mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 3, json.dumps(body))
-    mark(jd / shim.run_dir_name(7, 0, 0) / shim.status_file_name(0), t + 1.5)
-    mark(jd / shim.GEOMETRY_FILE, t + 20)
+    _mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 3, json.dumps(body))
+    _mark(jd / shim.run_dir_name(7, 0, 0) / shim.status_file_name(0), t + 1.5)
+    _mark(jd / shim.GEOMETRY_FILE, t + 20)
     row = {"step": 42, "time": t + 25, "gpus": 2, "nodes": 2, "steps_per_s": 1.0, "samples_per_s": 48.0}
     old = {**row, "step": 40, "time": t - 5}
-    mark(jd / shim.METRICS_FILE, t + 25, json.dumps(old) + "\n" + json.dumps(row) + "\n")
+    _mark(jd / shim.METRICS_FILE, t + 25, json.dumps(old) + "\n" + json.dumps(row) + "\n")
     phases = last_restart(job, journal, owner_uid=os.getuid())
     assert phases is not None and phases.kind == "peer loss"
     assert phases.phases() == [("detected -> ranks stopped", 1.0), ("ranks stopped -> checkpoint committed", 1.5),
@@ -518,23 +520,18 @@ def test_the_phases_of_a_loss_whose_survivors_kept_their_processes_end_at_their_
     journal.record(pid, "hold", IN_PLACE_NOTE, now=t + 9)
     journal.finish(pid, "done", now=t + 9.5)
 
-    def mark(path: Path, at: float, text: str = "{}") -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        os.utime(path, (at, at))
-
     jd = ckpt / "7"
     body = _report(7, lost=("n2",), surviving=("n1",), world=2, detected_at=t + 0.5)
     body["lost"] = [{"rank": 1, "node": "n2"}]
-    mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 5.5, json.dumps(body))
+    _mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 5.5, json.dumps(body))
     run = jd / shim.run_dir_name(7, 0, 0)
-    mark(run / shim.status_file_name(0), t + 0.6)
+    _mark(run / shim.status_file_name(0), t + 0.6)
     row = {"step": 42, "time": t + 6.5, "gpus": 1, "nodes": 1, "steps_per_s": 1.0, "samples_per_s": 48.0}
     old = {**row, "step": 40, "time": t - 5, "gpus": 2, "nodes": 2}
-    mark(jd / shim.METRICS_FILE, t + 6.5, json.dumps(old) + "\n" + json.dumps(row) + "\n")
-    mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": False}))
+    _mark(jd / shim.METRICS_FILE, t + 6.5, json.dumps(old) + "\n" + json.dumps(row) + "\n")
+    _mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": False}))
     assert last_restart(job, journal, owner_uid=os.getuid()).kind == "peer loss, in place"   # said no: relaunched
-    mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": True, "survivors": [0]}))
+    _mark(run / shim.REGROUP_FILE, t + 5.6, json.dumps({"go": True, "survivors": [0]}))
     phases = last_restart(job, journal, owner_uid=os.getuid())
     assert phases is not None and phases.kind == "peer loss, ranks kept"
     assert phases.phases() == [("detected -> ranks stopped", 0.1), ("ranks stopped -> checkpoint committed", 4.9),

@@ -307,16 +307,22 @@ def test_the_original_tutorial_runs_as_written_under_torchrun_variables(tmp_path
     assert torch.load(tmp_path / "snapshot.pt", weights_only=True)["EPOCHS_RUN"] == 1
 
 
+def _output_until(proc: subprocess.Popen, text: str) -> list[str]:
+    """The process's output lines up to and including the first that holds `text` (the rest stays unread)."""
+    assert proc.stdout is not None
+    head = []
+    for line in proc.stdout:
+        head.append(line)
+        if text in line:
+            break
+    return head
+
+
 def test_a_lost_rank_ends_the_others_with_86_and_their_output_is_kept(tmp_path: Path) -> None:
     procs = start_ranks("multigpu_elastic", ["50", "1", "--snapshot_path", str(tmp_path / "snapshot.pt")],
                         world_size=3, job_id="314",
                         extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
-    assert procs[0].stdout is not None
-    head = []
-    for line in procs[0].stdout:
-        head.append(line)
-        if "[RANK0] Epoch 0" in line:
-            break
+    head = _output_until(procs[0], "[RANK0] Epoch 0")
     procs[2].kill()
     results = wait_ranks(procs, timeout=600)
     outs = ["".join(head) + results[0].stdout, results[1].stdout]
@@ -426,12 +432,7 @@ def test_under_the_regroup_runner_the_survivors_of_a_lost_rank_finish_in_their_p
                                                           str(tmp_path / "snapshot.pt")],
                         world_size=3, job_id="315",
                         extra_env={**_tutorial_env(tmp_path), "TUTORIAL_BATCH_DELAY": "0.05"})
-    assert procs[0].stdout is not None
-    head = []
-    for line in procs[0].stdout:
-        head.append(line)
-        if "[RANK0] Epoch 0" in line:
-            break
+    head = _output_until(procs[0], "[RANK0] Epoch 0")
     time.sleep(1.0)
     procs[2].kill()
     results = wait_ranks(procs, timeout=600)
