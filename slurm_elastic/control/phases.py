@@ -9,6 +9,10 @@ or, where the survivors kept their processes (train/regroup.py; kind "peer loss,
 
   failure -> detected -> ranks stopped -> checkpoint committed -> group re-formed -> first step
 
+and for a shrink on healthy nodes done in place (kind "resize, ranks kept"; control/protocol.py)
+
+  plan opened -> nodes given up -> checkpoint committed -> group re-formed -> first step
+
 from these marks (each one may be missing; a phase with a missing end is not shown):
 
 Marks of the job's own incarnation are journaled when the controller acts (the next incarnation
@@ -20,7 +24,7 @@ removes the run directory and may replace the report), and read from the journal
 | detected | the report's `detected_at` | the plan opened (journal) |
 | ranks stopped | the survivors' `status-<rank>.json` in the run dir (the last one) | the signal sent (journal) |
 | checkpoint committed | the report, once `commit` is `done` (its mtime) | the ACK file (its mtime) |
-| group re-formed | `regroup.json` in the run dir saying go (its mtime) | - |
+| group re-formed | `regroup.json` in the run dir saying go (its mtime) | the same, after an in-place shrink |
 | requeued / relaunched | the journal's `hold` step / the plan done (right after the release) | the same |
 | running | Slurm's start time of the next incarnation (1 s resolution) | the same |
 | ranks attached | `geometry.json` (written by rank 0 at every start) | the same |
@@ -43,7 +47,7 @@ from slurm_elastic.cluster.model import Job
 from slurm_elastic.control.journal import Journal, PlanRecord
 from slurm_elastic.control.peer_loss import owned_mtime, read_report
 from slurm_elastic.control.plan import PlanEntry
-from slurm_elastic.control.protocol import IN_PLACE_NOTE
+from slurm_elastic.control.protocol import IN_PLACE_NOTE, KEPT_SHRINK_NOTE
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.jobfiles import read_metrics, read_user_file
 
@@ -68,7 +72,7 @@ class RestartPhases:
 
     job_id: int
     plan_id: int | None
-    kind: str                      # "peer loss" | "peer loss, in place" | "peer loss, ranks kept" | "resize"
+    kind: str   # "peer loss" | "peer loss, in place" | "peer loss, ranks kept" | "resize" | "resize, ranks kept"
     failed: float | None = None
     detected: float | None = None
     stopped: float | None = None
@@ -93,6 +97,9 @@ class RestartPhases:
                         else SKIP_NAMES.get((last[0], mark), f"{last[0]} -> {mark}"))
                 if self.kind.endswith("in place"):
                     name = name.replace("requeued", "shrunk")   # the same mark: the hold step, no requeue
+                if self.kind == "resize, ranks kept":   # the plan opened; the shrink stopped the ranks given up
+                    name = name.replace("failure -> detected", "plan opened").replace(
+                        "detected", "plan opened").replace("ranks stopped", "nodes given up")
                 out.append((name, round(at - last[1], 2)))
             last = (mark, at)
         return out
@@ -144,6 +151,8 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
     lost_step: int | None = None
     in_place = any(note == IN_PLACE_NOTE for _, _, note in steps)
     kind = ("peer loss, in place" if in_place else "peer loss") if rec.plan.peer_lost else "resize"
+    if any(note == KEPT_SHRINK_NOTE for _, _, note in steps) and directory is not None and owner_uid is not None:
+        return _kept_shrink_phases(job, rec, at, directory, owner_uid, marks)
     if directory is not None and owner_uid is not None and rec.plan.peer_lost:
         for step_id in range(8):
             name = shim.peer_lost_file_name(job.job_id, rec.restarts, step_id)
@@ -197,13 +206,50 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
                          first_step=first)
 
 
+def _kept_shrink_phases(job: Job, rec: PlanRecord, at: Mapping[str, float], directory: str, owner_uid: int,
+                        marks: Mapping[str, float]) -> RestartPhases:
+    """A shrink on healthy nodes done in place: the plan opened, the nodes given up (Slurm SIGKILLs the ranks
+    there), the survivors' commit (their peer-lost report, the newest of the incarnation), their re-formed
+    group, their first step."""
+    shrunk = at.get("hold")
+    committed = regrouped = first = None
+    for step_id in range(8):
+        path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, rec.restarts, step_id))
+        report, _ = read_report(path, owner_uid=owner_uid)
+        if report is None:
+            continue
+        when = owned_mtime(path, owner_uid) if report.commit == "done" else None
+        if when is not None and shrunk is not None and when >= shrunk - 1:
+            committed = when
+            regrouped = _regrouped_at(directory, job, rec, step_id, owner_uid, since=shrunk)
+    if regrouped is not None:
+        first = first_row_after(os.path.join(directory, shim.METRICS_FILE), regrouped - 1, owner_uid=owner_uid)
+    return RestartPhases(job_id=job.job_id, plan_id=rec.plan_id, kind="resize, ranks kept",
+                         detected=marks.get("detected", at.get("open")), stopped=shrunk,
+                         committed=marks.get("committed", committed), regrouped=regrouped, first_step=first)
+
+
 def _regrouped_at(directory: str | None, job: Job, rec: PlanRecord, lost_step: int | None,
-                  owner_uid: int | None) -> float | None:
+                  owner_uid: int | None, *, since: float | None = None) -> float | None:
     """When the survivors of the lost step decided to go on in their processes (regroup.json saying go), if
-    they did: the file is the job's, read as its owner's (size, JSON); shown only."""
+    they did: the file is the job's, read as its owner's (size, JSON); shown only. With `since`, the first
+    such decision (of any generation of the step's group) from then on."""
     if directory is None or owner_uid is None or lost_step is None:
         return None
-    path = os.path.join(directory, shim.run_dir_name(job.job_id, rec.restarts, lost_step), shim.REGROUP_FILE)
+    base = shim.run_dir_name(job.job_id, rec.restarts, lost_step)
+    if since is None:
+        return _regroup_go(os.path.join(directory, base, shim.REGROUP_FILE), owner_uid)
+    for generation in range(64):
+        run_dir = os.path.join(directory, base + (f".{generation}" if generation else ""))
+        if not os.path.isdir(run_dir):
+            return None
+        when = _regroup_go(os.path.join(run_dir, shim.REGROUP_FILE), owner_uid)
+        if when is not None and when >= since - 1:
+            return when
+    return None
+
+
+def _regroup_go(path: str, owner_uid: int) -> float | None:
     try:
         data = read_user_file(path, owner_uid=owner_uid, max_bytes=4096, what="a regroup record")
         body = json.loads(data) if data is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -32,6 +33,7 @@ class Plan:
     forced: bool = False   # a node it used was lost: hysteresis and the restart budget do not apply
     user: str = ""         # the job's owner when planned ('' in plans journaled before owners were kept)
     exclude: tuple[str, ...] = ()   # nodes its ranks reported lost: given up now, never used again by this job
+    keep: tuple[str, ...] = ()      # a shrink to whole nodes the job holds: they may be kept in place (protocol.py)
 
     @property
     def peer_lost(self) -> bool:
@@ -154,7 +156,8 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             reason = f"move: its GPUs on {','.join(leaving)} are given to {whom}"
         else:
             reason = "grow" if target > now else "shrink"
-        return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, **common)
+        keep = nodes_kept(job, target, placement) if not lost else ()
+        return Plan(entry=PlanEntry.RUNNING, reason=reason, forced=lost, keep=keep, **common)
     if job.state is JobState.PENDING:
         if requeued_by_slurm(job) and not ours:
             why = "requeued by Slurm after a node failure"
@@ -165,6 +168,59 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             return None
         return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
     return None
+
+
+def nodes_kept(job: Job, target: int, placement: Mapping[str, int]) -> tuple[str, ...]:
+    """The nodes a running job keeps when the allocation shrinks it to some of its own nodes, each whole
+    (as many GPUs there as now): then it can give the others up in place. () otherwise, and when the first
+    node, the batch script's, would be given up (Slurm cannot take that one from a running job)."""
+    if not 0 < target < job.gpus or not job.nodes or not placement:
+        return ()
+    keep = tuple(n for n in job.nodes if placement.get(n, 0) > 0)
+    if (set(placement) - set(keep) or job.nodes[0] not in keep
+            or any(placement[n] != job.gpus_per_node for n in keep) or len(keep) * job.gpus_per_node != target):
+        return ()
+    return keep
+
+
+def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: Callable[[Job], bool]) -> Allocation:
+    """The allocation, with every shrink that would give up its job's first node (the batch script's, which
+    Slurm cannot take from a running job) turned into one that keeps it, where that changes nothing else.
+
+    The first node and one the shrink keeps swap names in every placement when both are wholly the job's
+    and alike (same size, state and partitions): each job then sees the same capacity it was solved for,
+    and the job `keeps_ranks` says goes on in place can give the other one up without a requeue."""
+    placement: dict[str, dict[str, int]] | None = None
+    for job in state.elastic_jobs:
+        rows = (placement or allocation.placement).get(str(job.job_id), {})
+        target = allocation.gpus.get(str(job.job_id), 0)
+        if job.state is not JobState.RUNNING or len(job.nodes) < 2 or not 0 < target < job.gpus or not rows:
+            continue
+        first = job.nodes[0]
+        if rows.get(first, 0) or set(rows) - set(job.nodes) or any(v != job.gpus_per_node for v in rows.values()):
+            continue
+        swap = next((n for n in job.nodes if n in rows and _alike(state, job, first, n)), None)
+        if swap is None or not keeps_ranks(job):
+            continue
+        placement = placement or {k: dict(v) for k, v in allocation.placement.items()}
+        for per_node in placement.values():
+            a, b = per_node.pop(first, None), per_node.pop(swap, None)
+            if a is not None:
+                per_node[swap] = a
+            if b is not None:
+                per_node[first] = b
+    return allocation if placement is None else dataclasses.replace(allocation, placement=placement)
+
+
+def _alike(state: ClusterState, job: Job, a: str, b: str) -> bool:
+    """Nodes a and b hold `job` alone and are the same but for their names."""
+    if any(j.job_id != job.job_id and j.state.active and (a in j.nodes or b in j.nodes) for j in state.jobs):
+        return False
+    try:
+        na, nb = state.node(a), state.node(b)
+    except KeyError:
+        return False
+    return dataclasses.replace(nb, name=na.name, reason=na.reason) == na
 
 
 def departed(plan: Plan, job: Job | None, *, restarts: int, held_by_us: bool) -> str | None:

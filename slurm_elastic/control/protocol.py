@@ -5,6 +5,12 @@ ACK (its survivors already committed and exited); its hold first shrinks the run
 nodes it keeps, so the requeue does not wait for the dead node, and its resize excludes the lost
 nodes for that job.
 
+A shrink to whole nodes the job holds (Plan.keep) of a job whose batch script says its ranks go on
+in their processes (keeps-ranks-J-R, jobfiles/names.py) is done in place: no signal, no ACK, no
+requeue; the hold gives the other nodes up (Slurm SIGKILLs the ranks there) and the survivors commit
+and re-form their group as after a lost node (train/regroup.py). Should Slurm refuse, or the word be
+gone by then, the job is signalled at the hold and requeued as any other.
+
 Every step looks at the jobs again first and abandons (journaled, with the reason) a plan whose
 job is no longer what the plan assumed: a job its owner cancels during the ACK wait is never
 requeued, resized or released.
@@ -35,6 +41,8 @@ IN_PLACE = shim.RELAUNCHES_IN_PLACE      # the job's batch script relaunches the
 KEPT = shim.RANKS_KEPT                   # its survivors went on in their processes (the srun still runs)
 STOPPED = "stopped"                      # its batch script SIGKILLed the step's srun (jobfiles LauncherStopped)
 IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)"
+KEPT_SHRINK_NOTE = "shrunk in place on its healthy nodes (its ranks kept)"
+NOT_SIGNALLED_NOTE = "not sent: shrunk in place, its ranks go on in their processes"
 
 CRASH_ENV = CRASH_AFTER.env
 """Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
@@ -88,6 +96,7 @@ class RequeueProtocol:
         self._launcher_stopped: Callable[[int], str] = lambda job_id: ""
         self._in_place: set[int] = set()              # plan ids shrunk in place: no requeue, no release
         self._geometry_exited: set[int] = set()       # plan ids whose ranks exited 87: no ACK to wait for
+        self._kept_shrinks: set[int] = set()          # plan ids to shrink in place, their ranks kept (Plan.keep)
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState, *,
@@ -144,6 +153,10 @@ class RequeueProtocol:
             if rec.plan.peer_lost:
                 self.journal.record(rec.plan_id, "signal", "not sent: its ranks ended on losing a peer")
                 continue
+            if rec.plan.keep and keeps_ranks(_find(state, rec.job_id)):
+                self._kept_shrinks.add(rec.plan_id)
+                self.journal.record(rec.plan_id, "signal", NOT_SIGNALLED_NOTE)
+                continue
             self.journal.record(rec.plan_id, "signal", self.settings.signal)
             try:
                 self.backend.signal(rec.job_id, self.settings.signal)
@@ -160,6 +173,8 @@ class RequeueProtocol:
             note = "acked" if acked.get(rec.plan_id) else f"no ACK within {self.settings.ack_timeout_s:g}s"
             if rec.plan.peer_lost:
                 note = f"none needed: {rec.plan.reason}"
+            elif rec.plan_id in self._kept_shrinks:
+                note = "none needed: its ranks commit as they go on"
             elif rec.plan_id in self._geometry_exited:
                 note = f"none coming: its ranks exited {shim.GEOMETRY_EXIT_CODE} on a bad batch geometry"
             self.journal.record(rec.plan_id, "ack", note)
@@ -255,11 +270,16 @@ class RequeueProtocol:
                 log.info("job %d: plan %d rolled back on recovery (no step taken)", rec.job_id, rec.plan_id)
                 outcomes.append(Outcome(rec.plan_id, rec.job_id, ROLLED_BACK, "no step taken"))
                 continue
-            if any(note == IN_PLACE_NOTE for _, _, note in self.journal.steps(rec.plan_id)):
+            notes = {note for _, _, note in self.journal.steps(rec.plan_id)}
+            done_in_place = notes & {IN_PLACE_NOTE, KEPT_SHRINK_NOTE}
+            if done_in_place:
                 # Shrunk in place before the crash: the job runs on, relaunched by its batch script.
-                self.journal.finish(rec.plan_id, DONE, IN_PLACE_NOTE)
-                outcomes.append(Outcome(rec.plan_id, rec.job_id, DONE, IN_PLACE_NOTE))
+                note = done_in_place.pop()
+                self.journal.finish(rec.plan_id, DONE, note)
+                outcomes.append(Outcome(rec.plan_id, rec.job_id, DONE, note))
                 continue
+            if NOT_SIGNALLED_NOTE in notes:
+                self._kept_shrinks.add(rec.plan_id)   # the hold shrinks it in place, or signals it first
             log.info("job %d: plan %d resumed on recovery after step %r", rec.job_id, rec.plan_id, rec.step)
             # The job may have been signalled and its shim may be waiting to be requeued, so from
             # 'signal' on the plan is finished, not undone.
@@ -413,6 +433,11 @@ class RequeueProtocol:
             self._sleep(self.settings.settle_poll_s)
 
     def _hold_action(self, job_id: int, *, running: bool, plan: Plan | None = None, plan_id: int = 0) -> None:
+        if running and plan is not None and plan_id in self._kept_shrinks:
+            self._kept_shrinks.discard(plan_id)
+            if self._shrink_keeping_ranks(job_id, plan, plan_id):
+                return
+            self._signal_late(plan_id, job_id)
         if running and plan is not None and plan.exclude and self._give_up_lost_nodes(job_id, plan.exclude):
             said = self._old_srun_stopped(job_id)
             if said in (IN_PLACE, KEPT) and self._fits_in_place(job_id, plan):
@@ -436,6 +461,40 @@ class RequeueProtocol:
         else:
             self.backend.hold(job_id)
             log.info("job %d: held", job_id)
+
+    def _shrink_keeping_ranks(self, job_id: int, plan: Plan, plan_id: int) -> bool:
+        """Give up the nodes the plan does not keep, the job running on; whether it was done. Asked of a job
+        that still says its ranks go on in their processes and still runs on every node the plan keeps."""
+        job = self._observe(job_id)
+        if job is None or job.state is not JobState.RUNNING or not keeps_ranks(job) \
+                or not set(plan.keep) < set(job.nodes):
+            log.info("job %d: not shrunk in place (its ranks no longer say they go on, or it moved); requeued",
+                     job_id)
+            return False
+        gone = tuple(n for n in job.nodes if n not in plan.keep)
+        try:
+            self.backend.keep_nodes(job_id, plan.keep)  # type: ignore[attr-defined]
+        except (SlurmError, AttributeError) as exc:
+            log.warning("job %d: could not give up %s in place (%s); requeued instead", job_id, ",".join(gone), exc)
+            return False
+        self.journal.record(plan_id, "hold", KEPT_SHRINK_NOTE)
+        self._in_place.add(plan_id)
+        log.info("job %d: shrunk in place to %s (gave up %s); its ranks there commit and go on", job_id,
+                 ",".join(plan.keep), ",".join(gone))
+        return True
+
+    def _signal_late(self, plan_id: int, job_id: int) -> None:
+        """The in-place shrink could not be done: the job gets the signal now and its ACK is waited for, so
+        the requeue that follows loses no step."""
+        self.journal.record(plan_id, "signal", self.settings.signal)
+        try:
+            self.backend.signal(job_id, self.settings.signal)
+        except SlurmError as exc:
+            log.warning("job %d: could not signal (%s); continuing", job_id, exc)
+            return
+        acked = self._wait_for_acks([self._record(plan_id)], self.backend.snapshot())
+        self.journal.record(plan_id, "ack", "acked" if acked.get(plan_id) else
+                            f"no ACK within {self.settings.ack_timeout_s:g}s")
 
     def _give_up_lost_nodes(self, job_id: int, lost: tuple[str, ...]) -> bool:
         """Shrink the running job to the nodes it keeps before requeuing it; whether it was shrunk.
@@ -552,8 +611,9 @@ class RequeueProtocol:
 
     # -- the ACK hand-shake ------------------------------------------------------------------------
     def _wait_for_acks(self, running: Sequence[PlanRecord], state: ClusterState) -> dict[int, bool]:
-        lost = {rec.plan_id: True for rec in running if rec.plan.peer_lost}   # committed before they exited
-        running = [rec for rec in running if not rec.plan.peer_lost]
+        # Committed before they exited, or commit as they go on (a shrink in place): nothing to wait for.
+        lost = {rec.plan_id: True for rec in running if rec.plan.peer_lost or rec.plan_id in self._kept_shrinks}
+        running = [rec for rec in running if rec.plan_id not in lost]
         if not running:
             return lost
         paths: dict[int, str | None] = {}
@@ -623,6 +683,26 @@ class _Departed(Exception):
 def _sigkill_self() -> None:
     logging.shutdown()
     os.kill(os.getpid(), _signal.SIGKILL)
+
+
+def keeps_ranks(job: Job | None) -> bool:
+    """`job`'s batch script says, for this incarnation, that its ranks go on in their processes when nodes
+    are taken from it (keeps-ranks-J-R in its job directory: the owner's regular file, no link followed)."""
+    spec = job.spec if job is not None else None
+    if job is None or job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
+        return False
+    uid = owner_uid(job)
+    if uid is None:
+        return False
+    try:
+        directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+    except ValueError:
+        return False
+    path = os.path.join(directory, shim.keeps_ranks_file_name(job.job_id, job.restarts))
+    try:
+        return shim.read_user_file(path, owner_uid=uid, max_bytes=64, what="a marker") is not None
+    except ValueError:
+        return False
 
 
 def exited_on_geometry(job: Job) -> bool:

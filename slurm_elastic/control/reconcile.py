@@ -34,8 +34,8 @@ from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationRe
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
 from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
-from slurm_elastic.control.plan import Plan, PlanEntry, lost_node, make_plans, requeued_by_slurm
-from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol
+from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_node, make_plans, requeued_by_slurm
+from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
                                             with_basis)
 from slurm_elastic.control.revive import Reviver
@@ -512,6 +512,7 @@ class Reconciler:
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
         given = frozenset(n for r in (rigid.reserved if rigid is not None else ()) for n in r.nodes)
+        allocation = keep_first_nodes(scoped, allocation, keeps_ranks)   # so that a shrink can be in place
         plans = make_plans(scoped, allocation,
                            lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()},

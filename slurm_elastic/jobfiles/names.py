@@ -145,6 +145,18 @@ def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int, step
     return f"{LAUNCHER_STOPPED_PREFIX}{slurm_job_id}-{int(restart_count)}-{int(step_id)}"
 
 
+# `<job dir>/keeps-ranks-<job id>-<restart count>`: written by the batch script when it runs the ranks
+# under train/regroup.py with `srun --no-kill` and goes on in place when the survivors re-form their group.
+# Its presence lets the controller shrink the running job in place on healthy nodes too (Slurm SIGKILLs the
+# ranks on the nodes given up; the others commit and go on). A job's word about its own job only: a false
+# one costs that job a relaunch, nothing more.
+KEEPS_RANKS_PREFIX = "keeps-ranks-"
+
+
+def keeps_ranks_file_name(slurm_job_id: str | int, restart_count: int) -> str:
+    return f"{KEEPS_RANKS_PREFIX}{slurm_job_id}-{int(restart_count)}"
+
+
 # -- one srun step's peers: rendezvous, heartbeats, the survivors' agreement ----------------------
 #
 # `<job dir>/run-<job id>-<restart count>-<step id>/` holds what the ranks of one srun step

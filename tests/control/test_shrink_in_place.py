@@ -1,0 +1,184 @@
+"""A shrink on healthy nodes done in place: the job gives up whole nodes and runs on, its ranks kept.
+
+The in-memory Slurm as in test_reconcile_peer_loss.py (keep_nodes as `scontrol update NodeList=`); the
+job's word is its batch script's keeps-ranks-J-R file. tests/control/test_peer_loss_live.py does it on
+Slurm, with real ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+
+import pytest
+
+from slurm_elastic.cluster.model import Job, JobState
+from slurm_elastic.cluster.shape import RequestShape
+from slurm_elastic.control.journal import Journal
+from slurm_elastic.control.plan import Plan, PlanEntry, nodes_kept
+from slurm_elastic.control.protocol import KEPT_SHRINK_NOTE, NOT_SIGNALLED_NOTE, RequeueProtocol
+from slurm_elastic.spec import ElasticSpec
+from slurm_elastic import jobfiles as shim
+from tests.control.test_reconcile_peer_loss import ExcludingSlurm, _reconciler
+
+ME = pwd.getpwuid(os.getuid()).pw_name
+
+
+def _shared(tmp_path):
+    """Elastic job a (4-8 GPUs) on n1+n2, the rest full; then a rigid job asks for a whole node."""
+    slurm = ExcludingSlurm()
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user=ME)
+    for _ in range(2):
+        slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob")
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    return slurm, a, ckpt
+
+
+def _says_it_keeps_ranks(ckpt, job_id: int, restart: int = 0):
+    path = ckpt / str(job_id) / shim.keeps_ranks_file_name(job_id, restart)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("0\n")
+    return path
+
+
+def _rigid_arrives(slurm, rec) -> int:
+    rec.cycle()
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob", priority=10**9)
+    assert slurm.jobs[rigid].state is JobState.PENDING
+    return rigid
+
+
+def test_a_job_whose_ranks_go_on_gives_up_a_whole_node_in_place_and_the_rigid_job_starts_there(tmp_path):
+    slurm, a, ckpt = _shared(tmp_path)
+    _says_it_keeps_ranks(ckpt, a)
+    rec, clock = _reconciler(slurm, tmp_path)
+    rigid = _rigid_arrives(slurm, rec)
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus, p.keep) for p in report.plans] == [(a, 4, ("n1",))]
+    assert report.outcomes[0].status == "done"
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.nodes == ("n1",) and job.restarts == 0
+    verbs = [v for v, j in slurm.calls if j == a]
+    assert verbs.count("keep_nodes") == 1 and not {"signal", "requeue_hold", "release", "set_resources"} & set(verbs)
+    steps = rec.journal.steps(report.outcomes[0].plan_id)
+    assert ("signal", NOT_SIGNALLED_NOTE) in [(s, n) for s, _, n in steps]
+    assert ("hold", KEPT_SHRINK_NOTE) in [(s, n) for s, _, n in steps]
+    assert clock.skipped < 5.0      # no ACK wait, no credential gap
+    slurm.schedule()
+    assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[rigid].nodes == ("n2",)
+    assert rec.cycle().plans == () and slurm.jobs[a].restarts == 0
+
+
+@pytest.mark.parametrize("word", ["absent", "foreign", "link", "old restart"])
+def test_without_the_jobs_own_word_the_shrink_is_signalled_and_requeued(tmp_path, word):
+    slurm, a, ckpt = _shared(tmp_path)
+    if word != "absent":
+        path = _says_it_keeps_ranks(ckpt, a, restart=1 if word == "old restart" else 0)
+        if word == "foreign":
+            os.chown(path, os.getuid() + 4242, -1)
+        elif word == "link":
+            target = path.with_name("elsewhere")
+            path.rename(target)
+            path.symlink_to(target)
+    rec, _ = _reconciler(slurm, tmp_path)
+    _rigid_arrives(slurm, rec)
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [a]
+    verbs = [v for v, j in slurm.calls if j == a]
+    assert "signal" in verbs and "requeue_hold" in verbs and "keep_nodes" not in verbs
+    assert slurm.jobs[a].restarts == 1
+
+
+def test_a_refused_shrink_in_place_is_signalled_then_requeued_losing_no_step(tmp_path, monkeypatch):
+    slurm, a, ckpt = _shared(tmp_path)
+    _says_it_keeps_ranks(ckpt, a)
+    rec, _ = _reconciler(slurm, tmp_path)
+    _rigid_arrives(slurm, rec)
+    from slurm_elastic.errors import SlurmError
+
+    def refuse(job_id, nodes):
+        slurm.calls.append(("keep_nodes", job_id))
+        raise SlurmError("Requested operation not presently supported")
+    monkeypatch.setattr(slurm, "keep_nodes", refuse)
+    report = rec.cycle()
+    steps = [(s, n) for s, _, n in rec.journal.steps(report.outcomes[0].plan_id)]
+    verbs = [v for v, j in slurm.calls if j == a]
+    # Signalled at the hold (its ACK waited for), then requeued as any other shrink.
+    assert verbs.index("keep_nodes") < verbs.index("signal") < verbs.index("requeue_hold")
+    assert steps[:2] == [("open", steps[0][1]), ("signal", NOT_SIGNALLED_NOTE)]
+    assert ("signal", shim.DEFAULT_SIGNAL) in steps and slurm.jobs[a].restarts == 1
+
+
+def test_a_controller_that_dies_before_the_hold_shrinks_in_place_on_recovery(tmp_path):
+    class Crash(BaseException):
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    slurm, a, ckpt = _shared(tmp_path)
+    _says_it_keeps_ranks(ckpt, a)
+    rec, clock = _reconciler(slurm, tmp_path)
+    _rigid_arrives(slurm, rec)
+    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
+                                   crash_after="ack", crash=crash)
+    with pytest.raises(Crash):
+        rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    rec2, _ = _reconciler(slurm, tmp_path)
+    report = rec2.cycle()
+    assert [o.status for o in report.recovered] == ["done"]
+    assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
+    assert "signal" not in [v for v, j in slurm.calls if j == a]
+
+
+def _job(nodes, gpn=4):
+    return Job(job_id=1, user=ME, name="j", state=JobState.RUNNING, nodes=tuple(nodes), num_nodes=len(nodes),
+               gpus_per_node=gpn, spec=ElasticSpec(1, 16))
+
+
+def test_only_a_shrink_to_whole_nodes_the_job_holds_with_its_first_node_can_be_kept():
+    job = _job(("n1", "n2", "n3"))
+    assert nodes_kept(job, 8, {"n1": 4, "n3": 4}) == ("n1", "n3")
+    assert nodes_kept(job, 4, {"n1": 4}) == ("n1",)
+    assert nodes_kept(job, 4, {"n2": 4}) == ()              # the batch script's node would go
+    assert nodes_kept(job, 6, {"n1": 4, "n2": 2}) == ()     # part of a node: Slurm cannot take GPUs in place
+    assert nodes_kept(job, 8, {"n1": 4, "n4": 4}) == ()     # a node it does not hold: a move
+    assert nodes_kept(job, 12, {"n1": 4, "n2": 4, "n3": 4}) == ()   # not a shrink
+    assert nodes_kept(job, 0, {}) == ()
+
+
+def test_the_phases_of_a_shrink_in_place_end_at_the_survivors_first_step(tmp_path):
+    import json
+    from slurm_elastic.control.phases import last_restart
+    from tests.control.test_reconcile_peer_loss import _mark, _report
+
+    ckpt = tmp_path / "ckpt"
+    t = 1_800_000_000.0
+    job = Job(job_id=7, user=ME, name="j", state=JobState.RUNNING, nodes=("n1",), num_nodes=1, gpus_per_node=1,
+              restarts=0, start_time=t - 100, spec=ElasticSpec(1, 2, ckpt_dir=str(ckpt)))
+    journal = Journal(tmp_path / "j.sqlite")
+    plan = Plan(job_id=7, from_gpus=2, to_gpus=1, shape=RequestShape(1, 1, 1, 1), entry=PlanEntry.RUNNING,
+                reason="shrink", user=ME, keep=("n1",))
+    pid = journal.open_plan(plan, restarts=0, now=t)
+    journal.record(pid, "signal", NOT_SIGNALLED_NOTE, now=t + 0.1)
+    journal.record(pid, "hold", now=t + 0.2)
+    journal.record(pid, "hold", KEPT_SHRINK_NOTE, now=t + 0.5)
+    journal.finish(pid, "done", now=t + 0.6)
+    assert journal.plans(7)[0].plan.keep == ("n1",)
+    jd = ckpt / "7"
+    body = _report(7, lost=("n2",), surviving=("n1",), world=2, detected_at=t + 0.6)
+    body["lost"] = [{"rank": 1, "node": "n2"}]
+    _mark(jd / shim.peer_lost_file_name(7, 0, 0), t + 1.0, json.dumps(body))
+    # An earlier loss of the same step re-formed generation 0; this shrink's group is generation 1's.
+    _mark(jd / shim.run_dir_name(7, 0, 0) / shim.REGROUP_FILE, t - 50, json.dumps({"go": True}))
+    _mark(jd / (shim.run_dir_name(7, 0, 0) + ".1") / shim.REGROUP_FILE, t + 1.2, json.dumps({"go": True}))
+    row = {"step": 42, "time": t + 2.0, "gpus": 1, "nodes": 1, "steps_per_s": 1.0, "samples_per_s": 48.0}
+    old = {**row, "step": 40, "time": t - 5, "gpus": 2, "nodes": 2}
+    _mark(jd / shim.METRICS_FILE, t + 2.0, json.dumps(old) + "\n" + json.dumps(row) + "\n")
+    phases = last_restart(job, journal, owner_uid=os.getuid())
+    assert phases is not None and phases.kind == "resize, ranks kept"
+    assert phases.phases() == [("plan opened -> nodes given up", 0.5), ("nodes given up -> checkpoint committed", 0.5),
+                               ("committed -> group re-formed", 0.2), ("group re-formed -> first step", 0.8)]
+    assert phases.total_s() == 2.0
