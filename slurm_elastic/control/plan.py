@@ -183,14 +183,17 @@ def nodes_kept(job: Job, target: int, placement: Mapping[str, int]) -> tuple[str
     return keep
 
 
-def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: Callable[[Job], bool]) -> Allocation:
+def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: Callable[[Job], bool]
+                     ) -> tuple[Allocation, dict[str, str]]:
     """The allocation, with every shrink that would give up its job's first node (the batch script's, which
     Slurm cannot take from a running job) turned into one that keeps it, where that changes nothing else.
 
-    The first node and one the shrink keeps swap names in every placement when both are wholly the job's
-    and alike (same size, state and partitions): each job then sees the same capacity it was solved for,
-    and the job `keeps_ranks` says goes on in place can give the other one up without a requeue."""
+    The first node and one the shrink keeps swap names in every placement when the two are alike (same
+    size, state, partitions and load, no other elastic job on them): each job then sees the capacity it was solved for,
+    and the job `keeps_ranks` says goes on in place can give the other one up without a requeue. Returns the
+    allocation and the names swapped (each node -> the one it became), for what else names nodes."""
     placement: dict[str, dict[str, int]] | None = None
+    swapped: dict[str, str] = {}
     for job in state.elastic_jobs:
         rows = (placement or allocation.placement).get(str(job.job_id), {})
         target = allocation.gpus.get(str(job.job_id), 0)
@@ -203,18 +206,22 @@ def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: C
         if swap is None or not keeps_ranks(job):
             continue
         placement = placement or {k: dict(v) for k, v in allocation.placement.items()}
+        swapped[first], swapped[swap] = swap, first
         for per_node in placement.values():
             a, b = per_node.pop(first, None), per_node.pop(swap, None)
             if a is not None:
                 per_node[swap] = a
             if b is not None:
                 per_node[first] = b
-    return allocation if placement is None else dataclasses.replace(allocation, placement=placement)
+    return (allocation if placement is None else dataclasses.replace(allocation, placement=placement)), swapped
 
 
 def _alike(state: ClusterState, job: Job, a: str, b: str) -> bool:
-    """Nodes a and b hold `job` alone and are the same but for their names."""
-    if any(j.job_id != job.job_id and j.state.active and (a in j.nodes or b in j.nodes) for j in state.jobs):
+    """Nodes a and b are the same but for their names (size, state, partitions, what is allocated: `job`'s
+    share of each is the same, so other users' jobs take the same there), and no other elastic job runs on
+    either (its own placement would change with the names)."""
+    if any(j.job_id != job.job_id and j.state.active and (a in j.nodes or b in j.nodes)
+           for j in state.elastic_jobs):
         return False
     try:
         na, nb = state.node(a), state.node(b)

@@ -511,8 +511,11 @@ class Reconciler:
         allocation = with_basis(allocation, decided.basis)
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
-        given = frozenset(n for r in (rigid.reserved if rigid is not None else ()) for n in r.nodes)
-        allocation = keep_first_nodes(scoped, allocation, keeps_ranks)   # so that a shrink can be in place
+        allocation, swapped = keep_first_nodes(scoped, allocation, keeps_ranks)   # so a shrink can be in place
+        if swapped:
+            rigid = dataclasses.replace(rigid, reserved=tuple(
+                dataclasses.replace(r, nodes=tuple(swapped.get(n, n) for n in r.nodes)) for r in rigid.reserved))
+        given = frozenset(n for r in rigid.reserved for n in r.nodes)
         plans = make_plans(scoped, allocation,
                            lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()},

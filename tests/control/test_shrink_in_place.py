@@ -7,6 +7,7 @@ Slurm, with real ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 
@@ -182,3 +183,31 @@ def test_the_phases_of_a_shrink_in_place_end_at_the_survivors_first_step(tmp_pat
     assert phases.phases() == [("plan opened -> nodes given up", 0.5), ("nodes given up -> checkpoint committed", 0.5),
                                ("committed -> group re-formed", 0.2), ("group re-formed -> first step", 0.8)]
     assert phases.total_s() == 2.0
+
+
+def test_a_shrink_off_the_first_node_keeps_it_instead_where_the_two_nodes_are_alike():
+    from slurm_elastic.allocate.problem import Allocation
+    from slurm_elastic.cluster.model import ClusterState, Node, NodeState
+    from slurm_elastic.control.plan import keep_first_nodes
+
+    def node(name, mem_alloc=2000):
+        return Node(name, NodeState.MIXED, cpus=8, cpus_alloc=4, mem_mb=16000, mem_alloc_mb=mem_alloc, gpus=4,
+                    gpus_alloc=4, partitions=("gpu",))
+
+    job = _job(("n1", "n2"), gpn=1)
+    rigid = Job(job_id=2, user="bob", name="r", state=JobState.RUNNING, nodes=("n1", "n2"), num_nodes=2,
+                gpus_per_node=3)
+    other = Job(job_id=3, user="bob", name="o", state=JobState.RUNNING, nodes=("n3",), num_nodes=1, gpus_per_node=4,
+                spec=ElasticSpec(1, 4))
+    state = ClusterState(nodes=(node("n1"), node("n2"), node("n3")), jobs=(job, rigid, other), taken_at=0.0)
+    allocation = Allocation(gpus={"1": 1, "3": 5}, placement={"1": {"n2": 1}, "3": {"n3": 4, "n1": 1}},
+                            status="optimal", method="milp", objective=1.0, mip_gap=0.0, bound=1.0, solve_s=0.0)
+    kept, swapped = keep_first_nodes(state, allocation, lambda j: True)
+    # The names swap in every placement: job 3's grow goes to the node job 1 gives up.
+    assert kept.placement == {"1": {"n1": 1}, "3": {"n3": 4, "n2": 1}} and kept.gpus == allocation.gpus
+    assert swapped == {"n1": "n2", "n2": "n1"}
+    assert keep_first_nodes(state, allocation, lambda j: False) == (allocation, {})     # no word: as solved
+    unlike = dataclasses.replace(state, nodes=(node("n1"), node("n2", mem_alloc=3000), node("n3")))
+    assert keep_first_nodes(unlike, allocation, lambda j: True) == (allocation, {})    # other load on one
+    shared = dataclasses.replace(state, jobs=(job, rigid, dataclasses.replace(other, nodes=("n2",))))
+    assert keep_first_nodes(shared, allocation, lambda j: True) == (allocation, {})    # another elastic job there
