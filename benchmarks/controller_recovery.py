@@ -18,6 +18,11 @@ slurmd and every process of its jobs SIGKILLed; Slurm is told nothing):
   job of 1-2 GPUs starts at 1, grows to 2 when a node is freed, and is resized off
   that node when a rigid job asks for it; seconds from the plan's opening (signal,
   checkpoint, ACK, requeue at the new size, start, first step).
+- shrink-kept and shrink-requeue (next): a DDP job of 1-2 GPUs on two nodes, nothing
+  free elsewhere, gives a plain 1-GPU job the GPU it borrowed. shrink-kept (the
+  default): the daemon gives its second node up in place, the survivor keeps its
+  process (control/protocol.py, Plan.keep); shrink-requeue (SLURM_ELASTIC_KEEP_RANKS=0):
+  signal, ACK, requeue at 1 GPU. Seconds from the plan's opening.
 
 - kept and in-place (run next, on the same cluster, its node back after each): a DDP
   job of 1-2 GPUs on two nodes with nothing free anywhere else; the daemon gives the
@@ -167,6 +172,42 @@ def in_place_case(env: dict[str, str], backend: CliBackend, local: LocalCluster,
     return marks
 
 
+def healthy_shrink_case(env: dict[str, str], backend: CliBackend, root: Path, *, keep_ranks: bool) -> dict[str, float]:
+    """A rebalance shrink on healthy nodes, marks from the plan's opening: a DDP job of 1-2 GPUs on two nodes
+    (nothing free anywhere else) gives a plain 1-GPU job the GPU it borrowed. keep_ranks: its batch script
+    says its ranks go on, so the daemon gives the second node up in place (its rank there SIGKILLed by Slurm,
+    the survivor commits and goes on); otherwise signal, ACK, requeue at 1 GPU. Afterwards the cluster is as
+    before."""
+    snap = backend.snapshot()
+    free = [n.name for n in snap.nodes if n.gpus - n.gpus_alloc >= 1]
+    extra = [filler(env, n, 1) for n in free[2:]]
+    loss_log = root / f"shrink-{keep_ranks}.jsonl"
+    job_id = submit_ddp(env, root, "1-2", loss_log, keep_ranks=keep_ranks)
+    wait(lambda: (j := backend.snapshot().job(job_id)).state is JobState.RUNNING and len(j.nodes) == 2, 240,
+         "the shrink job running on two nodes", 0.5)
+    marker = root / "ckpt" / str(job_id) / f"keeps-ranks-{job_id}-0"
+    wait(lambda: len(rows_of(loss_log)) >= 5 and marker.exists() == keep_ranks, 300, "the shrink job training", 0.5)
+    rigid = sbatch(env, "--gres=gpu:1", "--cpus-per-gpu=1", "--mem=100", "--no-requeue", "--job-name=rigid",
+                   "--output=/dev/null", "--wrap", "sleep 3000")
+    kind = "resize, ranks kept" if keep_ranks else "resize"
+
+    def shrunk_and_training():
+        if not [r for r in rows_of(loss_log) if r["world_size"] == 1][2:]:
+            return None
+        found = last_restart(backend.snapshot().job(job_id), Journal(root / "daemon" / "journal.sqlite"),
+                             owner_uid=pwd.getpwnam("root").pw_uid)
+        return found if found is not None and found.first_step is not None else None
+
+    phases = wait(shrunk_and_training, 300, f"the job shrunk ({kind}) and training again", 0.5)
+    if phases.kind != kind:
+        raise SystemExit(f"not the shrink expected ({kind}): {phases}")
+    wait(lambda: backend.snapshot().job(rigid).state is JobState.RUNNING, 120, "the rigid job running")
+    subprocess.run(["scancel", str(job_id), str(rigid), *map(str, extra)], env=env, check=True)
+    wait(lambda: not [j for j in backend.snapshot().jobs if j.job_id in (job_id, rigid, *extra)
+                      and not j.state.finished], 120, "the shrink case's jobs gone")
+    return {m: getattr(phases, m) for m in MARKS[1:] if getattr(phases, m) is not None}
+
+
 def resize_case(env: dict[str, str], backend: CliBackend, root: Path,
                 fillers: dict[str, int]) -> tuple[dict[str, float], dict[str, float]]:
     """Resizes on healthy nodes, marks from the plan's opening: a DDP job of 1-2 GPUs starts at 1 (one GPU
@@ -223,7 +264,7 @@ def main() -> None:
     parser.add_argument("--slurmd-timeout", type=int, default=300, help="SlurmdTimeout of the cluster (s)")
     parser.add_argument("--skip-plain", action="store_true", help="do not wait for plain Slurm (SlurmdTimeout + 120 s)")
     parser.add_argument("--skip-in-place", action="store_true", help="do not run the shrink-in-place case first")
-    parser.add_argument("--skip-resize", action="store_true", help="do not run the grow and rebalance-shrink case")
+    parser.add_argument("--skip-resize", action="store_true", help="do not run the grow and rebalance-shrink cases")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (logs, job outputs) and say where")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -240,8 +281,9 @@ def main() -> None:
            "SLURM_ELASTIC_DAEMON_DIR": str(root / "daemon")}
     backend = CliBackend(env=env)
     daemon = None
-    marks: dict[str, dict[str, float]] = {"grow": {}, "rebalance-shrink": {}, "kept": {}, "in-place": {},
-                                          "controller": {}, "plain-requeue": {}}
+    marks: dict[str, dict[str, float]] = {"grow": {}, "rebalance-shrink": {}, "shrink-kept": {},
+                                          "shrink-requeue": {}, "kept": {}, "in-place": {}, "controller": {},
+                                          "plain-requeue": {}}
     try:
         # No hysteresis and the linear speed model: the resize case's grow comes at once and is a grow (the
         # digits job measures no faster at 2 CPU ranks); a lost node overrides hysteresis anyway.
@@ -253,6 +295,8 @@ def main() -> None:
              "the fillers running")
         if not args.skip_resize:
             marks["grow"], marks["rebalance-shrink"] = resize_case(env, backend, root, fillers)
+            marks["shrink-kept"] = healthy_shrink_case(env, backend, root, keep_ranks=True)
+            marks["shrink-requeue"] = healthy_shrink_case(env, backend, root, keep_ranks=False)
         if not args.skip_in_place:
             marks["kept"] = in_place_case(env, backend, local, root, fillers, keep_ranks=True)
             marks["in-place"] = in_place_case(env, backend, local, root, fillers, keep_ranks=False)
@@ -352,7 +396,7 @@ def main() -> None:
         rows.append({"mark": LABELS[mark], **{f"{c}_s": (round(marks[c][mark] - base[c], 1)
                                                           if mark in marks[c] else None) for c in cases}})
     print_rows(rows, args.json, columns=("mark", *(f"{c}_s" for c in cases)),
-               title=f"seconds after the node was lost, or (grow, rebalance-shrink) after the plan opened "
+               title=f"seconds after the node was lost, or (grow, *shrink*) after the plan opened "
                      f"(SlurmdTimeout={args.slurmd_timeout} s, Slurm {backend.version})")
 
 
