@@ -162,15 +162,18 @@ class PeerLossReader:
         for step in range(self._steps):
             path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
             report, problem = read_report(path, owner_uid=uid)
+            given_up = False
             if report is not None:
                 problem = check_against_job(report, job)
                 if problem and report.job_id == str(job.job_id) and report.restart_count == job.restarts \
                         and not set(report.lost_nodes) & set(job.nodes):
-                    # An earlier step's loss whose nodes a shrink in place already gave up, or nodes the
-                    # job never ran on: either way nothing to act on, and said once.
+                    # A loss whose nodes a shrink in place already gave up (after a lost node, or the nodes a
+                    # rebalance took), or nodes the job never ran on: nothing to act on, and said once.
                     problem = f"names only nodes the job does not run on now ({','.join(report.lost_nodes)})"
+                    given_up = set(report.surviving_nodes) == set(job.nodes)   # it runs on exactly the survivors
             if problem:
-                self._say(path, f"job {job.job_id}: peer-lost report {path} {problem}; ignored")
+                self._say(path, f"job {job.job_id}: peer-lost report {path} {problem}; ignored",
+                          level=logging.INFO if given_up else logging.WARNING)
                 continue
             if report is None:
                 continue
@@ -193,9 +196,9 @@ class PeerLossReader:
                 owner_uid=uid)   # the first step with a report: the incarnation is over either way
         return None
 
-    def _say(self, path: str, line: str) -> None:
+    def _say(self, path: str, line: str, level: int = logging.WARNING) -> None:
         if self._said.get(path) != line:      # once per problem, not every cycle
-            log.warning("%s", line)
+            log.log(level, "%s", line)
             self._said[path] = line
 
 
