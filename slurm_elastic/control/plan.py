@@ -183,14 +183,15 @@ def nodes_kept(job: Job, target: int, placement: Mapping[str, int]) -> tuple[str
     return keep
 
 
-def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: Callable[[Job], bool]
-                     ) -> tuple[Allocation, dict[str, str]]:
+def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: Callable[[Job], bool], *,
+                     fixed: frozenset[str] = frozenset()) -> tuple[Allocation, dict[str, str]]:
     """The allocation, with every shrink that would give up its job's first node (the batch script's, which
     Slurm cannot take from a running job) turned into one that keeps it, where that changes nothing else.
 
     The first node and one the shrink keeps swap names in every placement when the two are alike (same
     size, state, partitions and load, no other elastic job on them): each job then sees the capacity it was solved for,
-    and the job `keeps_ranks` says goes on in place can give the other one up without a requeue. Returns the
+    and the job `keeps_ranks` says goes on in place can give the other one up without a requeue. `fixed`:
+    nodes whose name matters beyond their record (an advance reservation's), never swapped. Returns the
     allocation and the names swapped (each node -> the one it became), for what else names nodes."""
     placement: dict[str, dict[str, int]] | None = None
     swapped: dict[str, str] = {}
@@ -200,9 +201,9 @@ def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: C
         if job.state is not JobState.RUNNING or len(job.nodes) < 2 or not 0 < target < job.gpus or not rows:
             continue
         first = job.nodes[0]
-        if rows.get(first, 0) or set(rows) - set(job.nodes) or any(v != job.gpus_per_node for v in rows.values()):
+        if first in fixed or rows.get(first, 0) or set(rows) - set(job.nodes) or any(v != job.gpus_per_node for v in rows.values()):
             continue
-        swap = next((n for n in job.nodes if n in rows and _alike(state, job, first, n)), None)
+        swap = next((n for n in job.nodes if n in rows and n not in fixed and _alike(state, job, first, n)), None)
         if swap is None or not keeps_ranks(job):
             continue
         placement = placement or {k: dict(v) for k, v in allocation.placement.items()}

@@ -466,7 +466,14 @@ class RequeueProtocol:
         """Give up the nodes the plan does not keep, the job running on; whether it was done. Asked of a job
         that still says its ranks go on in their processes and still runs on every node the plan keeps."""
         job = self._observe(job_id)
-        if job is None or job.state is not JobState.RUNNING or not keeps_ranks(job) \
+        restarts = self._record(plan_id).restarts
+        if job is not None and job.state is JobState.RUNNING and job.restarts == restarts \
+                and set(job.nodes) == set(plan.keep):
+            # Given up before a crash that came ahead of its journal row: done, nothing to take again.
+            self.journal.record(plan_id, "hold", KEPT_SHRINK_NOTE)
+            self._in_place.add(plan_id)
+            return True
+        if job is None or job.state is not JobState.RUNNING or job.restarts != restarts or not keeps_ranks(job) \
                 or not set(plan.keep) < set(job.nodes):
             log.info("job %d: not shrunk in place (its ranks no longer say they go on, or it moved); requeued",
                      job_id)
@@ -485,15 +492,16 @@ class RequeueProtocol:
 
     def _signal_late(self, plan_id: int, job_id: int) -> None:
         """The in-place shrink could not be done: the job gets the signal now and its ACK is waited for, so
-        the requeue that follows loses no step."""
-        self.journal.record(plan_id, "signal", self.settings.signal)
+        the requeue that follows loses no step. Journaled as notes of the hold step: from the hold on, a
+        controller that dies treats the job's hold as its own (recover)."""
+        self.journal.record(plan_id, "hold", f"not shrunk in place: signal {self.settings.signal} sent")
         try:
             self.backend.signal(job_id, self.settings.signal)
         except SlurmError as exc:
             log.warning("job %d: could not signal (%s); continuing", job_id, exc)
             return
         acked = self._wait_for_acks([self._record(plan_id)], self.backend.snapshot())
-        self.journal.record(plan_id, "ack", "acked" if acked.get(plan_id) else
+        self.journal.record(plan_id, "hold", "acked" if acked.get(plan_id) else
                             f"no ACK within {self.settings.ack_timeout_s:g}s")
 
     def _give_up_lost_nodes(self, job_id: int, lost: tuple[str, ...]) -> bool:

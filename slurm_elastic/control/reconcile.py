@@ -511,7 +511,10 @@ class Reconciler:
         allocation = with_basis(allocation, decided.basis)
         self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
-        allocation, swapped = keep_first_nodes(scoped, allocation, keeps_ranks)   # so a shrink can be in place
+        swapped: dict[str, str] = {}
+        if windows is not None:   # so that a shrink can be in place; never a node an advance reservation names
+            allocation, swapped = keep_first_nodes(scoped, allocation, keeps_ranks, fixed=frozenset(
+                n for w in windows.values() for n in w.nodes))
         if swapped:
             rigid = dataclasses.replace(rigid, reserved=tuple(
                 dataclasses.replace(r, nodes=tuple(swapped.get(n, n) for n in r.nodes)) for r in rigid.reserved))

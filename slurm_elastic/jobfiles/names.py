@@ -149,7 +149,7 @@ def launcher_stopped_file_name(slurm_job_id: str | int, restart_count: int, step
 # under train/regroup.py with `srun --no-kill` and goes on in place when the survivors re-form their group.
 # Its presence lets the controller shrink the running job in place on healthy nodes too (Slurm SIGKILLs the
 # ranks on the nodes given up; the others commit and go on). A job's word about its own job only: a false
-# one costs that job a relaunch, nothing more.
+# one costs only that job (its ranks there killed, whatever its script does then).
 KEEPS_RANKS_PREFIX = "keeps-ranks-"
 
 

@@ -110,7 +110,8 @@ def test_a_refused_shrink_in_place_is_signalled_then_requeued_losing_no_step(tmp
     # Signalled at the hold (its ACK waited for), then requeued as any other shrink.
     assert verbs.index("keep_nodes") < verbs.index("signal") < verbs.index("requeue_hold")
     assert steps[:2] == [("open", steps[0][1]), ("signal", NOT_SIGNALLED_NOTE)]
-    assert ("signal", shim.DEFAULT_SIGNAL) in steps and slurm.jobs[a].restarts == 1
+    assert ("hold", f"not shrunk in place: signal {shim.DEFAULT_SIGNAL} sent") in steps
+    assert slurm.jobs[a].restarts == 1
 
 
 def test_a_controller_that_dies_before_the_hold_shrinks_in_place_on_recovery(tmp_path):
@@ -213,3 +214,57 @@ def test_a_shrink_off_the_first_node_keeps_it_instead_where_the_two_nodes_are_al
     assert keep_first_nodes(unlike, allocation, lambda j: True) == (allocation, {})    # other load on one
     shared = dataclasses.replace(state, jobs=(job, rigid, dataclasses.replace(other, nodes=("n2",))))
     assert keep_first_nodes(shared, allocation, lambda j: True) == (allocation, {})    # another elastic job there
+
+
+def test_a_controller_that_dies_after_the_fallback_requeue_finishes_it_on_recovery(tmp_path, monkeypatch):
+    """Refused in place, signalled and requeued, then SIGKILLed: the hold is the controller's own, so the
+    next controller resizes and releases the job (never leaves it held)."""
+    from slurm_elastic.errors import SlurmError
+
+    class Crash(BaseException):
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    slurm, a, ckpt = _shared(tmp_path)
+    _says_it_keeps_ranks(ckpt, a)
+    rec, clock = _reconciler(slurm, tmp_path)
+    _rigid_arrives(slurm, rec)
+
+    def refuse(job_id, nodes):
+        raise SlurmError("Requested operation not presently supported")
+    monkeypatch.setattr(slurm, "keep_nodes", refuse)
+    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
+                                   crash_after="hold", crash=crash)
+    with pytest.raises(Crash):
+        rec.cycle()
+    assert slurm.jobs[a].held
+    rec2, _ = _reconciler(slurm, tmp_path)
+    report = rec2.cycle()
+    assert [o.status for o in report.recovered] == ["done"]
+    assert not slurm.jobs[a].held and slurm.jobs[a].restarts == 1
+
+
+def test_a_crash_between_the_shrink_and_its_journal_row_is_not_requeued_on_recovery(tmp_path, monkeypatch):
+    class Crash(BaseException):
+        pass
+
+    slurm, a, ckpt = _shared(tmp_path)
+    _says_it_keeps_ranks(ckpt, a)
+    rec, _ = _reconciler(slurm, tmp_path)
+    _rigid_arrives(slurm, rec)
+    keep = slurm.keep_nodes
+
+    def shrink_then_die(job_id, nodes):
+        keep(job_id, nodes)
+        raise Crash
+    monkeypatch.setattr(slurm, "keep_nodes", shrink_then_die)
+    with pytest.raises(Crash):
+        rec.cycle()
+    monkeypatch.setattr(slurm, "keep_nodes", keep)
+    assert slurm.jobs[a].nodes == ("n1",)
+    rec2, _ = _reconciler(slurm, tmp_path)
+    report = rec2.cycle()
+    assert [o.status for o in report.recovered] == ["done"]
+    assert slurm.jobs[a].restarts == 0 and "signal" not in [v for v, j in slurm.calls if j == a]
