@@ -86,7 +86,10 @@ def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(e
         before = max(r["step"] for r in rows if r["world_size"] == 2)
         resumed = [r["step"] for r in rows if r["world_size"] == 1]
         assert report.committed_step >= before and resumed[0] == report.committed_step + 1, (before, report, resumed[:5])
-        output = (cluster.root / "out" / f"{job_id}.out").read_text()
+        out_file = cluster.root / "out" / f"{job_id}.out"
+        # The batch script says so at its next look (every half second), after the ranks trained on.
+        output = cluster.wait_for(lambda: "re-formed their group in their processes" in (t := out_file.read_text())
+                                  and t, 30, 0.5, what=lambda: f"the script's word; {out_file.read_text()[-3000:]}")
         pids = {line.split("[")[1].split("]")[0] for line in output.splitlines() if "elastic session: rank 0/" in line}
         assert "re-formed their group in their processes" in output and len(pids) == 1, output[-4000:]
         assert "relaunching the ranks" not in output
