@@ -6,6 +6,7 @@ job's second node (`scontrol update NodeList=`: Slurm SIGKILLs the rank there), 
 requeues nothing; the surviving rank commits the step every rank completed and goes on in its process
 at the new size (train/regroup.py). The test asserts the path taken (same incarnation, one process),
 that no completed step was lost, the resumed step, and that the rigid job runs on the node given up.
+A growth, which Slurm cannot do to a running job, is asserted the same way on its requeue path.
 """
 
 from __future__ import annotations
@@ -105,6 +106,73 @@ def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(e
         print("admin status:", last["line"])
         print(f"rigid job asked at 0 s; training again at one rank {trained_at - asked_at:.1f} s; "
               f"committed step {report.committed_step}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-4000:])
+        cluster.cancel_all()
+    assert rc == 0
+
+
+def test_a_growth_goes_through_the_signalled_checkpoint_and_requeue_and_loses_no_step(elastic_cluster, tmp_path):
+    """Growth cannot keep the ranks (Slurm does not grow a running job, docs/slurm-backends.md): a DDP job at
+    1 GPU grows to 2 when a GPU is freed, through signal, checkpoint ACK and requeue; it resumes at the step
+    after the acknowledged one, and every step logged before is at or below it."""
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    blockers = _blockers(cluster)
+    fillers = {}
+    for node in ("n2", "n3", "n4"):       # one free GPU left in the cluster, on n1
+        proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
+                               "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
+                               "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+        fillers[node] = int(proc.stdout.strip().split(";")[0])
+    cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
+                                 if j.job_id in (*blockers.values(), *fillers.values())), 60, what="blockers, fillers")
+    # No hysteresis, linear speeds: the grow comes as soon as the GPU is free (the digits job measures no
+    # faster at 2 CPU ranks).
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20", "--hysteresis", "0",
+                           "--speed", "linear", log=tmp_path / "daemon.log")
+    try:
+        ckpt = cluster.root / "ckpt"
+        loss_log = cluster.root / "out" / "grow-loss.jsonl"
+        out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=grow",
+                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
+                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
+                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
+        job_id = int(out.stdout.strip())
+        job_dir = ckpt / str(job_id)
+
+        def job_now():
+            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+
+        cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and j.gpus == 1, 180,
+                         what=lambda: f"the job running at 1 GPU; {cluster.slurm_view()}")
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        freed_at = time.time()
+        subprocess.run(["scancel", str(fillers["n2"])], env=cluster.env, check=True)
+        cluster.wait_for(lambda: (j := job_now()).restarts == 1 and j.state is JobState.RUNNING and j.gpus == 2,
+                         180, 0.5, what=lambda: f"the job grown to 2 GPUs; {cluster.slurm_view()}")
+        cluster.wait_for(lambda: len([r for r in json_lines(loss_log) if r["world_size"] == 2]) >= 3, 180, 0.5,
+                         what=lambda: f"training at two ranks; {cluster.job_outputs()}")
+        grown_at = time.time()
+        ack = shim.Ack.parse(json.loads((job_dir / shim.ack_file_name(job_id, 0)).read_text()))
+        assert ack.committed and ack.step is not None, ack
+        rows = json_lines(loss_log)
+        before = max(r["step"] for r in rows if r["world_size"] == 1)
+        after = [r["step"] for r in rows if r["world_size"] == 2]
+        assert before <= ack.step and after[0] == ack.step + 1, (before, ack, after[:5])
+        log = (tmp_path / "daemon.log").read_text()
+        assert f"job {job_id}: sent" in log and "requeued and held" in log
+
+        def last_restart():
+            status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+            return next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
+
+        last = cluster.wait_for(last_restart, 60, 1, what="the grow journaled done")
+        assert last["kind"] == "resize", last
+        print("admin status:", last["line"])
+        print(f"GPU freed at 0 s; training at two ranks {grown_at - freed_at:.1f} s; acknowledged step {ack.step}")
     finally:
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(60)
