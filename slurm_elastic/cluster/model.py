@@ -156,6 +156,7 @@ class Job:
     nodes: tuple[str, ...] = ()
     num_nodes: int = 1
     gpus_per_node: int = 0
+    batch_host: str = ""               # the node its batch script runs on ("": not running, or unread)
     cpus_per_node: int = 0
     mem_per_node_mb: int = 0
     cpus_per_gpu: int | None = None
@@ -183,6 +184,13 @@ class Job:
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    @property
+    def first_node(self) -> str | None:
+        """The node Slurm cannot take from it while it runs: its batch host (else its first node)."""
+        if self.batch_host and self.batch_host in self.nodes:
+            return self.batch_host
+        return self.nodes[0] if self.nodes else None
 
     @property
     def uses_per_node(self) -> Resources:

@@ -137,7 +137,7 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
     return Job(
         job_id=jid, user=user, name=str(rec.get("name") or ""), state=state, reason=reason,
         nodes=nodes, num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node,
-        mem_per_node_mb=mem_per_node, cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
+        batch_host=str(rec.get("batch_host") or "") if state.active else "", mem_per_node_mb=mem_per_node, cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=number(_get(rec, "restart_cnt", "job", jid)) or 0,
         requeue=bool(_get(rec, "requeue", "job", jid)), held=held,
         partition=str(rec.get("partition") or ""), comment=comment, user_id=uid,

@@ -117,6 +117,7 @@ def job_from_text(rec: dict[str, str]) -> Job:
     ran = state.active or state.finished or state is JobState.REQUEUE_HOLD
     return Job(
         job_id=jid, user=user, name=rec.get("JobName", ""), state=state, reason=reason, nodes=nodes,
+        batch_host="" if not state.active or rec.get("BatchHost", "") in _NULL else rec["BatchHost"],
         num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node, mem_per_node_mb=mem_node,
         cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=_int(rec, "Restarts", jid), requeue=rec.get("Requeue") == "1",

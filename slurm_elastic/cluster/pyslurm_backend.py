@@ -500,6 +500,7 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         # pyslurm gives the state description where Slurm set one ("job requeued in held state")
         reason=reason_code(str(j.state_reason or "")),
         nodes=nodes, num_nodes=num_nodes, gpus_per_node=gpn, cpus_per_node=cpus_per_node, mem_per_node_mb=mem_node,
+        batch_host=str(getattr(j, "batch_host", "") or "") if state.active else "",
         cpus_per_gpu=cpus_per_gpu, mem_per_gpu_mb=mem_per_gpu,
         restarts=int(j.requeue_count or 0), requeue=bool(j.is_requeueable),
         held=job_held(state, hold_flag=False, priority=j.priority),

@@ -172,12 +172,12 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
 
 def nodes_kept(job: Job, target: int, placement: Mapping[str, int]) -> tuple[str, ...]:
     """The nodes a running job keeps when the allocation shrinks it to some of its own nodes, each whole
-    (as many GPUs there as now): then it can give the others up in place. () otherwise, and when the first
-    node, the batch script's, would be given up (Slurm cannot take that one from a running job)."""
+    (as many GPUs there as now): then it can give the others up in place. () otherwise, and when its batch
+    script's node (Job.first_node) would be given up: Slurm cannot take that one from a running job."""
     if not 0 < target < job.gpus or not job.nodes or not placement:
         return ()
     keep = tuple(n for n in job.nodes if placement.get(n, 0) > 0)
-    if (set(placement) - set(keep) or job.nodes[0] not in keep
+    if (set(placement) - set(keep) or job.first_node not in keep
             or any(placement[n] != job.gpus_per_node for n in keep) or len(keep) * job.gpus_per_node != target):
         return ()
     return keep
@@ -200,8 +200,8 @@ def keep_first_nodes(state: ClusterState, allocation: Allocation, keeps_ranks: C
         target = allocation.gpus.get(str(job.job_id), 0)
         if job.state is not JobState.RUNNING or len(job.nodes) < 2 or not 0 < target < job.gpus or not rows:
             continue
-        first = job.nodes[0]
-        if first in fixed or rows.get(first, 0) or set(rows) - set(job.nodes) or any(v != job.gpus_per_node for v in rows.values()):
+        first = job.first_node
+        if first is None or first in fixed or rows.get(first, 0) or set(rows) - set(job.nodes) or any(v != job.gpus_per_node for v in rows.values()):
             continue
         swap = next((n for n in job.nodes if n in rows and n not in fixed and _alike(state, job, first, n)), None)
         if swap is None or not keeps_ranks(job):

@@ -103,6 +103,7 @@ class RawJob:
     end_time: int = 0
     exit_code: int = 0   # job_info's raw wait status
     resv_name: str | None = None
+    batch_host: str | None = None
 
     @property
     def base(self) -> str:
@@ -137,7 +138,8 @@ def raw_job_from_capture(rec: dict) -> RawJob:
         requeue=bool(rec["requeue"]), partition=rec["partition"], comment=rec.get("comment") or None,
         submit_time=number(rec["submit_time"]) or 0, start_time=number(rec["start_time"]) or 0,
         memory_allocated=allocated, end_time=number(rec.get("end_time")) or 0,
-        exit_code=_wait_status(rec.get("exit_code")), resv_name=rec.get("resv_name") or None)
+        exit_code=_wait_status(rec.get("exit_code")), resv_name=rec.get("resv_name") or None,
+        batch_host=rec.get("batch_host") or None)
 
 
 def _wait_status(ec: object) -> int:
@@ -187,6 +189,7 @@ class FakeJob:
     is_requeueable = property(lambda self: self._r.requeue)
     partition = property(lambda self: self._r.partition)
     reservation = property(lambda self: self._r.resv_name)   # job.pyx: cstr.to_unicode(ptr.resv_name)
+    batch_host = property(lambda self: self._r.batch_host)   # job.pyx: cstr.to_unicode(ptr.batch_host)
     comment = property(lambda self: self._r.comment)
     submit_time = property(lambda self: self._r.submit_time or None)
     start_time = property(lambda self: self._r.start_time or None)

@@ -38,6 +38,8 @@ def test_squeue_json_gives_every_job_right(version: str) -> None:
         assert jobs[jid].spec is None and jobs[jid].spec_error is None
         assert jobs[jid].user_id == 0 and jobs[jid].submit_time and jobs[jid].submit_time > 1.7e9
     assert jobs[1].start_time is not None and jobs[2].start_time is None and jobs[3].start_time is None
+    # The running job's batch host (the node a shrink in place must keep); none for a job not running.
+    assert jobs[1].batch_host == "n1" and jobs[1].first_node == "n1" and jobs[2].batch_host == ""
 
 
 @pytest.mark.parametrize("version", ["24.11", "26.05"])

@@ -151,6 +151,8 @@ def test_only_a_shrink_to_whole_nodes_the_job_holds_with_its_first_node_can_be_k
     assert nodes_kept(job, 8, {"n1": 4, "n4": 4}) == ()     # a node it does not hold: a move
     assert nodes_kept(job, 12, {"n1": 4, "n2": 4, "n3": 4}) == ()   # not a shrink
     assert nodes_kept(job, 0, {}) == ()
+    on_n2 = dataclasses.replace(job, batch_host="n2")     # Slurm's batch host, where it is not the first named
+    assert nodes_kept(on_n2, 4, {"n2": 4}) == ("n2",) and nodes_kept(on_n2, 4, {"n1": 4}) == ()
 
 
 def test_the_phases_of_a_shrink_in_place_end_at_the_survivors_first_step(tmp_path):
