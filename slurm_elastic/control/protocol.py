@@ -693,19 +693,27 @@ def _sigkill_self() -> None:
     os.kill(os.getpid(), _signal.SIGKILL)
 
 
+def _running_job_dir(job: Job | None) -> tuple[str, int] | None:
+    """A running job's directory and the uid its files must be owned by; None where either is not known."""
+    spec = job.spec if job is not None else None
+    if job is None or job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
+        return None
+    uid = owner_uid(job)
+    if uid is None:
+        return None
+    try:
+        return shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id)), uid
+    except ValueError:
+        return None
+
+
 def keeps_ranks(job: Job | None) -> bool:
     """`job`'s batch script says, for this incarnation, that its ranks go on in their processes when nodes
     are taken from it (keeps-ranks-J-R in its job directory: the owner's regular file, no link followed)."""
-    spec = job.spec if job is not None else None
-    if job is None or job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
+    found = _running_job_dir(job)
+    if job is None or found is None:
         return False
-    uid = owner_uid(job)
-    if uid is None:
-        return False
-    try:
-        directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
-    except ValueError:
-        return False
+    directory, uid = found
     path = os.path.join(directory, shim.keeps_ranks_file_name(job.job_id, job.restarts))
     try:
         return shim.read_user_file(path, owner_uid=uid, max_bytes=64, what="a marker") is not None
@@ -719,16 +727,11 @@ def exited_on_geometry(job: Job) -> bool:
     Only the owner's own geometry.json counts (the contract's reader), and only one written since
     the job last started: a file left by an earlier start at the same size says nothing about now.
     """
-    spec = job.spec
-    if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir:
+    found = _running_job_dir(job)
+    if found is None:
         return False
-    uid = owner_uid(job)
-    if uid is None:
-        return False
-    try:
-        path = shim.geometry_path(spec.ckpt_dir, shim.job_key(job.job_id))
-    except ValueError:
-        return False
+    directory, uid = found
+    path = os.path.join(directory, shim.GEOMETRY_FILE)
     geometry, _ = read_job_geometry(path, owner_uid=uid, max_bytes=shim.GEOMETRY_MAX_BYTES)
     if geometry is None or not geometry.stuck or geometry.world_size != job.gpus:
         return False

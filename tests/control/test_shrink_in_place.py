@@ -43,6 +43,19 @@ def _says_it_keeps_ranks(ckpt, job_id: int, restart: int = 0):
     return path
 
 
+class Crash(BaseException):
+    """As a SIGKILL of the controller: nothing of the protocol runs after it."""
+
+
+def _crash() -> None:
+    raise Crash
+
+
+def _dies_after(rec, clock, step: str) -> None:
+    rec.protocol = RequeueProtocol(rec.backend, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
+                                   crash_after=step, crash=_crash)
+
+
 def _rigid_arrives(slurm, rec) -> int:
     rec.cycle()
     rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob", priority=10**9)
@@ -115,18 +128,11 @@ def test_a_refused_shrink_in_place_is_signalled_then_requeued_losing_no_step(tmp
 
 
 def test_a_controller_that_dies_before_the_hold_shrinks_in_place_on_recovery(tmp_path):
-    class Crash(BaseException):
-        pass
-
-    def crash() -> None:
-        raise Crash
-
     slurm, a, ckpt = _shared(tmp_path)
     _says_it_keeps_ranks(ckpt, a)
     rec, clock = _reconciler(slurm, tmp_path)
     _rigid_arrives(slurm, rec)
-    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
-                                   crash_after="ack", crash=crash)
+    _dies_after(rec, clock, "ack")
     with pytest.raises(Crash):
         rec.cycle()
     assert slurm.jobs[a].nodes == ("n1", "n2")
@@ -223,12 +229,6 @@ def test_a_controller_that_dies_after_the_fallback_requeue_finishes_it_on_recove
     next controller resizes and releases the job (never leaves it held)."""
     from slurm_elastic.errors import SlurmError
 
-    class Crash(BaseException):
-        pass
-
-    def crash() -> None:
-        raise Crash
-
     slurm, a, ckpt = _shared(tmp_path)
     _says_it_keeps_ranks(ckpt, a)
     rec, clock = _reconciler(slurm, tmp_path)
@@ -237,8 +237,7 @@ def test_a_controller_that_dies_after_the_fallback_requeue_finishes_it_on_recove
     def refuse(job_id, nodes):
         raise SlurmError("Requested operation not presently supported")
     monkeypatch.setattr(slurm, "keep_nodes", refuse)
-    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
-                                   crash_after="hold", crash=crash)
+    _dies_after(rec, clock, "hold")
     with pytest.raises(Crash):
         rec.cycle()
     assert slurm.jobs[a].held
@@ -249,9 +248,6 @@ def test_a_controller_that_dies_after_the_fallback_requeue_finishes_it_on_recove
 
 
 def test_a_crash_between_the_shrink_and_its_journal_row_is_not_requeued_on_recovery(tmp_path, monkeypatch):
-    class Crash(BaseException):
-        pass
-
     slurm, a, ckpt = _shared(tmp_path)
     _says_it_keeps_ranks(ckpt, a)
     rec, _ = _reconciler(slurm, tmp_path)

@@ -27,6 +27,33 @@ from tests.control.test_peer_loss_live import TEMPLATE, _blockers, _show_job
 pytestmark = [pytest.mark.slurm, pytest.mark.heavy]
 
 
+def _filler(cluster, node: str) -> int:
+    """A plain 1-GPU job pinned to `node`."""
+    proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
+                           "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
+                           "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+    return int(proc.stdout.strip().split(";")[0])
+
+
+def _ddp_job(cluster, name: str, loss_log) -> int:
+    """The DDP template with the digits example, 1-2 GPUs, logging every step's loss to `loss_log`."""
+    out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={cluster.root / 'ckpt'}",
+                      f"--job-name={name}", f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append",
+                      str(TEMPLATE), sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps",
+                      "100000", "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
+    return int(out.stdout.strip())
+
+
+def _job(cluster, job_id: int):
+    return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+
+
+def _last_restart(cluster, job_id: int):
+    """What `admin status --json` says of the job's last restart (None until its plan is journaled done)."""
+    status = json.loads(cluster.cli("admin", "status", "--json").stdout)
+    return next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
+
+
 def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(elastic_cluster, tmp_path):
     cluster = elastic_cluster
     cluster.cancel_all()
@@ -36,25 +63,18 @@ def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(e
     daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20",
                            log=tmp_path / "daemon.log")
     try:
-        ckpt = cluster.root / "ckpt"
         loss_log = cluster.root / "out" / "shrink-kept-loss.jsonl"
-        out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=shrinkkept",
-                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
-                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
-                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
-        job_id = int(out.stdout.strip())
-        job_dir = ckpt / str(job_id)
+        job_id = _ddp_job(cluster, "shrinkkept", loss_log)
+        job_dir = cluster.root / "ckpt" / str(job_id)
 
         def job_now():
-            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+            return _job(cluster, job_id)
 
         first = cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and len(j.nodes) == 2 and j,
                                  180, what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
         for node in ("n1", "n2", "n3", "n4"):   # the last free GPUs taken elsewhere
             if node not in first.nodes:
-                subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
-                                "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
-                                "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
+                _filler(cluster, node)
         cluster.wait_for(lambda: not [j for j in cluster.snapshot().jobs if j.state is JobState.PENDING], 60,
                          what="the fillers running")
         marker = job_dir / shim.keeps_ranks_file_name(job_id, 0)
@@ -97,11 +117,7 @@ def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(e
         log = (tmp_path / "daemon.log").read_text()
         assert "shrunk in place to" in log and f"job {job_id}: sent" not in log and "requeued and held" not in log
 
-        def last_restart():
-            status = json.loads(cluster.cli("admin", "status", "--json").stdout)
-            return next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
-
-        last = cluster.wait_for(last_restart, 60, 1, what="the shrink journaled done")
+        last = cluster.wait_for(lambda: _last_restart(cluster, job_id), 60, 1, what="the shrink journaled done")
         assert last["kind"] == "resize, ranks kept" and last["marks"].get("first_step"), last
         print("admin status:", last["line"])
         print(f"rigid job asked at 0 s; training again at one rank {trained_at - asked_at:.1f} s; "
@@ -123,10 +139,7 @@ def test_a_growth_goes_through_the_signalled_checkpoint_and_requeue_and_loses_no
     blockers = _blockers(cluster)
     fillers = {}
     for node in ("n2", "n3", "n4"):       # one free GPU left in the cluster, on n1
-        proc = subprocess.run(["sbatch", "--parsable", f"--nodelist={node}", "--gres=gpu:1", "--cpus-per-gpu=1",
-                               "--mem=100", "--no-requeue", "--job-name=filler", "--output=/dev/null",
-                               "--wrap", "sleep 3000"], env=cluster.env, capture_output=True, text=True, check=True)
-        fillers[node] = int(proc.stdout.strip().split(";")[0])
+        fillers[node] = _filler(cluster, node)
     cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
                                  if j.job_id in (*blockers.values(), *fillers.values())), 60, what="blockers, fillers")
     # No hysteresis, linear speeds: the grow comes as soon as the GPU is free (the digits job measures no
@@ -134,17 +147,12 @@ def test_a_growth_goes_through_the_signalled_checkpoint_and_requeue_and_loses_no
     daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20", "--hysteresis", "0",
                            "--speed", "linear", log=tmp_path / "daemon.log")
     try:
-        ckpt = cluster.root / "ckpt"
         loss_log = cluster.root / "out" / "grow-loss.jsonl"
-        out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=grow",
-                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
-                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
-                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
-        job_id = int(out.stdout.strip())
-        job_dir = ckpt / str(job_id)
+        job_id = _ddp_job(cluster, "grow", loss_log)
+        job_dir = cluster.root / "ckpt" / str(job_id)
 
         def job_now():
-            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+            return _job(cluster, job_id)
 
         cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and j.gpus == 1, 180,
                          what=lambda: f"the job running at 1 GPU; {cluster.slurm_view()}")
@@ -165,11 +173,7 @@ def test_a_growth_goes_through_the_signalled_checkpoint_and_requeue_and_loses_no
         log = (tmp_path / "daemon.log").read_text()
         assert f"job {job_id}: sent" in log and "requeued and held" in log
 
-        def last_restart():
-            status = json.loads(cluster.cli("admin", "status", "--json").stdout)
-            return next(r for r in status["jobs"] if r["job_id"] == job_id)["last_restart"]
-
-        last = cluster.wait_for(last_restart, 60, 1, what="the grow journaled done")
+        last = cluster.wait_for(lambda: _last_restart(cluster, job_id), 60, 1, what="the grow journaled done")
         assert last["kind"] == "resize", last
         print("admin status:", last["line"])
         print(f"GPU freed at 0 s; training at two ranks {grown_at - freed_at:.1f} s; acknowledged step {ack.step}")
