@@ -114,7 +114,11 @@ def test_a_rigid_job_gets_two_whole_nodes_from_elastic_jobs_with_no_step_lost(el
         assert len(rigid_nodes) == 2
         for job_id in ids:
             gpus, restarts, nodes = after[job_id]
-            assert gpus == 4 and restarts > before[job_id][1], (job_id, before[job_id], after[job_id])
+            # Requeued at 4 GPUs, or shrunk in place to one of its own nodes, its ranks kept (the DDP
+            # template's default: docs/controller.md, "Shrinking on healthy nodes in place").
+            in_place = restarts == before[job_id][1] and set(nodes) < set(before[job_id][2])
+            assert gpus == 4 and (restarts > before[job_id][1] or in_place), (job_id, before[job_id], after[job_id])
+            print(f"job {job_id}: {'shrunk in place' if in_place else 'requeued'} {before[job_id]} -> {after[job_id]}")
             assert not rigid_nodes & set(nodes), (rigid_nodes, nodes)
             # rank 0 logs each completed step; the commit at the shrink is the last of them, and the
             # job resumed at the next: the steps run are consecutive (none lost, none run twice).
