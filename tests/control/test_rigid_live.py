@@ -121,9 +121,12 @@ def test_a_rigid_job_gets_two_whole_nodes_from_elastic_jobs_with_no_step_lost(el
             print(f"job {job_id}: {'shrunk in place' if in_place else 'requeued'} {before[job_id]} -> {after[job_id]}")
             assert not rigid_nodes & set(nodes), (rigid_nodes, nodes)
             # rank 0 logs each completed step; the commit at the shrink is the last of them, and the
-            # job resumed at the next: the steps run are consecutive (none lost, none run twice).
+            # job resumed at the next: the steps run are consecutive (none lost, none run twice). Shrunk in
+            # place, the survivors commit the last step all of them completed (docs/training.md, "Agreement
+            # without the process group"): one step rank 0 had already applied may run again, never more.
             steps = _steps(by_id[job_id])
-            assert steps == list(range(steps[0], steps[0] + len(steps))), (job_id, steps)
+            gaps = [b - a for a, b in zip(steps, steps[1:])]
+            assert set(gaps) <= {0, 1} and gaps.count(0) <= (1 if in_place else 0), (job_id, steps)
         assert f"gave 8 GPUs back to job {rigid} (rigid, priority " in log.read_text()
     finally:
         rc = _stop(daemon, log)
