@@ -33,6 +33,7 @@ from slurm_elastic.train.checkpointer import (
     model_fingerprint,
     optimizer_groups_json,
 )
+from slurm_elastic.train.connections import GroupConnections
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.noise import DEFAULT_EVERY_STEPS, DEFAULT_SMOOTHING, GradientNoiseEstimator, NoiseEstimate, has_dtensor
 from slurm_elastic.train.rng import RawRng, capture_rng, capture_rng_raw, restore_rng, rng_json
@@ -110,6 +111,7 @@ class ElasticSession:
         self._signalled_by = ""                 # the signal's name, for the log (the checkpoint signal or TERM)
         self._exit_after_snapshot = False
         self._owns_group = False
+        self._connections = GroupConnections({})       # the sockets of the group this session formed
         self._old_handler: Any = None
         self._old_term_handler: Any = None
         self._old_mask: set[signal_module.Signals] = set()
@@ -189,12 +191,18 @@ class ElasticSession:
                 torch.cuda.set_device(self.env.local_rank)
             timeout = datetime.timedelta(seconds=self.timeout_s)
             store = rendezvous.connect(self.env, self.run_dir, timeout_s=self.timeout_s)
-            if store is None:
-                dist.init_process_group(backend, init_method=self.env.init_method, rank=self.env.rank,
-                                        world_size=self.env.world_size, timeout=timeout)
-            else:
-                dist.init_process_group(backend, store=store, rank=self.env.rank, world_size=self.env.world_size,
-                                        timeout=timeout)
+
+            def form_group() -> None:
+                if store is None:
+                    dist.init_process_group(backend, init_method=self.env.init_method, rank=self.env.rank,
+                                            world_size=self.env.world_size, timeout=timeout)
+                else:
+                    dist.init_process_group(backend, store=store, rank=self.env.rank,
+                                            world_size=self.env.world_size, timeout=timeout)
+            # The store's connection is among them: it is this group's alone (train/rendezvous.py).
+            connections = GroupConnections.opened_by(form_group)
+            if backend == "gloo":
+                self._connections = connections   # on NCCL the sockets are not where a collective waits
             self._owns_group = True
         if self.env.world_size > 1:
             # Beside the ranks of its own node, each rank watches the first rank of the next
@@ -693,12 +701,17 @@ class ElasticSession:
             # The state is committed and the next session restores it, so the training thread may step
             # on: held here, the lock would keep it from the collective whose failure brings it over.
             self._state_lock.release()
-            # The training thread takes over when its own collective fails; blocked in one with a frozen
-            # peer it would wait the collective timeout, so after the survivors' readiness deadline the
-            # process ends as without regrouping (the others see it not ready and do the same).
+            # The training thread takes over when its own collective fails. One blocked in a collective
+            # with a frozen peer, or with a survivor that left the group but whose model still holds it,
+            # would wait the collective timeout: cutting the group's connections gives it its error now.
+            # Should it still not come (another backend, a group the script formed itself), after the
+            # survivors' readiness deadline the process ends as without regrouping (the others see it
+            # not ready and do the same).
+            self._connections.sever()
             if self._training_thread_here.wait(peers.regroup_deadline_s(self.liveness_timeout_s)):
                 return
-            peers.give_up_regroup(self.run_dir, rank=self.rank, why="its training thread is blocked")
+            peers.give_up_regroup(self.run_dir, rank=self.rank,
+                                  why=f"its training thread is blocked in {_where_training_is()}")
         self._loss_handled.set()
         self._exit_peer_lost()
 
@@ -708,8 +721,11 @@ class ElasticSession:
         try:
             # Leave the old group first: a survivor whose training thread still waits in a collective on
             # this rank (it saw the loss only through the `lost` file) gets its error now, not at the
-            # collective timeout. With this rank's sockets closed it can go no other way but on.
-            if not regroup.leave_group():
+            # collective timeout. Destroying the group does not close its connections while the user's
+            # model holds it, so they are cut as well; then it can go no other way but on.
+            left = regroup.leave_group()
+            self._connections.sever()
+            if not left:
                 peers.give_up_regroup(self.run_dir, rank=self.rank, why="the old process group did not close")
             go = peers.agree_to_regroup(self.run_dir, rank=self.rank, survivors=decision["survivors"],
                                         deadline_s=peers.regroup_deadline_s(self.liveness_timeout_s))
@@ -899,6 +915,18 @@ def _quiesce_gloo() -> None:
     except Exception as exc:   # a peer already gone: nothing left to quiesce
         log.debug("barrier before teardown failed: %s", exc)
     time.sleep(0.2)
+
+
+def _where_training_is() -> str:
+    """The innermost frames of the training (main) thread, for the log of a regroup given up."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return "an unknown place"
+    where = []
+    while frame is not None and len(where) < 4:
+        where.append(f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})")
+        frame = frame.f_back
+    return " < ".join(where)
 
 
 def _node_or_unknown(name: Any) -> str:
