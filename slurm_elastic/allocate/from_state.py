@@ -168,7 +168,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
 
     For each such job in priority order: the nodes of its partition that
     could hold its shape once elastic work left them, the ones that need the
-    fewest elastic GPUs to leave first. It stops at the first job that does
+    fewest elastic GPUs to leave first, then those fewest running elastic jobs
+    have their batch host on. It stops at the first job that does
     not fit (Slurm starts nothing below it ahead of it either) or whose
     nodes would cut into elastic minimums protected from it, or into the
     minimums of pending elastic jobs Slurm would start before it; the nodes
@@ -185,6 +186,14 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                 held[name] = held.get(name, 0) + job.gpus_per_node
     partitions = {n.name: n.partitions for n in state.nodes}
     running = [j for j in state.elastic_jobs if j.state.active and j.spec is not None]
+    # Slurm takes whole nodes from a running job but never its batch host; the others a job can give up
+    # with its ranks kept (docs/controller.md, "Shrinking on healthy nodes in place"), a batch host only
+    # by a requeue. Where the GPUs to take back tie, the nodes fewest jobs run their batch script on.
+    hosting: dict[str, int] = {}
+    for job in running:
+        host = job.first_node
+        if host is not None:
+            hosting[host] = hosting.get(host, 0) + 1
     queued = [j for j in state.elastic_jobs if j.state is JobState.PENDING and not j.held and j.spec is not None
               and j.reason in WAITING_FOR_RESOURCES]
     reserved: list[RigidReservation] = []
@@ -206,7 +215,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         def cost(c: NodeCapacity) -> int:
             return max(0, need.gpus - (c.gpus - held.get(c.name, 0)))
 
-        chosen = sorted(fits, key=lambda c: (cost(c), c.name))[:job.num_nodes]
+        chosen = sorted(fits, key=lambda c: (cost(c), hosting.get(c.name, 0) if cost(c) else 0, c.name))[:job.num_nodes]
         protected = sum(e.spec.min_gpus for e in running  # type: ignore[union-attr]
                         if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
         # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job

@@ -34,6 +34,19 @@ def test_a_pending_rigid_job_gets_the_nodes_that_need_the_fewest_elastic_gpus_to
     assert "gave 2 GPUs back to job" in demand.reserved[0].describe()
 
 
+def test_where_the_gpus_to_take_back_tie_a_rigid_job_gets_nodes_the_elastic_jobs_can_give_up_in_place():
+    """Two elastic jobs on two whole nodes each: a rigid job for two nodes takes the one each job does not run
+    its batch script on, so both shrink keeping their ranks (Slurm never takes a running job's batch host)."""
+    slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
+    a = slurm.add_job(ElasticSpec(4, 8), nodes=2, gpus_per_node=4)
+    b = slurm.add_job(ElasticSpec(4, 8), nodes=2, gpus_per_node=4)
+    slurm.jobs[b] = dataclasses.replace(slurm.jobs[b], batch_host="n4")
+    assert slurm.jobs[a].nodes == ("n1", "n2") and slurm.jobs[b].nodes == ("n3", "n4")
+    rigid = slurm.add_job(None, nodes=2, gpus_per_node=4)
+    demand = _demand(slurm)
+    assert [(r.job_id, r.nodes, r.gpus_reclaimed) for r in demand.reserved] == [(rigid, ("n2", "n3"), 8)]
+
+
 def test_without_rigid_demand_capacity_is_what_running_rigid_jobs_leave():
     slurm, _, _ = _filled()
     demand = _demand(slurm)
