@@ -163,13 +163,14 @@ def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
 
 
 def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy,
-                      windows: Mapping[str, AdvanceReservation] | None = None) -> RigidDemand:
+                      windows: Mapping[str, AdvanceReservation] | None = None,
+                      keeps_ranks: Callable[[Job], bool] | None = None) -> RigidDemand:
     """Capacity for elastic work less whole nodes kept for the pending rigid jobs Slurm would start next.
 
     For each such job in priority order: the nodes of its partition that
     could hold its shape once elastic work left them, the ones that need the
-    fewest elastic GPUs to leave first, then those fewest running elastic jobs
-    have their batch host on. It stops at the first job that does
+    fewest elastic GPUs to leave first, then those the most running elastic
+    jobs can give up in place (`keeps_ranks`, not their batch host). It stops at the first job that does
     not fit (Slurm starts nothing below it ahead of it either) or whose
     nodes would cut into elastic minimums protected from it, or into the
     minimums of pending elastic jobs Slurm would start before it; the nodes
@@ -186,14 +187,12 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                 held[name] = held.get(name, 0) + job.gpus_per_node
     partitions = {n.name: n.partitions for n in state.nodes}
     running = [j for j in state.elastic_jobs if j.state.active and j.spec is not None]
-    # Slurm takes whole nodes from a running job but never its batch host; the others a job can give up
-    # with its ranks kept (docs/controller.md, "Shrinking on healthy nodes in place"), a batch host only
-    # by a requeue. Where the GPUs to take back tie, the nodes fewest jobs run their batch script on.
-    hosting: dict[str, int] = {}
-    for job in running:
-        host = job.first_node
-        if host is not None:
-            hosting[host] = hosting.get(host, 0) + 1
+    # Slurm takes whole nodes from a running job but never its batch host: a job whose ranks go on in
+    # their processes gives up any other node in place (docs/controller.md, "Shrinking on healthy nodes
+    # in place"), its batch host only by a requeue, like a job without that word wherever it shrinks.
+    # Where the GPUs to take back tie, the nodes more jobs can give up in place come first. Only toward
+    # them: a false word draws the rigid job onto the liar's own nodes, never onto another job's.
+    in_place: dict[str, int] | None = None
     queued = [j for j in state.elastic_jobs if j.state is JobState.PENDING and not j.held and j.spec is not None
               and j.reason in WAITING_FOR_RESOURCES]
     reserved: list[RigidReservation] = []
@@ -215,7 +214,10 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         def cost(c: NodeCapacity) -> int:
             return max(0, need.gpus - (c.gpus - held.get(c.name, 0)))
 
-        chosen = sorted(fits, key=lambda c: (cost(c), hosting.get(c.name, 0) if cost(c) else 0, c.name))[:job.num_nodes]
+        if in_place is None:
+            in_place = _given_up_in_place([j for j in running if keeps_ranks is not None and keeps_ranks(j)])
+        chosen = sorted(fits, key=lambda c: (cost(c), -in_place.get(c.name, 0) if cost(c) else 0,  # type: ignore[union-attr]
+                                             c.name))[:job.num_nodes]
         protected = sum(e.spec.min_gpus for e in running  # type: ignore[union-attr]
                         if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
         # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job
@@ -236,6 +238,17 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
         reserved.append(RigidReservation(job.job_id, job.priority, tuple(c.name for c in chosen), gpus_reclaimed))
     # Logged by the reconciler when it changes (its waits), not here every cycle.
     return RigidDemand(tuple(left[c.name] for c in capacity), tuple(reserved), tuple(waiting))
+
+
+def _given_up_in_place(jobs: list[Job]) -> dict[str, int]:
+    """How many of `jobs` (whose ranks go on in their processes) could give up each node in place: every
+    node of theirs but the batch host."""
+    count: dict[str, int] = {}
+    for job in jobs:
+        for name in job.nodes:
+            if name != job.first_node:
+                count[name] = count.get(name, 0) + 1
+    return count
 
 
 def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, NodeCapacity],

@@ -464,7 +464,7 @@ class Reconciler:
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         windows = self._reservation_windows(scoped)
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows)
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps_ranks)
         # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
         # budget, measure first, the share floor): kept by them, one job held its size and the other
         # went back to the queue though both minimums fitted beside the rigid job (seen live).

@@ -18,9 +18,9 @@ def _filled() -> tuple[InMemorySlurm, int, int]:
     return slurm, a, b
 
 
-def _demand(slurm: InMemorySlurm, rules: RigidPolicy = RigidPolicy()):
+def _demand(slurm: InMemorySlurm, rules: RigidPolicy = RigidPolicy(), keeps_ranks=None):
     state = slurm.snapshot()
-    return reserve_for_rigid(state, capacity_from_state(state), rules)
+    return reserve_for_rigid(state, capacity_from_state(state), rules, keeps_ranks=keeps_ranks)
 
 
 def test_a_pending_rigid_job_gets_the_nodes_that_need_the_fewest_elastic_gpus_to_leave():
@@ -35,16 +35,22 @@ def test_a_pending_rigid_job_gets_the_nodes_that_need_the_fewest_elastic_gpus_to
 
 
 def test_where_the_gpus_to_take_back_tie_a_rigid_job_gets_nodes_the_elastic_jobs_can_give_up_in_place():
-    """Two elastic jobs on two whole nodes each: a rigid job for two nodes takes the one each job does not run
-    its batch script on, so both shrink keeping their ranks (Slurm never takes a running job's batch host)."""
+    """Two elastic jobs on two whole nodes each whose ranks go on in their processes: a rigid job for two nodes
+    takes the one each job does not run its batch script on, so both shrink keeping their ranks (Slurm never
+    takes a running job's batch host). Jobs without that word requeue wherever they shrink: names decide."""
     slurm = InMemorySlurm(nodes=4, gpus_per_node=4)
     a = slurm.add_job(ElasticSpec(4, 8), nodes=2, gpus_per_node=4)
     b = slurm.add_job(ElasticSpec(4, 8), nodes=2, gpus_per_node=4)
     slurm.jobs[b] = dataclasses.replace(slurm.jobs[b], batch_host="n4")
     assert slurm.jobs[a].nodes == ("n1", "n2") and slurm.jobs[b].nodes == ("n3", "n4")
     rigid = slurm.add_job(None, nodes=2, gpus_per_node=4)
-    demand = _demand(slurm)
+    demand = _demand(slurm, keeps_ranks=lambda job: True)
     assert [(r.job_id, r.nodes, r.gpus_reclaimed) for r in demand.reserved] == [(rigid, ("n2", "n3"), 8)]
+    # Only toward a job's own nodes: with a's word alone, a's other node first, then the names decide
+    # (a word, true or false, never draws the rigid job onto another job's nodes).
+    assert [r.nodes for r in _demand(slurm, keeps_ranks=lambda job: job.job_id == a).reserved] == [("n2", "n1")]
+    assert [r.nodes for r in _demand(slurm, keeps_ranks=lambda job: job.job_id == b).reserved] == [("n3", "n1")]
+    assert [r.nodes for r in _demand(slurm).reserved] == [("n1", "n2")]
 
 
 def test_without_rigid_demand_capacity_is_what_running_rigid_jobs_leave():
