@@ -191,7 +191,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     # their processes gives up any other node in place (docs/controller.md, "Shrinking on healthy nodes
     # in place"), its batch host only by a requeue, like a job without that word wherever it shrinks.
     # Where the GPUs to take back tie, the nodes more jobs can give up in place come first. Only toward
-    # them: a false word draws the rigid job onto the liar's own nodes, never onto another job's.
+    # them: a false word draws the rigid job onto nodes the liar itself gives up, never elsewhere.
     in_place: dict[str, int] | None = None
     queued = [j for j in state.elastic_jobs if j.state is JobState.PENDING and not j.held and j.spec is not None
               and j.reason in WAITING_FOR_RESOURCES]
