@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -32,6 +33,10 @@ from slurm_elastic import settings
 log = logging.getLogger(__name__)
 
 _running = False        # set by main(): only then may a session raise Regroup instead of exiting
+# A stop signal that came while the survivors moved from one session to the next (its name, "" if none),
+# and the handlers the stop signals had before the first session: between sessions the signals are held.
+_carried = ""
+_originals: dict[int, Any] = {}
 
 
 class Regroup(BaseException):
@@ -78,6 +83,34 @@ def survivor_env(environ: Mapping[str, str], decision: Mapping[str, Any], rank: 
     if survivors[0] != 0:
         env["MASTER_ADDR"] = None
     return env
+
+
+def hold_signals(originals: Mapping[int, Any]) -> None:
+    """Between two sessions of this process: a stop signal (Slurm's SIGTERM, the job's checkpoint signal)
+    is held for the next session instead of being lost with the last one's flag, or acted on by the
+    default action of the handler before it. `originals`: the signals and the handlers the last session
+    found."""
+    def hold(signum: int, _frame: Any) -> None:
+        carry(signal.Signals(signum).name.removeprefix("SIG"))
+
+    for signum, original in originals.items():
+        _originals.setdefault(signum, original)
+        signal.signal(signum, hold)
+
+
+def carry(name: str) -> None:
+    """Hold the stop signal `name` (seen by a session that is ending) for the next session."""
+    global _carried
+    _carried = _carried or name
+
+
+def take_signal(signum: int, handler: Any) -> tuple[Any, str]:
+    """Install a session's `handler` for `signum`: the handler to restore at its end (the one from before
+    the first session, not the holder), and the stop signal held since the last session ("" if none)."""
+    global _carried
+    previous = signal.signal(signum, handler)
+    carried, _carried = _carried, ""
+    return _originals.get(signum, previous), carried
 
 
 def leave_group(timeout_s: float = 10.0) -> bool:

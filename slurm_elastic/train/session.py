@@ -166,11 +166,14 @@ class ElasticSession:
     # -- lifecycle -----------------------------------------------------------------------------
     def __enter__(self) -> ElasticSession:
         sig = getattr(signal_module, "SIG" + self.signal_name)
-        self._old_handler = signal_module.signal(sig, self._on_signal)
         # Slurm ends a job's tasks with SIGTERM first (a preemption's GraceTime where the site does not
         # send the job's own signal - seen on 22.05 -, scancel, a limit without a warning), SIGKILL
-        # KillWait or GraceTime later: the ranks commit on it as on the checkpoint signal.
-        self._old_term_handler = signal_module.signal(signal_module.SIGTERM, self._on_signal)
+        # KillWait or GraceTime later: the ranks commit on it as on the checkpoint signal. One that came
+        # while the survivors of a lost peer moved to this session was held for it (train/regroup.py).
+        self._old_handler, held = regroup.take_signal(sig, self._on_signal)
+        self._old_term_handler, held_term = regroup.take_signal(signal_module.SIGTERM, self._on_signal)
+        if held or held_term:
+            self._signalled, self._signalled_by = True, held or held_term
         # The job templates start the ranks with the signal blocked, so one sent while Python and torch
         # import stays pending instead of being lost; with the handler in place it is delivered now.
         self._old_mask = signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, {sig})
@@ -745,17 +748,20 @@ class ElasticSession:
 
     def _leave_for_regroup(self) -> None:
         """What __exit__ would do, for a session whose process goes on: the liveness thread, the layer hooks
-        and the writer, the job directory, the signal handlers (the signal blocked again: one sent before
-        the next session's handler is in place stays pending). The group was left in _regroup_or_exit."""
+        and the writer, the job directory, the signal handlers (a stop signal this session saw, or one sent
+        before the next session's handler is in place, is held for it: Slurm's SIGTERM to a job it requeues
+        after a node failure comes while the survivors agree, and lost it would let them train on to the
+        SIGKILL). The group was left in _regroup_or_exit."""
+        sig = getattr(signal_module, "SIG" + self.signal_name)
+        regroup.hold_signals({sig: self._old_handler, signal_module.SIGTERM: self._old_term_handler})
+        if self._signalled:         # read after the holders are in place: no signal falls between
+            regroup.carry(self._signalled_by or self.signal_name)
         self.regrouped = True
         if self._liveness is not None:
             self._liveness.stop(peers.DONE)
         if self._ckpt is not None:
             self._ckpt.close(wait=False)     # halted: it writes nothing more
         self.store.close()
-        sig = getattr(signal_module, "SIG" + self.signal_name)
-        signal_module.signal(sig, self._old_handler)
-        signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
         signal_module.pthread_sigmask(signal_module.SIG_SETMASK, self._old_mask)
 
     def _exit_peer_lost(self) -> None:

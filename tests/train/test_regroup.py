@@ -125,6 +125,30 @@ def test_survivors_of_a_frozen_peer_go_on_in_their_processes(tmp_path: Path) -> 
     assert at_two[0] == report.committed_step + 1 and rows[-1]["step"] == 40, (report.committed_step, at_two[:3])
 
 
+def test_a_stop_signal_that_comes_with_the_lost_peer_is_not_lost_by_the_survivors_going_on(tmp_path: Path) -> None:
+    """Slurm requeues a job whose node failed and sends its other tasks SIGTERM, KillWait before SIGKILL: it
+    comes while the survivors agree and move to their next session. It is held for that session, which
+    commits and exits with the requeue code, instead of training on to the SIGKILL and losing what it ran
+    after the last periodic commit."""
+    procs, log = _start(tmp_path, "stopped", 100000)
+    try:
+        _wait_rows(log, 10, procs)
+        os.kill(procs[2].pid, signal.SIGKILL)
+        time.sleep(0.3)
+        for p in procs[:2]:
+            os.kill(p.pid, signal.SIGTERM)
+        results = wait_ranks(procs[:2], timeout=180)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    out = results[0].stdout
+    assert [r.returncode for r in results] == [protocol.REQUEUE_EXIT_CODE] * 2, out[-4000:]
+    restarts = sorted((tmp_path / "stopped" / "51").glob(protocol.ack_file_name(51, 0)))
+    ack = protocol.Ack.parse(protocol.load_json(restarts[0].read_bytes()))
+    assert ack.committed and ack.step == _rows(log)[-1]["step"], (ack, _rows(log)[-3:])
+
+
 def test_survivor_coordinates_renumber_ranks_and_keep_nodes_in_order() -> None:
     decision = {"survivors": [0, 1, 3], "survivor_nodes": {"0": "a", "1": "a", "3": "c"}}
     env = survivor_env({"MASTER_PORT": "1234", "SLURM_ELASTIC_GENERATION": "1"}, decision, 3)
