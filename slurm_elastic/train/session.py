@@ -721,6 +721,11 @@ class ElasticSession:
     def _regroup_or_exit(self, decision: dict[str, Any]) -> None:
         """The training thread, after the agreement: re-form the group with the other survivors in this
         process (raises regroup.Regroup) when every one of them is ready to, else exit for a relaunch."""
+        if self._signalled and self._signalled_by == "TERM":
+            # Slurm is ending the job's tasks (it requeues a job whose node failed, and signals the rest just
+            # as the ranks see the peer die): the commit is done, and a new group would live until the SIGKILL.
+            peers.give_up_regroup(self.run_dir, rank=self.rank, why="Slurm is ending the job's tasks (SIGTERM)")
+            self._exit_peer_lost()
         try:
             # Leave the old group first: a survivor whose training thread still waits in a collective on
             # this rank (it saw the loss only through the `lost` file) gets its error now, not at the
