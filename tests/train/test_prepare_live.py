@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 CLI = Path(sys.executable).parent / "slurm-elastic"
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
-EPOCHS = 5
+EPOCHS = 10    # the job must outlast the loss, the return and the grow decision on a loaded CI machine
 MINGPT_EPOCHS = 8     # ~2,500 steps: the loss and the return come in the first third here
 DELAY_S = "0.05"      # per batch: the run must outlast a node loss and a return on a fast machine
 START_RE = re.compile(r"slurm-elastic: job \d+ restart (\d+): (\d+) node\(s\) x (\d+) GPU\(s\)")
