@@ -162,6 +162,18 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _read_once(word: Callable[[Job], bool]) -> Callable[[Job], bool]:
+    """`word` read once per job incarnation (each read opens a file in the job's directory)."""
+    seen: dict[tuple[int, int], bool] = {}
+
+    def read(job: Job) -> bool:
+        key = (job.job_id, job.restarts)
+        if key not in seen:
+            seen[key] = word(job)
+        return seen[key]
+    return read
+
+
 def scope_state(state: ClusterState, user: str | None) -> tuple[ClusterState, dict[int, str]]:
     """The state as this controller may act on it, and the jobs whose elastic spec is malformed.
 
@@ -464,7 +476,8 @@ class Reconciler:
         losses = self.peer_losses.losses(scoped) if self._can_exclude else {}
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         windows = self._reservation_windows(scoped)
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps_ranks)
+        keeps = _read_once(keeps_ranks)    # the rigid reservation and the in-place swap ask the same jobs
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps)
         # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
         # budget, measure first, the share floor): kept by them, one job held its size and the other
         # went back to the queue though both minimums fitted beside the rigid job (seen live).
@@ -513,7 +526,7 @@ class Reconciler:
         node_sizes = {n.gpus for n in scoped.nodes}
         swapped: dict[str, str] = {}
         if windows is not None:   # so that a shrink can be in place; never a node an advance reservation names
-            allocation, swapped = keep_first_nodes(scoped, allocation, keeps_ranks, fixed=frozenset(
+            allocation, swapped = keep_first_nodes(scoped, allocation, keeps, fixed=frozenset(
                 n for w in windows.values() for n in w.nodes))
         if swapped:
             rigid = dataclasses.replace(rigid, reserved=tuple(

@@ -86,6 +86,24 @@ def test_a_job_whose_ranks_go_on_gives_up_a_whole_node_in_place_and_the_rigid_jo
     assert rec.cycle().plans == () and rec.cycle().plans == () and slurm.jobs[a].restarts == 0
 
 
+def test_a_decision_reads_each_incarnations_word_once():
+    """The rigid reservation and the in-place swap may both ask whether a job keeps its ranks: one file
+    read per job and incarnation in a decision, and a requeued job's new incarnation is asked again."""
+    from slurm_elastic.control.reconcile import _read_once
+
+    reads: list[tuple[int, int]] = []
+
+    def word(job):
+        reads.append((job.job_id, job.restarts))
+        return job.job_id == 7
+    keeps = _read_once(word)
+    first, other = (Job(job_id=i, user=ME, name="j", state=JobState.RUNNING) for i in (7, 8))
+    assert [keeps(first), keeps(other), keeps(first), keeps(other)] == [True, False, True, False]
+    assert reads == [(7, 0), (8, 0)]
+    keeps(dataclasses.replace(first, restarts=1))
+    assert reads[-1] == (7, 1)
+
+
 @pytest.mark.parametrize("word", ["absent", "foreign", "link", "old restart"])
 def test_without_the_jobs_own_word_the_shrink_is_signalled_and_requeued(tmp_path, word):
     slurm, a, ckpt = _shared(tmp_path)
