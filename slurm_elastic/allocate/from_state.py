@@ -84,6 +84,25 @@ def with_partitions(requests: tuple[JobRequest, ...], state: ClusterState) -> tu
                  for r in requests)
 
 
+def away_from_lost_nodes(requests: tuple[JobRequest, ...], state: ClusterState,
+                         lost: Mapping[int, frozenset[str]]) -> tuple[JobRequest, ...]:
+    """Each job kept off the nodes its own ranks reported lost, but for those it runs on now.
+
+    Slurm counts such a node up until SlurmdTimeout (300 s at many sites), so the solve would place the
+    job there again: shrunk in place off it, the job would be grown back onto it at the next cycle. Only
+    the reporting job is kept off: its word does not change where others may run. A node it runs on
+    now (Slurm started it there) is left to it: it is running, so moving it off would be a restart.
+    """
+    every = frozenset(n.name for n in state.nodes)
+    out = []
+    for r in requests:
+        off = lost.get(int(r.key), frozenset()) - frozenset(r.current) if r.key.isdigit() else frozenset()
+        if off:
+            r = dataclasses.replace(r, allowed_nodes=(every if r.allowed_nodes is None else r.allowed_nodes) - off)
+        out.append(r)
+    return tuple(out)
+
+
 def capacity_from_state(state: ClusterState) -> tuple[NodeCapacity, ...]:
     """What every node gives to elastic work: configured minus active non-elastic use; 0 when unavailable.
 

@@ -285,6 +285,14 @@ class Journal:
         rows = self._db.execute("SELECT gpus, nodes FROM ran_at WHERE job_id=?", (job_id,)).fetchall()
         return frozenset((int(g), int(n)) for g, n in rows)
 
+    def lost_nodes(self) -> dict[int, frozenset[str]]:
+        """Job id -> every node its ranks reported lost in a plan (the plans' `exclude`), whatever became of
+        the plan: the job is never placed there again (docs/controller.md, "Node loss reported by the job")."""
+        out: dict[int, set[str]] = {}
+        for job_id, exclude in self._db.execute("SELECT job_id, exclude FROM plans WHERE exclude != ''"):
+            out.setdefault(int(job_id), set()).update(n for n in str(exclude).split(",") if n)
+        return {job_id: frozenset(nodes) for job_id, nodes in out.items()}
+
     def open_plans(self) -> list[PlanRecord]:
         return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))
 

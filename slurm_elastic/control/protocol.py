@@ -370,11 +370,14 @@ class RequeueProtocol:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
             self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True))
-            if plan.exclude:
+            lost = tuple(sorted(set(plan.exclude) | self.journal.lost_nodes().get(plan.job_id, frozenset())))
+            if lost:
                 # For this job only: Slurm still counts the node as up (until SlurmdTimeout) and would
-                # otherwise start the job there again.
+                # otherwise start the job there again. Nodes lost in an earlier plan too: Slurm refuses
+                # ExcNodeList on a running job (22.05 without accounting), so a job shrunk in place off a
+                # lost node is kept off it here, at its next requeue.
                 self._settle(plan.job_id, lambda: self.backend.exclude_nodes(  # type: ignore[attr-defined]
-                    plan.job_id, plan.exclude))
+                    plan.job_id, lost))
             job = self._observe(plan.job_id)
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.commitments import Commitment
-from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, capacity_from_state, job_request,
-                                              reserve_for_rigid, with_partitions, with_reservations)
+from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, away_from_lost_nodes, capacity_from_state,
+                                              job_request, reserve_for_rigid, with_partitions, with_reservations)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
@@ -508,6 +508,7 @@ class Reconciler:
         for job_id, why in outside_windows(scoped, windows, scoped.taken_at, lost=frozenset(acting)).items():
             pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
         requests = with_reservations(with_partitions(requests, scoped), scoped, windows, scoped.taken_at)
+        requests = away_from_lost_nodes(requests, scoped, self.journal.lost_nodes())
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'

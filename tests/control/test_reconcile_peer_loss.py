@@ -21,6 +21,7 @@ from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.peer_loss import PeerLossReader
 from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings
 from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
+from slurm_elastic.errors import SlurmError
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic import jobfiles as shim
 
@@ -205,6 +206,43 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeu
     assert all(slurm.jobs[o].restarts == 0 for o in others)
     # The next cycles leave it alone: the report names a node the job no longer has.
     assert rec.cycle().plans == () and slurm.jobs[a].restarts == 0
+
+
+class RefusingRunningExclusion(ExcludingSlurm):
+    """As 22.05 without an accounting database: ExcNodeList on a running job is refused (docs/slurm-backends.md)."""
+
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        if self._job("exclude_nodes", job_id).state is JobState.RUNNING:
+            raise SlurmError("scontrol update: Job update not available right now, the DB index is being set")
+        super().exclude_nodes(job_id, nodes)
+
+
+@pytest.mark.parametrize("slurm_class", [ExcludingSlurm, RefusingRunningExclusion])
+def test_a_job_shrunk_in_place_off_a_lost_node_is_never_grown_back_onto_it(tmp_path, slurm_class):
+    """Slurm counts the lost node up until SlurmdTimeout, its GPUs free once the job gave them up: past the
+    hysteresis the job is not grown back there (requeued onto a dead node, or left pending behind its own
+    ExcNodeList), and when another node frees it grows there, its lost node excluded at the requeue."""
+    slurm = slurm_class()
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    others = [slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob") for _ in range(2)]   # rigid
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    rec, clock = _reconciler(slurm, tmp_path)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a)
+    rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
+    assert slurm.excluded.get(a, set()) == (set() if slurm_class is RefusingRunningExclusion else {"n2"})
+    clock.skipped += 3600                     # past the hysteresis and the restart budget's hour
+    assert rec.cycle().plans == () and slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
+    freed = slurm.jobs[others[0]].nodes
+    slurm.finish(others[0])
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.restarts == 1 and set(job.nodes) == {"n1", *freed}
+    assert slurm.excluded[a] == {"n2"}
 
 
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
