@@ -73,6 +73,10 @@ class ReplicaState:
     unclean: str | None
     groups: dict[int, dict[str, torch.Tensor]]
     digest: str              # xxh3-128 over every key, dtype, shape and byte, in key order
+    # The same over what DDP keeps equal on every replica: parameters and optimizer state. Not the
+    # buffers: DDP copies rank 0's into the others at the start of each forward (broadcast_buffers),
+    # so after it every rank's BatchNorm statistics have moved by its own batch and differ.
+    replicated_digest: str = ""
 
 
 @dataclass
@@ -350,7 +354,9 @@ class LayerCheckpointer:
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             groups = self._replica_groups()
         digest = state_digest(kv for tensors in groups.values() for kv in tensors.items())
-        return ReplicaState(True, unclean is None, unclean, groups, digest)
+        replicated = state_digest(kv for tensors in groups.values() for kv in tensors.items()
+                                  if not kv[0].startswith("buffer/"))
+        return ReplicaState(True, unclean is None, unclean, groups, digest, replicated)
 
     def _replica_groups(self) -> dict[int, dict[str, torch.Tensor]]:
         groups: dict[int, dict[str, torch.Tensor]] = {}

@@ -363,7 +363,9 @@ def decide(statuses: Mapping[int, Mapping[str, Any]], world_size: int, lost_node
     step among them): a survivor that already applied the next one has no
     copy of the state before it, so the committer is the lowest-ranked
     survivor holding a full replica at exactly that step. Survivors at that
-    step must agree on the digest of their state; if not, nothing is
+    step must agree on the digest of their replicated state (parameters and
+    optimizer state; each rank's buffers, such as BatchNorm statistics, are
+    its own under DDP, and the committer's are written); if not, nothing is
     committed (the last committed checkpoint stays the resume point).
     """
     survivors = sorted(statuses)
