@@ -223,9 +223,13 @@ def resize_case(env: dict[str, str], backend: CliBackend, root: Path,
     wait(lambda: len(rows_of(log)) >= 5, 300, "the resize job training", 0.5)
 
     def resized(restarts: int, gpus: int | None, what: str) -> dict[str, float]:
-        rows = len(rows_of(log))
-        wait(lambda: (j := backend.snapshot().job(job_id)).restarts >= restarts and j.state is JobState.RUNNING
-             and gpus in (None, j.gpus) and len(rows_of(log)) > rows + 2, 600, what, 0.5)
+        def trained_since_start() -> bool:   # rows of the new incarnation: the old one trains until the signal
+            j = backend.snapshot().job(job_id)
+            if j.restarts < restarts or j.state is not JobState.RUNNING or gpus not in (None, j.gpus) \
+                    or j.start_time is None:
+                return False
+            return len([r for r in rows_of(log) if r.get("time", 0) >= j.start_time]) > 2
+        wait(trained_since_start, 600, what, 0.5)
         phases = last_restart(backend.snapshot().job(job_id), Journal(journal), owner_uid=pwd.getpwnam("root").pw_uid)
         if phases is None or phases.kind != "resize":
             raise SystemExit(f"not a controller resize ({what}): {phases}")

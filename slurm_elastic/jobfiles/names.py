@@ -196,3 +196,9 @@ def status_file_name(rank: int) -> str:
 
 def ready_file_name(rank: int) -> str:
     return f"ready-{int(rank)}.json"
+
+
+def exited_file_name(rank: int) -> str:
+    """In a re-formed group's run directory: this rank's command ended, with the exit code it holds. Its
+    srun still waits for the lost node's tasks, which never report: the batch script ends it on these."""
+    return f"exited-{int(rank)}"

@@ -37,6 +37,9 @@ _running = False        # set by main(): only then may a session raise Regroup i
 # and the handlers the stop signals had before the first session: between sessions the signals are held.
 _carried = ""
 _originals: dict[int, Any] = {}
+# The newest session's run directory and rank: where this process says its command ended, once it re-formed
+# its group (the step's srun still waits for the lost node's tasks then, and never ends by itself).
+_last_run: tuple[str, int] | None = None
 
 
 class Regroup(BaseException):
@@ -47,6 +50,37 @@ class Regroup(BaseException):
         super().__init__(f"rank {rank} goes on as rank {new_rank} of {world_size} from step {step}")
         self.env = dict(env)
         self.rank, self.new_rank, self.world_size, self.step = rank, new_rank, world_size, step
+
+
+def session_started(run_dir: str, rank: int) -> None:
+    """A session of this process meets its group in `run_dir` as `rank` (called by ElasticSession)."""
+    global _last_run
+    _last_run = (run_dir, rank)
+
+
+def _say_ended(code: int) -> None:
+    """Write exited-<rank> (the code) in the newest session's run directory, for the batch script."""
+    if _last_run is None:
+        return
+    from slurm_elastic import jobfiles
+
+    run_dir, rank = _last_run
+    try:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)     # a group of one has no run directory of its own
+        tmp = os.path.join(run_dir, f".exited.{os.getpid()}")
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, os.path.join(run_dir, jobfiles.exited_file_name(rank)))
+    except OSError as exc:
+        print(f"slurm-elastic: rank {rank}: cannot say it ended in {run_dir} ({exc}); the batch script waits for "
+              f"its step", file=sys.stderr, flush=True)
+
+
+def _exit_code(code: object) -> int:
+    """The process's exit status for SystemExit(code), as the interpreter makes it."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
 
 
 def running() -> bool:
@@ -150,11 +184,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if module is None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))   # as `python script.py` does
     _running = True
+    regrouped = False
     while True:
         sys.argv = [target, *rest]
-        regroup = _run_once(module, target)
+        try:
+            regroup = _run_once(module, target)
+        except SystemExit as exc:
+            if regrouped:
+                _say_ended(_exit_code(exc.code))
+            raise
         if not isinstance(regroup, Regroup):
+            if regrouped:
+                _say_ended(regroup)
             return regroup
+        regrouped = True
         t0 = time.monotonic()
         if not leave_group():
             print(f"slurm-elastic: rank {regroup.rank}: the old process group did not close; exiting to be "

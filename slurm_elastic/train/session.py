@@ -134,6 +134,8 @@ class ElasticSession:
         self.jit_deadline_s = jit_deadline_s
         self.run_dir = peers.RunDirectory(self.job_dir, self.env.job_id, self.env.restart_count, self.env.step_id,
                                           self.env.generation)
+        if regroup.running():
+            regroup.session_started(self.run_dir.path, self.env.rank)
         self._liveness: peers.Liveness | None = None
         # Held while the optimizer changes the state (and while rank 0 commits): a peer-loss
         # handler takes it and keeps it, so the state it reads is a whole step's.
@@ -805,7 +807,7 @@ class ElasticSession:
         rng = {str(step): rng_json(raw) for step, raw in self._boundary_rng.items()}
         body: dict[str, Any] = {"rank": self.rank, "node": self.env.node_name, "step": self.step, "rng": rng,
                                 "replica": bool(state and state.replica), "clean": bool(state and state.clean),
-                                "digest": state.digest if state else "", "time": time.time()}
+                                "digest": state.replicated_digest if state else "", "time": time.time()}
         if state is None:
             body["unclean"] = "just-in-time checkpoints are off (jit=False)" if self._ckpt else "not attached yet"
         elif not state.clean or not state.replica:

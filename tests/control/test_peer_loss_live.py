@@ -170,6 +170,9 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
     assert rc == 0
 
 
+STEPS_KEPT = "1500"
+
+
 @pytest.mark.parametrize("path", ["kept", "relaunched"])
 def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains_on(elastic_cluster, tmp_path,
                                                                                      path):
@@ -191,7 +194,9 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
         loss_log = cluster.root / "out" / f"inplace-{path}-loss.jsonl"
         out = cluster.cli("sbatch", "--parsable", "--gpus=1-2", f"--ckpt-dir={ckpt}", "--job-name=inplace",
                           f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
-                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
+                          sys.executable, "-m", "slurm_elastic.train.examples.digits",
+                          # kept: the job trains to its end after the loss (about 100 s at one rank here)
+                          "--steps", STEPS_KEPT if path == "kept" else "100000",
                           "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600",
                           env={"SLURM_ELASTIC_KEEP_RANKS": "1" if path == "kept" else "0"})
         job_id = int(out.stdout.strip())
@@ -267,6 +272,13 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
         last = cluster.wait_for(last_restart, 60, 1, what="the in-place plan journaled done")
         assert last["kind"] == ("peer loss, ranks kept" if path == "kept" else "peer loss, in place"), last
         print("admin status:", last["line"])
+        if path == "kept":
+            # Its srun still waits for the dead node's task (Slurm counts the node up until SlurmdTimeout):
+            # the batch script ends the job on the kept ranks' own word that they ended.
+            done = cluster.wait_for(lambda: (j := job_now()).state.finished and j, 600, 2,
+                                    what=lambda: f"the job to end after training; {cluster.job_outputs()}")
+            assert done.state is JobState.COMPLETED and done.restarts == 0, (done, cluster.job_outputs())
+            assert json_lines(loss_log)[-1]["step"] == int(STEPS_KEPT)
         print(f"{path}: lost {victim} -> detected {report.detected_at - lost_at:.1f} s, training again in place "
               f"{trained_at - lost_at:.1f} s (SlurmdTimeout 300 s); committed step {report.committed_step}")
     finally:

@@ -84,6 +84,9 @@ def test_survivors_go_on_in_their_processes_twice_and_end_with_the_weights_of_a_
     for before, after in zip(rows, rows[1:]):
         assert after["step"] <= before["step"] + 1               # never a step skipped
     assert rows[-1]["step"] == steps
+    # The lone survivor said it ended where the batch script looks (a group of one has no run directory of its own).
+    last = tmp_path / "kept" / "51" / (protocol.run_dir_name("51", 0, 0) + ".2")
+    assert (last / protocol.exited_file_name(0)).read_text() == "0\n"
     # The math is unchanged: the same weights as 3 ranks throughout (float64, reduction order aside).
     reference, ref_log = _start(tmp_path, "reference", steps, keep=False, job_id="52")
     ref_results = wait_ranks(reference, timeout=240)
@@ -123,6 +126,11 @@ def test_survivors_of_a_frozen_peer_go_on_in_their_processes(tmp_path: Path) -> 
         assert after["step"] <= before["step"] + 1               # never a step skipped
     at_two = [r["step"] for r in rows if r["world_size"] == 2]
     assert at_two[0] == report.committed_step + 1 and rows[-1]["step"] == 40, (report.committed_step, at_two[:3])
+    # Each survivor said it ended, with its code, where the batch script looks (its srun never ends by itself).
+    regrouped = run.with_name(run.name + ".1")
+    assert sorted(f.name for f in regrouped.glob("exited-*")) == [protocol.exited_file_name(r) for r in (0, 1)]
+    assert {f.read_text() for f in regrouped.glob("exited-*")} == {"0\n"}
+    assert not list(run.glob("exited-*"))      # the group that lost its peer did not end
 
 
 def test_a_stop_signal_that_comes_with_the_lost_peer_is_not_lost_by_the_survivors_going_on(tmp_path: Path) -> None:
