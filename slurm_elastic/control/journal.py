@@ -15,7 +15,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from slurm_elastic.cluster.shape import RequestShape, ShapeError
 from slurm_elastic.control.plan import Plan, PlanEntry
@@ -162,6 +162,7 @@ class Journal:
                 self._db.execute("ALTER TABLE plans ADD COLUMN exclude TEXT NOT NULL DEFAULT ''")
             if "keep" not in columns:   # from before rebalance shrinks in place
                 self._db.execute("ALTER TABLE plans ADD COLUMN keep TEXT NOT NULL DEFAULT ''")
+            self._db.execute("CREATE INDEX IF NOT EXISTS plans_lost ON plans(job_id) WHERE exclude != ''")
             if "shape" not in columns:
                 self._move_shapes()
             drain_columns = {row[1] for row in self._db.execute("PRAGMA table_info(drains)")}
@@ -285,12 +286,15 @@ class Journal:
         rows = self._db.execute("SELECT gpus, nodes FROM ran_at WHERE job_id=?", (job_id,)).fetchall()
         return frozenset((int(g), int(n)) for g, n in rows)
 
-    def lost_nodes(self) -> dict[int, frozenset[str]]:
-        """Job id -> every node its ranks reported lost in a plan (the plans' `exclude`), whatever became of
-        the plan: the job is never placed there again (docs/controller.md, "Node loss reported by the job")."""
+    def lost_nodes(self, job_ids: Iterable[int]) -> dict[int, frozenset[str]]:
+        """Job id (of `job_ids`) -> every node its ranks reported lost in a plan (the plans' `exclude`),
+        whatever became of the plan: the job is never placed there again (docs/controller.md, "Node loss
+        reported by the job"). Read through a partial index: only plans that excluded a node."""
+        wanted = set(job_ids)
         out: dict[int, set[str]] = {}
         for job_id, exclude in self._db.execute("SELECT job_id, exclude FROM plans WHERE exclude != ''"):
-            out.setdefault(int(job_id), set()).update(n for n in str(exclude).split(",") if n)
+            if int(job_id) in wanted:
+                out.setdefault(int(job_id), set()).update(n for n in str(exclude).split(",") if n)
         return {job_id: frozenset(nodes) for job_id, nodes in out.items()}
 
     def open_plans(self) -> list[PlanRecord]:

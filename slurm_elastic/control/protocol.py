@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from slurm_elastic.cluster.backend import Backend
+from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
@@ -370,14 +370,12 @@ class RequeueProtocol:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
             self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True))
-            lost = tuple(sorted(set(plan.exclude) | self.journal.lost_nodes().get(plan.job_id, frozenset())))
-            if lost:
+            if plan.exclude:
                 # For this job only: Slurm still counts the node as up (until SlurmdTimeout) and would
-                # otherwise start the job there again. Nodes lost in an earlier plan too: Slurm refuses
-                # ExcNodeList on a running job (22.05 without accounting), so a job shrunk in place off a
-                # lost node is kept off it here, at its next requeue.
+                # otherwise start the job there again.
                 self._settle(plan.job_id, lambda: self.backend.exclude_nodes(  # type: ignore[attr-defined]
-                    plan.job_id, lost))
+                    plan.job_id, plan.exclude))
+            self._exclude_earlier_losses(plan)
             job = self._observe(plan.job_id)
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:
@@ -388,6 +386,22 @@ class RequeueProtocol:
                      job.state.value, job.gpus_per_node)
             self._sleep(self.settings.settle_poll_s)
         raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.shape.describe()}")
+
+    def _exclude_earlier_losses(self, plan: Plan) -> None:
+        """ExcNodeList again for the nodes the job's ranks reported lost in earlier plans. Slurm refuses it on
+        a running job (22.05 without accounting), so a job shrunk in place off a lost node gets it here, at
+        its next requeue. A refusal (a node since removed from the cluster) is logged: the solve keeps the
+        job off those nodes all the same (allocate/from_state.py `away_from_lost_nodes`)."""
+        if not isinstance(self.backend, NodeExcludingBackend):
+            return
+        earlier = self.journal.lost_nodes((plan.job_id,)).get(plan.job_id, frozenset()) - set(plan.exclude)
+        if not earlier:
+            return
+        try:
+            self.backend.exclude_nodes(plan.job_id, tuple(sorted(earlier)))
+        except SlurmError as exc:
+            log.warning("job %d: ExcNodeList of the nodes its ranks reported lost before (%s) not set: %s",
+                        plan.job_id, ",".join(sorted(earlier)), exc)
 
     def _credential_gap(self, plan_id: int) -> None:
         """Keep a requeued job held until `credential_gap_s` after its requeue.

@@ -508,7 +508,8 @@ class Reconciler:
         for job_id, why in outside_windows(scoped, windows, scoped.taken_at, lost=frozenset(acting)).items():
             pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
         requests = with_reservations(with_partitions(requests, scoped), scoped, windows, scoped.taken_at)
-        requests = away_from_lost_nodes(requests, scoped, self.journal.lost_nodes())
+        requests = away_from_lost_nodes(requests, scoped,
+                                        self.journal.lost_nodes(j.job_id for j in scoped.elastic_jobs))
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'

@@ -18,6 +18,7 @@ just committed (from the page cache it was written through).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import runpy
@@ -59,7 +60,9 @@ def session_started(run_dir: str, rank: int) -> None:
 
 
 def _say_ended(code: int) -> None:
-    """Write exited-<rank> (the code) in the newest session's run directory, for the batch script."""
+    """Write exited-<rank> (the code) in the newest session's run directory, for the batch script. Run at
+    exit (atexit, registered first so it runs last: after non-daemon threads are joined and the other
+    handlers ran, since the batch script ends the step once every rank has said so)."""
     if _last_run is None:
         return
     from slurm_elastic import jobfiles
@@ -80,7 +83,7 @@ def _exit_code(code: object) -> int:
     """The process's exit status for SystemExit(code), as the interpreter makes it."""
     if code is None:
         return 0
-    return code if isinstance(code, int) else 1
+    return code & 0xFF if isinstance(code, int) else 1
 
 
 def running() -> bool:
@@ -183,21 +186,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = args[2:] if module else args[1:]
     if module is None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))   # as `python script.py` does
+    global _last_run
     _running = True
     regrouped = False
+    ended: list[int] = []
+    atexit.register(lambda: _say_ended(ended[0]) if ended else None)
     while True:
         sys.argv = [target, *rest]
         try:
             regroup = _run_once(module, target)
         except SystemExit as exc:
             if regrouped:
-                _say_ended(_exit_code(exc.code))
+                ended.append(_exit_code(exc.code))
             raise
         if not isinstance(regroup, Regroup):
             if regrouped:
-                _say_ended(regroup)
+                ended.append(_exit_code(regroup))
             return regroup
         regrouped = True
+        _last_run = None        # the next session names its run directory; none yet
         t0 = time.monotonic()
         if not leave_group():
             print(f"slurm-elastic: rank {regroup.rank}: the old process group did not close; exiting to be "
