@@ -129,9 +129,11 @@ class LocalCluster:
             return ClusterLayout(state_dir=self.state_dir, slurm_version="unknown")
 
     def leftover_processes(self) -> list[int]:
-        """Every live process of this cluster: daemons (by their arguments) and job step daemons (by log file)."""
+        """Every live process of this cluster: daemons (by their arguments), job step daemons (by log file)
+        and their processes, and the sruns run against it that outlived their batch script."""
         layout = self._paths()
         pids = set(processes.processes_mentioning(str(layout.slurm_conf), ("slurmctld", "slurmd")))
+        pids.update(processes.clients_of(str(layout.slurm_conf)))
         pids.update(processes.processes_mentioning(f"--socket={layout.munge_socket}", ("munged",)))
         stepds = processes.stepds_writing(layout.slurmd_log(n) for n in layout.node_names)
         pids.update(stepds)

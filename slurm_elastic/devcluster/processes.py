@@ -188,6 +188,28 @@ def matching(identity: Identity) -> list[int]:
     return [pid for pid in _all_pids() if (argv := cmdline(pid)) is not None and identity.matches(argv)]
 
 
+def clients_of(slurm_conf: str, programs: Iterable[str] = ("srun",)) -> list[int]:
+    """Live processes of `programs` run against this cluster (SLURM_CONF=slurm_conf in their environment).
+
+    A job's srun outlives its batch script when the script is killed (scancel) while the srun waits for a
+    node that died: it is no child of any step daemon then (its parent is init), yet it is the cluster's.
+    """
+    names = set(programs)
+    wanted = f"SLURM_CONF={slurm_conf}".encode()
+    found = []
+    for pid in _all_pids():
+        argv = cmdline(pid)
+        if not argv or Path(argv[0]).name not in names:
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environ:
+            found.append(pid)
+    return found
+
+
 def processes_mentioning(marker: str, programs: Iterable[str]) -> list[int]:
     """Live processes of `programs` whose argv contains marker (used to prove `down` left nothing)."""
     names = set(programs)

@@ -85,3 +85,24 @@ def test_stepds_are_found_by_their_open_log_file(tmp_path: Path) -> None:
     finally:
         fake.kill()
         fake.wait()
+
+
+def test_an_srun_that_outlived_its_batch_script_is_found_by_the_cluster_it_ran_against(tmp_path: Path) -> None:
+    """`cluster down` must see a job's srun whose batch script was killed (its parent is then init)."""
+    conf = str(tmp_path / "etc" / "slurm.conf")
+
+    def start(name: str, slurm_conf: str) -> subprocess.Popen:
+        return subprocess.Popen(["bash", "-c", f"exec -a {name} sleep 60"], env={"SLURM_CONF": slurm_conf})
+
+    ours, other_cluster, not_srun = start("srun", conf), start("srun", conf + ".other"), start("sleep", conf)
+    try:
+        deadline = time.monotonic() + 10
+        while ours.pid not in processes.clients_of(conf) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = processes.clients_of(conf)
+        assert ours.pid in found
+        assert other_cluster.pid not in found and not_srun.pid not in found
+    finally:
+        for p in (ours, other_cluster, not_srun):
+            p.kill()
+            p.wait()
