@@ -10,6 +10,7 @@ from slurm_elastic.train.environment import JobEnvironment
 
 PREFIX = "slurm-elastic:"
 METRICS_TAIL_BYTES = 1 << 16      # the newest rows are enough: a row is a few hundred bytes
+REPORT_MAX_BYTES = 1 << 16        # a peer-lost report is well under 1 KiB per lost rank
 
 
 def restart_cause(job_dir: str, env: JobEnvironment) -> str:
@@ -26,9 +27,12 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
     lost = [parsed for parsed in map(protocol.parse_peer_lost_file_name, names)
             if parsed is not None and parsed[0] == job]
     if env.generation > 0:
-        return "a lost peer (the survivors committed and went on in their processes)"
-    if any(r == restart and s < env.step_id for _, r, s in lost):
-        return "a lost peer (the survivors committed and were relaunched in place)"
+        return _lost_peer(job_dir, protocol.peer_lost_file_name(job, restart, env.step_id),
+                          "went on in their processes")
+    earlier = [s for _, r, s in lost if r == restart and s < env.step_id]
+    if earlier:
+        return _lost_peer(job_dir, protocol.peer_lost_file_name(job, restart, max(earlier)),
+                          "were relaunched in place")
     if restart > 0 and protocol.ack_file_name(job, restart - 1) in names:
         cause = protocol.read_end_cause(job_dir, job, restart - 1, owner_uid=os.getuid())
         if cause is not None:
@@ -40,6 +44,19 @@ def restart_cause(job_dir: str, env: JobEnvironment) -> str:
         return (f"a requeue (restart {restart}) with no acknowledged checkpoint: a node failure, a time "
                 "limit or an unacknowledged stop; the last periodic checkpoint")
     return f"an earlier run under job key {os.path.basename(job_dir)}"
+
+
+def _lost_peer(job_dir: str, report_name: str, then: str) -> str:
+    """The cause after a lost peer; what the survivors' report says of their commit where it can be read."""
+    try:
+        data = protocol.read_user_file(os.path.join(job_dir, report_name), owner_uid=os.getuid(),
+                                       max_bytes=REPORT_MAX_BYTES, what="a peer-lost report")
+        done = None if data is None else protocol.PeerLostReport.parse(data).commit == "done"
+    except (OSError, ValueError):     # the job's own file: an odd one only words the line plainer
+        done = None
+    if done is False:
+        return f"a lost peer (the survivors {then} without a commit: from the last checkpoint)"
+    return f"a lost peer (the survivors committed and {then})"
 
 
 def steps_reached(job_dir: str) -> int | None:

@@ -33,6 +33,26 @@ def test_the_cause_is_what_the_previous_start_of_this_job_left(tmp_path: Path, f
     assert restart_cause(str(job_dir), _env(restart, step_id)).startswith(cause)
 
 
+@pytest.mark.parametrize("commit", ["done", "none"])
+@pytest.mark.parametrize("kept", [True, False])
+def test_the_cause_says_whether_the_survivors_committed(tmp_path: Path, commit: str, kept: bool) -> None:
+    """What their report says (a BatchNorm model's survivors once never agreed: the line still said committed)."""
+    job_dir = tmp_path / "7"
+    job_dir.mkdir()
+    report = protocol.PeerLostReport(
+        job_id="7", restart_count=0, step_id=0, world_size=2, detected_by="heartbeat", detected_at=1.0,
+        lost=(protocol.LostRank(1, "n2"),), lost_nodes=("n2",), surviving_nodes=("n1",), agreed_step=39,
+        commit=commit, committed_step=39 if commit == "done" else None, reason="test")
+    (job_dir / protocol.peer_lost_file_name(7, 0, 0)).write_bytes(report.to_bytes())
+    env = JobEnvironment.from_env({"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURM_PROCID": "0",
+                                   "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+                                   "SLURM_STEP_ID": "0" if kept else "1", "SLURM_ELASTIC_GENERATION": "1" if kept else "0"})
+    then = "went on in their processes" if kept else "were relaunched in place"
+    expected = (f"a lost peer (the survivors committed and {then})" if commit == "done" else
+                f"a lost peer (the survivors {then} without a commit: from the last checkpoint)")
+    assert restart_cause(str(job_dir), env) == expected
+
+
 def test_the_line_names_the_step_epoch_and_checkpoint(tmp_path: Path) -> None:
     line = start_line(str(tmp_path / "7"), _env(1), step=12, restored_step=12, epoch=3)
     assert line.startswith(f"slurm-elastic: resumed at step 12 (epoch 3) from {tmp_path / '7' / 'step-0000000012'}"
