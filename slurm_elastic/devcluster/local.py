@@ -496,7 +496,9 @@ class LocalCluster:
         if pid is None:
             raise ClusterSetupError(f"node {name} is not running (its slurmd is not up); nothing to kill")
         stepds = processes.stepds_writing([layout.slurmd_log(name)])
-        victims = [*stepds, *processes.descendants(stepds)]
+        # The slurmd's own children too: one it forked that is not a slurmstepd yet holds its listening
+        # socket, and outliving the slurmd it would keep the node's port from the next node-up.
+        victims = sorted({*stepds, *processes.descendants(stepds), *processes.descendants([pid])})
         sig = signal.SIGSTOP if freeze else signal.SIGKILL
         processes.send(pid, sig)
         for victim in victims:
