@@ -341,9 +341,15 @@ def test_node_down_up_and_spare(slurm_cluster, tmp_path: Path, record_property) 
         t_lost, lost = log.first(lambda e: isinstance(e, NodeLost) and e.node == victim, 30)
         t_req, req = log.first(lambda e: isinstance(e, JobRequeuedBySlurm) and e.job_id == jid, 30)
         assert req.restarts == 1 and victim in req.nodes and victim in req.lost_nodes
-        # Every other node stayed in service: no false loss (the 24.11 blip is what the grace is for).
-        assert not [e for _, e in log.seen if isinstance(e, NodeLost) and e.node != victim
-                    and e.node in slurm_cluster.nodes]
+        # No false loss of ours: the watcher's early call (not responding past the grace) named no other
+        # node - the grace is there for 24.11's sub-second blip. A node Slurm itself set DOWN is a loss
+        # the watcher must report: 24.11.5 once set all four DOWN, 'Nodes n[1-4] not responding', right
+        # after the reconfigure that shortens SlurmdTimeout to 10 s, and put three back a second later.
+        others = [e for _, e in log.seen
+                  if isinstance(e, NodeLost) and e.node != victim and e.node in slurm_cluster.nodes]
+        assert not [e for e in others if e.reason != "down"], others
+        if others:
+            print(f"\nSlurm itself set DOWN (not our call): {others}")
         slurm_cluster.wait_for(lambda: wake_path.exists() or None, 60, what="the strigger wake-up hint")
         marks.setdefault("strigger_wake_s", time.monotonic() - t0)
         figures = {"node_lost_event_s": round(t_lost - t0, 2), "lost_reason": lost.reason,
