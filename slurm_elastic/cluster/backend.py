@@ -70,8 +70,9 @@ class NodeExcludingBackend(Backend, Protocol):
         """Shrink a running job to `nodes` (a subset of its own): it gives up the others at once."""
         ...
 
-    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
-        """Never place this (pending) job on `nodes` again (ExcNodeList, for this job only)."""
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...], *, readmit: tuple[str, ...] = ()) -> None:
+        """Never place this (pending) job on `nodes` again (ExcNodeList, for this job only); the nodes in
+        `readmit` leave its list (excluded before, they have come back)."""
         ...
 
     def drain(self, node: str, reason: str) -> None:

@@ -247,10 +247,15 @@ class CliBackend:
         # SlurmdTimeout (seen live on 22.05: 300 s otherwise, about 1 s this way).
         self._run(["scontrol", "update", f"JobId={int(job_id)}", f"NodeList={_node_list(nodes)}"])
 
-    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
-        # ExcNodeList replaces the job's list: the nodes it already excluded are kept.
-        both = sorted(set(self._excluded(job_id)) | set(nodes))
-        self._run(["scontrol", "update", f"JobId={int(job_id)}", f"ExcNodeList={_node_list(tuple(both))}"])
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...], *, readmit: tuple[str, ...] = ()) -> None:
+        # ExcNodeList replaces the job's list: the nodes it already excluded are kept, but for `readmit`.
+        before = set(self._excluded(job_id))
+        wanted = sorted((before | set(nodes)) - set(readmit))
+        if set(wanted) == before:
+            return
+        # an empty value clears the list (scontrol takes "ExcNodeList=" on every version here)
+        self._run(["scontrol", "update", f"JobId={int(job_id)}",
+                   f"ExcNodeList={_node_list(tuple(wanted)) if wanted else ''}"])
 
     def drain(self, node: str, reason: str) -> None:
         text = " ".join(str(reason).split())[:200] or "slurm-elastic"

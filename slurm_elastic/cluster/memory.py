@@ -133,7 +133,9 @@ class InMemorySlurm:
         self._recount()
 
     def node_up(self, name: str) -> None:
-        self.nodes[name] = dataclasses.replace(self.nodes[name], state=NodeState.IDLE, flags=frozenset())
+        """The node's slurmd starts (again): it serves, whether or not Slurm had noticed it was gone."""
+        self.nodes[name] = dataclasses.replace(self.nodes[name], state=NodeState.IDLE, flags=frozenset(),
+                                               slurmd_started_at=self.now)
         self._recount()
         self.schedule()
 

@@ -75,6 +75,7 @@ class Node:
     gpus_alloc: int = 0
     partitions: tuple[str, ...] = ()
     reason: str = ""
+    slurmd_started_at: float | None = None   # when its slurmd last started (Slurm's clock); None: not said
 
     @property
     def available(self) -> bool:

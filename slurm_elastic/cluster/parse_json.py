@@ -260,7 +260,14 @@ def node_from_record(rec: Mapping[str, Any]) -> Node:
         mem_alloc_mb=number(_get(rec, "alloc_memory", "node", name)) or 0,
         gpus=gpus, gpus_alloc=used,
         partitions=tuple(rec.get("partitions") or ()), reason=str(rec.get("reason") or ""),
+        slurmd_started_at=_started(rec.get("slurmd_start_time")),
     )
+
+
+def _started(value: object) -> float | None:
+    """slurmd_start_time: epoch seconds (22.05) or a {set, number} object; 0 and unset mean not said."""
+    seconds = number(value)
+    return float(seconds) if seconds else None
 
 
 def nodes_from_sinfo_groups(groups: Iterable[Mapping[str, Any]]) -> tuple[Node, ...]:

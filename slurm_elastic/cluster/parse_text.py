@@ -190,6 +190,7 @@ def nodes_from_text(text: str, jobs: Iterable[Job] = ()) -> tuple[Node, ...]:
             gpus=gres_gpus(rec.get("Gres")) or 0, gpus_alloc=used,
             partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p and p not in _NULL),
             reason="" if reason in _NULL else reason,
+            slurmd_started_at=_time(rec.get("SlurmdStartTime")),
         ))
     return tuple(out)
 

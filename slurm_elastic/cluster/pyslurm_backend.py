@@ -347,8 +347,8 @@ class PyslurmBackend:
     def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
         self._cli.keep_nodes(job_id, nodes)
 
-    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
-        self._cli.exclude_nodes(job_id, nodes)
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...], *, readmit: tuple[str, ...] = ()) -> None:
+        self._cli.exclude_nodes(job_id, nodes, readmit=readmit)
 
     def drain(self, node: str, reason: str) -> None:
         self._cli.drain(node, reason)
@@ -440,6 +440,7 @@ def node_from_pyslurm(n: Any) -> Node:
         mem_mb=int(n.real_memory or 0), mem_alloc_mb=int(n.allocated_memory or 0),
         gpus=_gpu_count(n.configured_gres) or 0, gpus_alloc=used if used is not None else -1,
         partitions=tuple(n.partitions or ()), reason=str(n.reason or ""),
+        slurmd_started_at=float(getattr(n, "slurmd_start_time", 0) or 0) or None,
     )
 
 

@@ -286,16 +286,21 @@ class Journal:
         rows = self._db.execute("SELECT gpus, nodes FROM ran_at WHERE job_id=?", (job_id,)).fetchall()
         return frozenset((int(g), int(n)) for g, n in rows)
 
-    def lost_nodes(self, job_ids: Iterable[int]) -> dict[int, frozenset[str]]:
-        """Job id (of `job_ids`) -> every node its ranks reported lost in a plan (the plans' `exclude`),
-        whatever became of the plan: the job is never placed there again (docs/controller.md, "Node loss
-        reported by the job"). Read through a partial index: only plans that excluded a node."""
+    def lost_nodes(self, job_ids: Iterable[int]) -> dict[int, dict[str, float]]:
+        """Job id (of `job_ids`) -> {node its ranks reported lost in a plan (the plans' `exclude`): when
+        the latest such plan opened}, whatever became of the plan: the job stays off the node until it
+        comes back (control/peer_loss.py `still_lost`). Read through a partial index: only plans that
+        excluded a node."""
         wanted = set(job_ids)
-        out: dict[int, set[str]] = {}
-        for job_id, exclude in self._db.execute("SELECT job_id, exclude FROM plans WHERE exclude != ''"):
+        out: dict[int, dict[str, float]] = {}
+        for job_id, exclude, at in self._db.execute(
+                "SELECT job_id, exclude, created_at FROM plans WHERE exclude != ''"):
             if int(job_id) in wanted:
-                out.setdefault(int(job_id), set()).update(n for n in str(exclude).split(",") if n)
-        return {job_id: frozenset(nodes) for job_id, nodes in out.items()}
+                nodes = out.setdefault(int(job_id), {})
+                for n in str(exclude).split(","):
+                    if n:
+                        nodes[n] = max(nodes.get(n, 0.0), float(at))
+        return out
 
     def open_plans(self) -> list[PlanRecord]:
         return self._select("WHERE status=? ORDER BY plan_id", (OPEN,))

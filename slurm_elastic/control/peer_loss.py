@@ -202,6 +202,16 @@ class PeerLossReader:
             self._said[path] = line
 
 
+def still_lost(reported: Mapping[str, float], state: ClusterState) -> frozenset[str]:
+    """Of the nodes a job's ranks reported lost ({node: when}), those it must still stay off: all but the
+    ones whose slurmd has started since (the node came back: rebooted, or its slurmd restarted). Slurm
+    may never have marked such a node DOWN (it came back within SlurmdTimeout), so its state says nothing;
+    a node Slurm does not say the start time of stays lost."""
+    started = {n.name: n.slurmd_started_at for n in state.nodes}
+    return frozenset(node for node, at in reported.items()
+                     if (since := started.get(node)) is None or since <= at)
+
+
 def ready(losses: Mapping[int, PeerLoss], now: float, pending_timeout_s: float) -> dict[int, PeerLoss]:
     """The losses to act on now: the commit is over, or has been pending longer than `pending_timeout_s`
     (a committer that died with its commit pending must not keep the job waiting for good)."""

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
+from slurm_elastic.control.peer_loss import still_lost
 from slurm_elastic.control.plan import Plan, PlanEntry, departed
 from slurm_elastic.control.requests import owner_uid, read_job_geometry
 from slurm_elastic.errors import ElasticError, SlurmError
@@ -388,20 +389,25 @@ class RequeueProtocol:
         raise SlurmError(f"job {plan.job_id}: Slurm did not keep the new size {plan.shape.describe()}")
 
     def _exclude_earlier_losses(self, plan: Plan) -> None:
-        """ExcNodeList again for the nodes the job's ranks reported lost in earlier plans. Slurm refuses it on
-        a running job (22.05 without accounting), so a job shrunk in place off a lost node gets it here, at
-        its next requeue. A refusal (a node since removed from the cluster) is logged: the solve keeps the
-        job off those nodes all the same (allocate/from_state.py `away_from_lost_nodes`)."""
+        """ExcNodeList again for the nodes the job's ranks reported lost in earlier plans, and without those
+        that have come back since (peer_loss.still_lost). Slurm refuses it on a running job (22.05 without
+        accounting), so a job shrunk in place off a lost node gets it here, at its next requeue. A refusal
+        (a node since removed from the cluster) is logged: the solve keeps the job off those nodes all the
+        same (allocate/from_state.py `away_from_lost_nodes`). A node the user excluded at submission and
+        its ranks also reported lost is readmitted once it is back: the two cannot be told apart here."""
         if not isinstance(self.backend, NodeExcludingBackend):
             return
-        earlier = self.journal.lost_nodes((plan.job_id,)).get(plan.job_id, frozenset()) - set(plan.exclude)
-        if not earlier:
+        reported = {n: at for n, at in self.journal.lost_nodes((plan.job_id,)).get(plan.job_id, {}).items()
+                    if n not in plan.exclude}
+        if not reported:
             return
+        lost = still_lost(reported, self.backend.snapshot())
+        back = tuple(sorted(set(reported) - lost))
         try:
-            self.backend.exclude_nodes(plan.job_id, tuple(sorted(earlier)))
+            self.backend.exclude_nodes(plan.job_id, tuple(sorted(lost)), readmit=back)
         except SlurmError as exc:
-            log.warning("job %d: ExcNodeList of the nodes its ranks reported lost before (%s) not set: %s",
-                        plan.job_id, ",".join(sorted(earlier)), exc)
+            log.warning("job %d: ExcNodeList of the nodes its ranks reported lost before (%s; back since: %s) "
+                        "not set: %s", plan.job_id, ",".join(sorted(lost)) or "none", ",".join(back) or "none", exc)
 
     def _credential_gap(self, plan_id: int) -> None:
         """Keep a requeued job held until `credential_gap_s` after its requeue.

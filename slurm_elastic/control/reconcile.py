@@ -33,7 +33,7 @@ from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, J
 from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
-from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready
+from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready, still_lost
 from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
@@ -508,8 +508,8 @@ class Reconciler:
         for job_id, why in outside_windows(scoped, windows, scoped.taken_at, lost=frozenset(acting)).items():
             pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
         requests = with_reservations(with_partitions(requests, scoped), scoped, windows, scoped.taken_at)
-        requests = away_from_lost_nodes(requests, scoped,
-                                        self.journal.lost_nodes(j.job_id for j in scoped.elastic_jobs))
+        reported = self.journal.lost_nodes(j.job_id for j in scoped.elastic_jobs)
+        requests = away_from_lost_nodes(requests, scoped, {j: still_lost(r, scoped) for j, r in reported.items()})
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'

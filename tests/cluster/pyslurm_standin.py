@@ -258,6 +258,8 @@ class FakeNode:
     allocated_memory = property(lambda self: self._n["alloc_memory"])
     partitions = property(lambda self: list(self._n.get("partitions") or ()))
     reason = property(lambda self: self._n.get("reason") or None)
+    # _raw_time(info.slurmd_start_time): epoch seconds, None for 0
+    slurmd_start_time = property(lambda self: (self._n.get("slurmd_start_time") or {}).get("number") or None)
 
 
 class FakeMap(dict):

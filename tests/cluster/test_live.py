@@ -174,6 +174,26 @@ def test_contract_hold_release_cancel_pending_job(slurm_cluster, backend_name: s
         slurm_cluster.cancel(jid)
 
 
+def test_exclude_nodes_keeps_the_jobs_own_list_and_readmits_only_what_came_back(slurm_cluster,
+                                                                                tmp_path: Path) -> None:
+    """ExcNodeList replaces the job's list: the node the user excluded stays, a readmitted node leaves it,
+    and an empty list clears it (`ExcNodeList=` on every version claimed)."""
+    backend = CliBackend()
+    first, second = slurm_cluster.nodes[0], slurm_cluster.nodes[1]
+    jid = backend.submit(elastic_job(tmp_path, nodes=1, gpus=1, extra=("--begin=now+3600", f"--exclude={first}"),
+                                     partition=slurm_cluster.partition))
+    try:
+        assert backend._excluded(jid) == (first,)
+        backend.exclude_nodes(jid, (second,))
+        assert set(backend._excluded(jid)) == {first, second}
+        backend.exclude_nodes(jid, (), readmit=(second,))
+        assert backend._excluded(jid) == (first,)
+        backend.exclude_nodes(jid, (), readmit=(first,))
+        assert backend._excluded(jid) == ()
+    finally:
+        slurm_cluster.cancel(jid)
+
+
 def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
     """submit 2x2 -> signal -> requeue_hold -> set_resources 1x3 -> release -> runs with 3 GPUs on 1 node."""
     backend = CliBackend()

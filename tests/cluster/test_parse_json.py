@@ -66,6 +66,18 @@ def test_node_documents_give_every_node_right(version: str, name: str) -> None:
         assert nodes[node_name].partitions == ("gpu",)
 
 
+@pytest.mark.parametrize("version,name", [("22.05", "sinfo.json"), ("24.11", "scontrol-show-nodes.json"),
+                                          ("26.05", "scontrol-show-nodes.json")])
+def test_per_node_records_say_when_each_slurmd_started(version: str, name: str) -> None:
+    """A node whose slurmd started after its loss was reported has come back (control/peer_loss.still_lost)."""
+    doc = load(version, name)
+    for rec, node in zip(doc["nodes"], parse_nodes(doc)):
+        raw = rec["slurmd_start_time"]
+        seconds = raw["number"] if isinstance(raw, dict) else raw
+        assert node.slurmd_started_at == (float(seconds) if seconds else None)
+    assert any(n.slurmd_started_at for n in parse_nodes(doc))
+
+
 @pytest.mark.parametrize("version,expected", [("22.05", SlurmVersion(22, 5, 8)), ("24.11", SlurmVersion(24, 11, 5)),
                                               ("26.05", SlurmVersion(26, 5, 5))])
 def test_version_from_every_meta(version: str, expected: SlurmVersion) -> None:

@@ -40,9 +40,9 @@ class ExcludingSlurm(InMemorySlurm):
         self.jobs[job_id] = dataclasses.replace(job, nodes=tuple(nodes), num_nodes=len(nodes))
         self._recount()
 
-    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...], *, readmit: tuple[str, ...] = ()) -> None:
         self._job("exclude_nodes", job_id)
-        self.excluded.setdefault(job_id, set()).update(nodes)
+        self.excluded[job_id] = (self.excluded.get(job_id, set()) | set(nodes)) - set(readmit)
 
     def kill_wait_s(self) -> float:
         return 30.0
@@ -87,8 +87,9 @@ def cluster(tmp_path: Path):
     return slurm, a, b, tmp_path / "ckpt"
 
 
-def _reconciler(slurm, tmp_path: Path, *, uid: int | None = None, **config) -> tuple[Reconciler, Clock]:
-    clock = Clock()
+def _reconciler(slurm, tmp_path: Path, *, uid: int | None = None, clock: Clock | None = None,
+                **config) -> tuple[Reconciler, Clock]:
+    clock = clock or Clock()
     cfg = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=30, settle_timeout_s=1.0), node_confirm_s=0,
                            min_resize_interval_s=300, **config)
     rec = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), cfg, clock=clock, sleep=clock.sleep)
@@ -211,10 +212,10 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeu
 class RefusingRunningExclusion(ExcludingSlurm):
     """As 22.05 without an accounting database: ExcNodeList on a running job is refused (docs/slurm-backends.md)."""
 
-    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+    def exclude_nodes(self, job_id: int, nodes: tuple[str, ...], *, readmit: tuple[str, ...] = ()) -> None:
         if self._job("exclude_nodes", job_id).state is JobState.RUNNING:
             raise SlurmError("scontrol update: Job update not available right now, the DB index is being set")
-        super().exclude_nodes(job_id, nodes)
+        super().exclude_nodes(job_id, nodes, readmit=readmit)
 
 
 @pytest.mark.parametrize("slurm_class", [ExcludingSlurm, RefusingRunningExclusion])
@@ -243,6 +244,36 @@ def test_a_job_shrunk_in_place_off_a_lost_node_is_never_grown_back_onto_it(tmp_p
     job = slurm.jobs[a]
     assert job.state is JobState.RUNNING and job.restarts == 1 and set(job.nodes) == {"n1", *freed}
     assert slurm.excluded[a] == {"n2"}
+
+
+@pytest.mark.parametrize("slurm_class", [ExcludingSlurm, RefusingRunningExclusion])
+def test_a_lost_node_whose_slurmd_starts_again_is_the_jobs_again(tmp_path, slurm_class):
+    """The node comes back before Slurm noticed it was gone (within SlurmdTimeout): its slurmd's new start
+    time is the only sign. The job shrunk in place off it grows back there, its ExcNodeList without it."""
+    clock = Clock()
+    slurm = slurm_class(clock=clock)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    for _ in range(2):
+        slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob")   # rigid jobs on n3, n4
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a)
+    rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1",)
+    clock.skipped += 3600                     # past the hysteresis and the restart budget's hour
+    assert rec.cycle().plans == () and slurm.jobs[a].nodes == ("n1",)   # n2 still counts as lost
+    if slurm_class is ExcludingSlurm:
+        slurm.excluded[a] = {"n2", "n9"}       # set while it ran; n9: excluded at submission
+    slurm.node_up("n2")                       # its slurmd starts again: Slurm never marked it DOWN
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.restarts == 1 and set(job.nodes) == {"n1", "n2"}
+    assert "n2" not in slurm.excluded.get(a, set())
+    if slurm_class is ExcludingSlurm:
+        assert slurm.excluded[a] == {"n9"}    # only the node that came back left the list
 
 
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
