@@ -167,6 +167,30 @@ class _SnapshotSource(TensorSource):
             self.snap.frozen.pop(key, None)
 
 
+class _Hook:
+    """A hook of this checkpointer on the user's model or optimizer. Pickled or deep-copied with them
+    (`torch.save(model)`, an EMA's `copy.deepcopy(model)`), it becomes a hook that does nothing: the
+    copy is not the model this checkpointer saves, and a closure could not be pickled at all."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (_DetachedHook, ())
+
+
+class _DetachedHook:
+    """What a _Hook becomes in a saved or copied model: nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
 class LayerCheckpointer:
     """Forward pre-hooks that take each layer's post-step state, and a writer thread.
 
@@ -219,7 +243,7 @@ class LayerCheckpointer:
         self._handles = [module_of[s.index].register_forward_pre_hook(self._make_hook(s.index))
                          for s in self.slots if s.index in self._mine and module_of[s.index] is not None]
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(lambda *_: self.wait_for_copies()))
+            self._handles.append(optimizer.register_step_pre_hook(_Hook(lambda *_: self.wait_for_copies())))
 
     def _owns(self, group: LayerGroup) -> bool:
         return self.sharded or group.owner == self.rank
@@ -408,7 +432,7 @@ class LayerCheckpointer:
                 t0 = time.monotonic()
                 self._capture(snap, slot)
                 snap.stall_s += time.monotonic() - t0
-        return hook
+        return _Hook(hook)
 
     def _capture(self, snap: _Snapshot, slot_index: int) -> None:
         snap.pending.discard(slot_index)

@@ -78,7 +78,7 @@ class ElasticSession:
                  heartbeat_s: float = peers.DEFAULT_INTERVAL_S, liveness_timeout_s: float = peers.DEFAULT_TIMEOUT_S,
                  jit_deadline_s: float = 120.0, batch: BatchRange | str | None = None,
                  measure_noise: bool = True, noise_smoothing: float = DEFAULT_SMOOTHING,
-                 noise_every_steps: int = DEFAULT_EVERY_STEPS) -> None:
+                 noise_every_steps: int = DEFAULT_EVERY_STEPS, total_steps: int | None = None) -> None:
         root = ckpt_dir or settings.CKPT_DIR.read()
         if not root:
             raise ElasticError(f"no checkpoint directory: pass ckpt_dir or set {protocol.CKPT_DIR_ENV} "
@@ -91,6 +91,9 @@ class ElasticSession:
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.keep = keep
+        # The run's length, in the metrics rows: the controller ranks jobs by the work they have left
+        # (docs/controller.md). None: not declared.
+        self.total_steps = total_steps
         # Periodic snapshots that fall due while the previous one is still being
         # written are skipped (no stall) unless wait_for_previous, which blocks
         # until it is committed (deterministic checkpoint steps).
@@ -141,6 +144,7 @@ class ElasticSession:
         # handler takes it and keeps it, so the state it reads is a whole step's.
         self._state_lock = threading.Lock()
         self._boundary_rng: dict[int, RawRng] = {}     # the last two step boundaries' generators
+        self._boundary_user_state: Any = {}            # user_state as the last step boundary left it
         self._peer_loss_lock = threading.Lock()
         # Under slurm_elastic.train.regroup the survivors of a peer loss may go on in their processes;
         # whichever thread handles the loss first, the training thread is the one that can unwind the loop.
@@ -471,6 +475,18 @@ class ElasticSession:
         return [self.sampler.micro_batch_at(first, self.geometry, self.rank, m)
                 for m in range(self.geometry.accumulation)]
 
+    @property
+    def total_steps(self) -> int | None:
+        """The optimizer steps the whole run takes, as the loop declared it (ElasticSession(total_steps=N),
+        or set here once known); the controller reads it from the metrics rows as the work left."""
+        return self._total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ElasticError(f"total_steps must be a positive int or None, got {value!r}")
+        self._total_steps = value
+
     def done(self, total_steps: int) -> bool:
         return self.step >= total_steps
 
@@ -648,6 +664,12 @@ class ElasticSession:
         self._boundary_rng[self.step] = capture_rng_raw()
         for old in [s for s in self._boundary_rng if s < self.step - 1]:
             del self._boundary_rng[old]
+        # the loop may change user_state as the next step starts, before a lost peer stops it: the
+        # just-in-time checkpoint of this step saves this copy (a JSON round trip: keep user_state small)
+        try:
+            self._boundary_user_state = json.loads(json.dumps(self.user_state, allow_nan=False))
+        except (TypeError, ValueError):
+            self._boundary_user_state = {}    # not JSON-able: each periodic checkpoint says so
 
     def _on_peer_silent(self, reason: str) -> None:
         """The liveness thread saw a heartbeat stop (or another rank said so): the training
@@ -843,7 +865,7 @@ class ElasticSession:
                                       "param_groups": optimizer_groups_json(self._model, self._optimizer)},
                         "scheduler": (_json_or_none(self._scheduler.state_dict())
                                       if self._scheduler is not None else None),
-                        "user_state": _json_or_none(self.user_state) or {}}
+                        "user_state": self._boundary_user_state}
                 reports = [{"files": [r.to_json() for r in records] if i == 0 else [], "rng": rng[i]}
                            for i in range(self.world_size)]
                 manifest = self._manifest(meta, reports)
@@ -905,7 +927,8 @@ class ElasticSession:
                                       samples_per_s=steps_per_s * self.geometry.global_batch,
                                       batch=self.geometry.global_batch,
                                       grad_sqr=noise.grad_sqr if noise is not None else None,
-                                      grad_var=noise.grad_var if noise is not None else None)
+                                      grad_var=noise.grad_var if noise is not None else None,
+                                      total_steps=self.total_steps)
             self.store.append_metrics(row)
         except ValueError as exc:
             log.warning("metrics row not written: %s", exc)

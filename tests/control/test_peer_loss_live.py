@@ -279,6 +279,8 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
                                     what=lambda: f"the job to end after training; {cluster.job_outputs()}")
             assert done.state is JobState.COMPLETED and done.restarts == 0, (done, cluster.job_outputs())
             assert json_lines(loss_log)[-1]["step"] == int(STEPS_KEPT)
+            # the srun it ended is reaped quietly: no shell "Killed srun ..." line that reads as an error
+            assert " Killed " not in (cluster.root / "out" / f"{job_id}.out").read_text()
         print(f"{path}: lost {victim} -> detected {report.detected_at - lost_at:.1f} s, training again in place "
               f"{trained_at - lost_at:.1f} s (SlurmdTimeout 300 s); committed step {report.committed_step}")
     finally:

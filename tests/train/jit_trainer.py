@@ -223,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logging.getLogger("loop").warning("ignoring %s", type(exc).__name__)
 
         def one_step() -> None:
+            # the loop's own state, changed as the step starts (a just-in-time commit of the step before
+            # must save it as it was then)
+            session.user_state["computing"] = session.step + 1
             at("forward")
             if args.fail is not None and session.step + 1 == args.fail:
                 time.sleep(rank / 2)

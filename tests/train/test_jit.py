@@ -185,6 +185,7 @@ def _run_case(forks: ForkServer, reference: dict, tmp: Path, case: Case) -> dict
     assert latest_after is not None and protocol.parse_step_dir_name(latest_after.strip()) == expected
     store = CheckpointStore(str(job_dir))
     manifest = store.read_manifest(expected)
+    assert manifest["user_state"].get("computing") == expected, manifest["user_state"]   # as at that step
     tensors = [kv for t in store.read_files(expected, manifest["files"]) for kv in t.items()]
     on_disk = state_digest(tensors)
     torn = on_disk != reference["digest"][expected]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_elastic.errors import CheckpointError
+from slurm_elastic.errors import CheckpointError, ElasticError
 from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.session import ElasticSession
@@ -175,3 +175,52 @@ def test_a_session_writes_the_chosen_checksum_and_a_default_session_restores_it(
                          dataset_size=len(X)) == 1
     for a, b in zip(model.parameters(), m2.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_whole_model_saved_or_copied_after_attach_carries_inert_hooks(tmp_path: Path) -> None:
+    """`torch.save(model)` (upstream word_language_model saves its best model so) and an EMA's deepcopy work
+    once the session has hooked the model; the copies' hooks do nothing, the model's still checkpoint."""
+    import copy
+    import io
+
+    model = _model()
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False) as s:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        s.attach(model, opt, global_batch=16, micro_batch=16, dataset_size=len(X))
+        for idx in s.micro_batches():
+            (model(X[idx]) - Y[idx]).pow(2).mean().backward()
+        s.optimizer_step()
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        twin = copy.deepcopy(model)
+        copy.deepcopy(opt)
+        for other in (loaded, twin):
+            assert torch.equal(other(X[:4]), model(X[:4]))
+            for a, b in zip(other.parameters(), model.parameters()):
+                assert torch.equal(a, b)
+        s.checkpoint_now()
+        assert s.last_committed_step == 1
+
+
+def test_a_loop_that_declares_its_length_tells_the_controller(tmp_path: Path) -> None:
+    """ElasticSession(total_steps=N) (or session.total_steps = N once known): every metrics row carries it
+    (the controller's remaining work, docs/controller.md); a length that is no positive int is refused."""
+    model = _model()
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, metrics_every_s=0.0, fast_exit=False, total_steps=5) as s:
+        s.attach(model, torch.optim.SGD(model.parameters(), lr=0.05), global_batch=16, micro_batch=16,
+                 dataset_size=len(X))
+        while not s.done(3):
+            for idx in s.micro_batches():
+                (model(X[idx]) - Y[idx]).pow(2).mean().backward()
+            s.optimizer_step()
+        s.total_steps = 9          # known later: the next rows say so
+        for idx in s.micro_batches():
+            (model(X[idx]) - Y[idx]).pow(2).mean().backward()
+        s.optimizer_step()
+    lines = (tmp_path / "55" / protocol.METRICS_FILE).read_text().splitlines()
+    assert [protocol.MetricsRow.parse_line(x).total_steps for x in lines] == [5, 5, 5, 9]
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ElasticError, match="total_steps"):
+            ElasticSession(ckpt_dir=str(tmp_path / "bad"), env=ENV, total_steps=bad)
