@@ -16,6 +16,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 BAD_INPUT = (SpecError, SettingError, PermissionRefused)
 
 
+class BadInput(click.ClickException):
+    """Bad input of ours: one `Error:` line and exit 2 (click's UsageError would print the usage first)."""
+
+    exit_code = 2
+
+
 def not_implemented(what: str) -> None:
     """For commands a later issue fills: say so and exit 2, never pretend to work."""
     raise click.UsageError(f"{what} is not implemented yet")
@@ -29,7 +35,7 @@ def elastic_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except BAD_INPUT as exc:
-            raise click.UsageError(str(exc)) from None
+            raise BadInput(str(exc)) from None
         except ElasticError as exc:
             raise click.ClickException(str(exc)) from None
 
