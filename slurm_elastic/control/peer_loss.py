@@ -196,6 +196,28 @@ class PeerLossReader:
                 owner_uid=uid)   # the first step with a report: the incarnation is over either way
         return None
 
+    def srun_left_running(self, job: Job) -> bool:
+        """Whether the batch script of `job`'s current incarnation said its ranks went on in their processes
+        after a lost peer (launcher-stopped marker "kept"): the srun of that step still waits for the lost
+        node's tasks, whatever the peer-lost report says now (its nodes given up, it is no longer acted on)."""
+        spec = job.spec
+        uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
+        if spec is None or not spec.ckpt_dir or uid is None:
+            return False
+        try:
+            directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+        except ValueError:
+            return False
+        for step in range(self._steps):
+            marker = os.path.join(directory, shim.launcher_stopped_file_name(job.job_id, job.restarts, step))
+            try:
+                data = read_user_file(marker, owner_uid=uid, max_bytes=64, what="a marker")
+            except ValueError:
+                continue
+            if data is not None and LauncherStopped.parse_bytes(data).srun_running:
+                return True
+        return False
+
     def _say(self, path: str, line: str, level: int = logging.WARNING) -> None:
         if self._said.get(path) != line:      # once per problem, not every cycle
             log.log(level, "%s", line)

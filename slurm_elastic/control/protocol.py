@@ -479,6 +479,12 @@ class RequeueProtocol:
             else:
                 self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
         if running:
+            if plan_id not in self._old_srun_until and self._launcher_stopped(job_id) == KEPT:
+                # Its ranks went on in their processes after a lost peer, under the srun that still waits
+                # for the lost node's tasks: requeued later (a grow, a move), that srun outlives the job's
+                # batch script and cancels J.0 once KillWait is up, by then the next incarnation's step
+                # (seen converting a real script: the grown job FAILED 30 s after its restart).
+                self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
             self.backend.requeue_hold(job_id)
             log.info("job %d: requeued and held", job_id)
         else:

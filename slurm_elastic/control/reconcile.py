@@ -33,7 +33,7 @@ from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, J
 from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
-from slurm_elastic.control.peer_loss import PeerLoss, PeerLossReader, ready, still_lost
+from slurm_elastic.control.peer_loss import KEPT, PeerLoss, PeerLossReader, ready, still_lost
 from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
@@ -434,9 +434,14 @@ class Reconciler:
         outcomes: list[Outcome] = []
         if plans and not dry_run:
             losses = decision.peer_losses
-            outcomes = self.protocol.execute(
-                plans, decision.scoped,
-                launcher_stopped=lambda job_id: losses[job_id].launcher_stopped() if job_id in losses else "")
+            jobs = {j.job_id: j for j in decision.scoped.jobs}
+
+            def launcher_stopped(job_id: int) -> str:
+                if job_id in losses:
+                    return losses[job_id].launcher_stopped()
+                job = jobs.get(job_id)   # a later plan of an incarnation whose ranks were kept
+                return KEPT if job is not None and self.peer_losses.srun_left_running(job) else ""
+            outcomes = self.protocol.execute(plans, decision.scoped, launcher_stopped=launcher_stopped)
         for outcome in outcomes:
             loss = decision.peer_losses.get(outcome.job_id)
             if loss is not None and any(p.job_id == outcome.job_id and p.peer_lost for p in plans):

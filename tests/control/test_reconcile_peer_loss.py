@@ -276,6 +276,30 @@ def test_a_lost_node_whose_slurmd_starts_again_is_the_jobs_again(tmp_path, slurm
         assert slurm.excluded[a] == {"n9"}    # only the node that came back left the list
 
 
+def test_a_job_whose_ranks_were_kept_waits_for_the_old_srun_when_it_is_grown_later(tmp_path):
+    """The kept ranks' srun still waits for the lost node's tasks: a later requeue (here the grow once the
+    node is back) releases the job only after that srun has given up (KillWait + 3 s), not at once."""
+    clock = Clock()
+    slurm = ExcludingSlurm(clock=clock)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    for _ in range(2):
+        slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob")
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a, shim.RANKS_KEPT)
+    rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
+    clock.skipped += 3600
+    slurm.node_up("n2")
+    before = clock.skipped
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
+    assert slurm.jobs[a].restarts == 1 and set(slurm.jobs[a].nodes) == {"n1", "n2"}
+    assert clock.skipped - before >= 30.0     # KillWait + 3 s, less what the cycle itself took
+
+
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
     # The script only stopped its srun (no "in-place"): the requeue path, as before.
     slurm, a, others, ckpt = _crowded(tmp_path / "quiet")
