@@ -68,7 +68,8 @@ def _run(tmp_path: Path, template: str, *, end_in_s: float, preempted: bool = Fa
                                 stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 60
-        while not (fake / "srun.pid").exists():
+        # the fake srun's `echo $$ > srun.pid` creates the file before it writes the pid (seen empty under load)
+        while not (fake / "srun.pid").exists() or not (fake / "srun.pid").read_text().strip().isdigit():
             assert proc.poll() is None, out.read_text()
             assert time.monotonic() < deadline, "the template never launched the ranks"
             time.sleep(0.05)
