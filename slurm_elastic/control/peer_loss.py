@@ -70,14 +70,7 @@ class PeerLoss:
         after the report settles."""
         if not self.launcher_marker or self.owner_uid is None:
             return ""
-        try:
-            data = read_user_file(self.launcher_marker, owner_uid=self.owner_uid, max_bytes=64, what="a marker")
-        except ValueError:
-            return ""
-        if data is None:
-            return ""
-        said = LauncherStopped.parse_bytes(data)
-        return KEPT if said.srun_running else IN_PLACE if said.in_place else STOPPED
+        return _launcher_said(self.launcher_marker, self.owner_uid)
 
     def marks(self) -> dict[str, float]:
         """The restart's marks this report gives (control/phases.py)."""
@@ -149,16 +142,12 @@ class PeerLossReader:
 
     def _loss(self, job: Job, live: set[tuple[int, int, int]]) -> PeerLoss | None:
         """The loss `job`'s ranks reported for its current incarnation (its key added to `live`), or None."""
-        spec = job.spec
-        if job.state is not JobState.RUNNING or spec is None or not spec.ckpt_dir or len(job.nodes) < 2:
+        if job.state is not JobState.RUNNING or len(job.nodes) < 2:
             return None   # a single-node job has no other node to restart on without the lost one
-        uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
-        if uid is None:
-            return None   # the owner cannot be checked here, so the file is not read
-        try:
-            directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
-        except ValueError:
+        found = self._job_files(job)
+        if found is None:
             return None
+        directory, uid = found
         for step in range(self._steps):
             path = os.path.join(directory, shim.peer_lost_file_name(job.job_id, job.restarts, step))
             report, problem = read_report(path, owner_uid=uid)
@@ -200,28 +189,41 @@ class PeerLossReader:
         """Whether the batch script of `job`'s current incarnation said its ranks went on in their processes
         after a lost peer (launcher-stopped marker "kept"): the srun of that step still waits for the lost
         node's tasks, whatever the peer-lost report says now (its nodes given up, it is no longer acted on)."""
+        found = self._job_files(job)
+        if found is None:
+            return False
+        directory, uid = found
+        return any(_launcher_said(os.path.join(directory, shim.launcher_stopped_file_name(
+            job.job_id, job.restarts, step)), uid) == KEPT for step in range(self._steps))
+
+    def _job_files(self, job: Job) -> tuple[str, int] | None:
+        """The job's directory and its owner's uid, or None where its files cannot be read as its user's
+        (no checkpoint directory, an owner unknown here: the files are not read)."""
         spec = job.spec
         uid = job.user_id if job.user_id is not None else self._uid_of(job.user)
         if spec is None or not spec.ckpt_dir or uid is None:
-            return False
+            return None
         try:
-            directory = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
+            return shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id)), uid
         except ValueError:
-            return False
-        for step in range(self._steps):
-            marker = os.path.join(directory, shim.launcher_stopped_file_name(job.job_id, job.restarts, step))
-            try:
-                data = read_user_file(marker, owner_uid=uid, max_bytes=64, what="a marker")
-            except ValueError:
-                continue
-            if data is not None and LauncherStopped.parse_bytes(data).srun_running:
-                return True
-        return False
+            return None
 
     def _say(self, path: str, line: str, level: int = logging.WARNING) -> None:
         if self._said.get(path) != line:      # once per problem, not every cycle
             log.log(level, "%s", line)
             self._said[path] = line
+
+
+def _launcher_said(marker: str, owner_uid: int) -> str:
+    """A launcher-stopped marker read as its user's file: KEPT, IN_PLACE, STOPPED, or "" (none, or unreadable)."""
+    try:
+        data = read_user_file(marker, owner_uid=owner_uid, max_bytes=64, what="a marker")
+    except ValueError:
+        return ""
+    if data is None:
+        return ""
+    said = LauncherStopped.parse_bytes(data)
+    return KEPT if said.srun_running else IN_PLACE if said.in_place else STOPPED
 
 
 def still_lost(reported: Mapping[str, float], state: ClusterState) -> frozenset[str]:
