@@ -479,7 +479,7 @@ class RequeueProtocol:
             else:
                 self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
         if running:
-            if plan_id not in self._old_srun_until and self._launcher_stopped(job_id) == KEPT:
+            if plan_id not in self._old_srun_until and self._kept_srun_runs(job_id):
                 # Its ranks went on in their processes after a lost peer, under the srun that still waits
                 # for the lost node's tasks: requeued later (a grow, a move), that srun outlives the job's
                 # batch script and cancels J.0 once KillWait is up, by then the next incarnation's step
@@ -565,6 +565,18 @@ class RequeueProtocol:
             if said or self._clock() >= deadline:
                 return said
             self._sleep(self.settings.settle_poll_s)
+
+    def _kept_srun_runs(self, job_id: int) -> bool:
+        """Whether the srun under which the job's ranks went on after a lost peer still runs: its batch
+        script said "kept" and has not said, within `launcher_wait_s`, that it stopped that srun. Asked
+        once the ranks acknowledged: each says it ended as it exits, and the script ends the srun on their
+        word within a second, so a later requeue need not wait KillWait for it."""
+        deadline = self._clock() + self.settings.launcher_wait_s
+        while self._launcher_stopped(job_id) == KEPT:
+            if self._clock() >= deadline:
+                return True
+            self._sleep(self.settings.settle_poll_s)
+        return False
 
     def _fits_in_place(self, job_id: int, plan: Plan) -> bool:
         """The job, shrunk to its surviving nodes, holds at least what the plan gives it: then a relaunch

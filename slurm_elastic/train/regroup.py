@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from slurm_elastic import settings
 
@@ -41,6 +41,7 @@ _originals: dict[int, Any] = {}
 # The newest session's run directory and rank: where this process says its command ended, once it re-formed
 # its group (the step's srun still waits for the lost node's tasks then, and never ends by itself).
 _last_run: tuple[str, int] | None = None
+_regrouped = False      # this process re-formed its group: its step ends only on the ranks' word (exited-<rank>)
 
 
 class Regroup(BaseException):
@@ -77,6 +78,16 @@ def _say_ended(code: int) -> None:
     except OSError as exc:
         print(f"slurm-elastic: rank {rank}: cannot say it ended in {run_dir} ({exc}); the batch script waits for "
               f"its step", file=sys.stderr, flush=True)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Leave the process at once with `code` (os._exit: a broken group can hang in atexit handlers), first
+    writing exited-<rank> where this process re-formed its group: atexit does not run on os._exit, and the
+    step's srun, which still waits for the lost node's tasks, is ended by the batch script on that word
+    only (without it a later requeue waited KillWait for that srun)."""
+    if _regrouped:
+        _say_ended(code)
+    os._exit(code)
 
 
 def _exit_code(code: object) -> int:
@@ -186,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = args[2:] if module else args[1:]
     if module is None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))   # as `python script.py` does
-    global _last_run
+    global _last_run, _regrouped
     _running = True
     regrouped = False
     ended: list[int] = []
@@ -203,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if regrouped:
                 ended.append(_exit_code(regroup))
             return regroup
-        regrouped = True
+        regrouped = _regrouped = True
         _last_run = None        # the next session names its run directory; none yet
         t0 = time.monotonic()
         if not leave_group():

@@ -255,7 +255,7 @@ class ElasticSession:
             logging.shutdown()
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(protocol.REQUEUE_EXIT_CODE)     # with the handlers in place to the end
+            regroup.exit_now(protocol.REQUEUE_EXIT_CODE)     # with the handlers in place to the end
         sig = getattr(signal_module, "SIG" + self.signal_name)
         signal_module.signal(sig, self._old_handler)
         signal_module.signal(signal_module.SIGTERM, self._old_term_handler)
@@ -800,7 +800,7 @@ class ElasticSession:
         sys.stdout.flush()
         sys.stderr.flush()
         # A broken process group can hang in destroy/atexit; leave at once.
-        os._exit(code)
+        regroup.exit_now(code)
 
     def _peer_lost_behind(self, exc: BaseException) -> None:
         """The session ends by an error (a raised exception, or an exit code other than 0 and the

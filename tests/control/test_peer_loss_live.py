@@ -281,6 +281,9 @@ def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_and_trains
             assert json_lines(loss_log)[-1]["step"] == int(STEPS_KEPT)
             # the srun it ended is reaped quietly: no shell "Killed srun ..." line that reads as an error
             assert " Killed " not in (cluster.root / "out" / f"{job_id}.out").read_text()
+            # and it says so: a later requeue of the job would not wait KillWait for that srun
+            said = (job_dir / shim.launcher_stopped_file_name(job_id, 0, 0)).read_text().strip()
+            assert said == "stopped", said
         print(f"{path}: lost {victim} -> detected {report.detected_at - lost_at:.1f} s, training again in place "
               f"{trained_at - lost_at:.1f} s (SlurmdTimeout 300 s); committed step {report.committed_step}")
     finally:

@@ -300,6 +300,31 @@ def test_a_job_whose_ranks_were_kept_waits_for_the_old_srun_when_it_is_grown_lat
     assert clock.skipped - before >= 30.0     # KillWait + 3 s, less what the cycle itself took
 
 
+def test_a_job_whose_kept_ranks_ended_their_srun_is_grown_later_without_the_killwait_wait(tmp_path):
+    """The kept ranks said they ended (exited-<rank>) and the batch script stopped their srun and said so
+    ("stopped" over "kept"): nothing is left to cancel J.0, so the grow releases the job at once."""
+    clock = Clock()
+    slurm = ExcludingSlurm(clock=clock)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    for _ in range(2):
+        slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob")
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a, shim.RANKS_KEPT)
+    rec.cycle()
+    assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
+    clock.skipped += 3600
+    slurm.node_up("n2")
+    _in_place(ckpt, a, "stopped")
+    before = clock.skipped
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
+    assert slurm.jobs[a].restarts == 1 and set(slurm.jobs[a].nodes) == {"n1", "n2"}
+    assert clock.skipped - before < 30.0
+
+
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
     # The script only stopped its srun (no "in-place"): the requeue path, as before.
     slurm, a, others, ckpt = _crowded(tmp_path / "quiet")

@@ -133,6 +133,34 @@ def test_survivors_of_a_frozen_peer_go_on_in_their_processes(tmp_path: Path) -> 
     assert not list(run.glob("exited-*"))      # the group that lost its peer did not end
 
 
+def test_survivors_that_stop_for_a_requeue_say_they_ended_for_the_batch_script(tmp_path: Path) -> None:
+    """After going on in their processes, the survivors are signalled (a later grow): they commit and leave
+    at once (os._exit, the requeue code), and each still writes exited-<rank> with that code: their srun
+    waits for the lost rank's task, and the batch script ends it on that word only (without it a later
+    requeue waited KillWait for that srun)."""
+    procs, log = _start(tmp_path, "signalled", 100000)
+    try:
+        _wait_rows(log, 10, procs)
+        os.kill(procs[2].pid, signal.SIGKILL)
+        procs[2].wait()
+        _wait_rows(log, len(_rows(log)) + 5, procs[:2])
+        run = tmp_path / "signalled" / "51" / protocol.run_dir_name("51", 0, 0)
+        assert json.loads((run / protocol.REGROUP_FILE).read_text())["go"] is True
+        for p in procs[:2]:
+            os.kill(p.pid, getattr(signal, "SIG" + protocol.DEFAULT_SIGNAL))
+        results = wait_ranks(procs[:2], timeout=180)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    out = results[0].stdout
+    assert [r.returncode for r in results] == [protocol.REQUEUE_EXIT_CODE] * 2, out[-4000:]
+    assert "rank 0 goes on as rank 0 of 2" in out, out[-4000:]
+    regrouped = run.with_name(run.name + ".1")
+    assert sorted(f.name for f in regrouped.glob("exited-*")) == [protocol.exited_file_name(r) for r in (0, 1)]
+    assert {f.read_text() for f in regrouped.glob("exited-*")} == {f"{protocol.REQUEUE_EXIT_CODE}\n"}
+
+
 def test_a_stop_signal_that_comes_with_the_lost_peer_is_not_lost_by_the_survivors_going_on(tmp_path: Path) -> None:
     """Slurm requeues a job whose node failed and sends its other tasks SIGTERM, KillWait before SIGKILL: it
     comes while the survivors agree and move to their next session. Seen before they go on, they do not
