@@ -86,3 +86,7 @@ class NodeExcludingBackend(Backend, Protocol):
     def kill_wait_s(self) -> float:
         """Slurm's KillWait: how long a step's srun waits for a node that does not answer."""
         ...
+
+    def slurmd_timeout_s(self) -> float:
+        """Slurm's SlurmdTimeout: how long a node may not answer before Slurm sets it DOWN."""
+        ...

@@ -275,11 +275,19 @@ class CliBackend:
     def kill_wait_s(self) -> float:
         """Slurm's KillWait (read once): how long a step's srun waits for a node that does not answer."""
         if self._kill_wait_s is None:
-            m = re.search(r"^KillWait\s*=\s*(\d+)\s*sec", self._run(["scontrol", "show", "config"]), re.MULTILINE)
-            if m is None:
-                raise SlurmError("scontrol show config: no KillWait line")
-            self._kill_wait_s = float(m[1])
+            self._kill_wait_s = self._config_seconds("KillWait")
         return self._kill_wait_s
+
+    def slurmd_timeout_s(self) -> float:
+        """Slurm's SlurmdTimeout (read each time: an admin may reconfigure it): how long a node may not
+        answer before Slurm sets it DOWN."""
+        return self._config_seconds("SlurmdTimeout")
+
+    def _config_seconds(self, name: str) -> float:
+        m = re.search(rf"^{name}\s*=\s*(\d+)\s*sec", self._run(["scontrol", "show", "config"]), re.MULTILINE)
+        if m is None:
+            raise SlurmError(f"scontrol show config: no {name} line")
+        return float(m[1])
 
     def _excluded(self, job_id: int) -> tuple[str, ...]:
         out = self._run(["scontrol", "-o", "show", "job", str(int(job_id))])

@@ -359,6 +359,9 @@ class PyslurmBackend:
     def kill_wait_s(self) -> float:
         return self._cli.kill_wait_s()
 
+    def slurmd_timeout_s(self) -> float:
+        return self._cli.slurmd_timeout_s()
+
     def cancel(self, job_id: int) -> None:
         """Cancel; an unknown or finished job is an error, as `scancel --verbose` reports it.
 

@@ -98,6 +98,7 @@ class RequeueProtocol:
         self._in_place: set[int] = set()              # plan ids shrunk in place: no requeue, no release
         self._geometry_exited: set[int] = set()       # plan ids whose ranks exited 87: no ACK to wait for
         self._kept_shrinks: set[int] = set()          # plan ids to shrink in place, their ranks kept (Plan.keep)
+        self._slurm_requeues: dict[int, float] = {}   # plan id -> until when Slurm's own requeue is waited for
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState, *,
@@ -366,7 +367,8 @@ class RequeueProtocol:
         """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
-            self._wait_until_requeued(plan, requeued=plan.entry is PlanEntry.RUNNING or plan.forced)
+            self._wait_until_requeued(plan, requeued=plan.entry is PlanEntry.RUNNING or plan.forced,
+                                      plan_id=plan_id)
             if plan.entry is PlanEntry.RUNNING or plan.forced:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
@@ -430,14 +432,17 @@ class RequeueProtocol:
         if left > 0:
             self._sleep(left)
 
-    def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True) -> None:
+    def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True, plan_id: int = 0) -> None:
         """Until a requeued job has finished COMPLETING.
 
         Slurm sets BeginTime = now + ~120 s again when the requeue completes (batch_requeue_fini),
-        so StartTime=now given earlier would be overwritten.
+        so StartTime=now given earlier would be overwritten. A job held for Slurm's own requeue (its
+        batch host lost) is waited for until Slurm has marked the node down, and requeued by us only
+        if that never comes (the node answered after all).
         """
         job_id = plan.job_id
-        deadline = self._clock() + self.settings.settle_timeout_s
+        slurms = self._slurm_requeues.pop(plan_id, None)
+        deadline = slurms if slurms is not None else self._clock() + self.settings.settle_timeout_s
         while True:
             job = self._observe(job_id)
             why = departed(plan, job, restarts=0, held_by_us=True)
@@ -445,6 +450,12 @@ class RequeueProtocol:
                 raise _Departed(why or "the job is gone from Slurm")
             if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
                 return
+            if slurms is not None and self._clock() >= deadline:
+                log.warning("job %d: Slurm has not requeued it %.0f s after its batch host was reported lost; "
+                            "requeuing it now", job_id, self._clock() - (deadline - self._slurm_requeue_wait_s()))
+                self.backend.requeue_hold(job_id)
+                slurms, deadline = None, self._clock() + self.settings.settle_timeout_s
+                continue
             if not requeued and job.state is JobState.RUNNING:
                 # A queued job Slurm started between the snapshot and our hold: nothing will requeue
                 # it, so waiting is pointless; roll back and let the next cycle plan it as running.
@@ -478,6 +489,17 @@ class RequeueProtocol:
                 log.info("job %d: its batch script stopped the old srun; releasing without the KillWait wait", job_id)
             else:
                 self._old_srun_until[plan_id] = self._clock() + self._old_srun_wait_s()
+        if running and plan is not None and plan.exclude and self._batch_host_lost(job_id, plan.exclude):
+            # Requeued while its dead batch host holds it COMPLETING, a job restarts without its GPUs
+            # (22.05.8: "Invalid generic resource (gres) specification" at its first srun, and the GPUs
+            # of its new node stay counted as used until a reconfigure); requeued by Slurm itself once
+            # the node is DOWN, it does not. So it is held, and Slurm's own requeue leaves it held.
+            wait = self._slurm_requeue_wait_s()
+            self.backend.hold(job_id)
+            self._slurm_requeues[plan_id] = self._clock() + wait
+            log.info("job %d: its batch host is lost: held for Slurm's own requeue once it marks the node "
+                     "down (up to %.0f s)", job_id, wait)
+            return
         if running:
             if plan_id not in self._old_srun_until and self._kept_srun_runs(job_id):
                 # Its ranks went on in their processes after a lost peer, under the srun that still waits
@@ -550,9 +572,8 @@ class RequeueProtocol:
             log.info("job %d: gave up %s, kept %s", job_id, ",".join(lost), ",".join(keep))
             return True
         except SlurmError as exc:
-            # E.g. the lost node is the batch host. The requeue then completes when Slurm marks it down.
-            log.warning("job %d: could not give up %s before the requeue (%s); the requeue completes when "
-                        "Slurm marks the node down", job_id, ",".join(lost), exc)
+            # E.g. the lost node is the batch host (see _hold_action: then Slurm requeues the job itself).
+            log.warning("job %d: could not give up %s while it runs (%s)", job_id, ",".join(lost), exc)
             return False
 
     def _old_srun_stopped(self, job_id: int) -> str:
@@ -577,6 +598,23 @@ class RequeueProtocol:
                 return True
             self._sleep(self.settings.settle_poll_s)
         return False
+
+    def _batch_host_lost(self, job_id: int, lost: tuple[str, ...]) -> bool:
+        """Whether the running job's batch host is among the `lost` nodes it still holds (Slurm never
+        takes the batch host from a running job, so it was not given up)."""
+        job = self._observe(job_id)
+        return (job is not None and job.state is JobState.RUNNING and bool(job.batch_host)
+                and job.batch_host in lost and job.batch_host in job.nodes)
+
+    def _slurm_requeue_wait_s(self) -> float:
+        """How long Slurm may take to mark a dead node down and requeue its jobs: SlurmdTimeout, then a
+        ping round (up to a third of it) and a margin."""
+        try:
+            timeout = float(self.backend.slurmd_timeout_s())  # type: ignore[attr-defined]
+        except (SlurmError, AttributeError) as exc:
+            log.warning("cannot read SlurmdTimeout (%s); assuming Slurm's default of 300 s", exc)
+            timeout = 300.0
+        return timeout * 4 / 3 + 15.0
 
     def _fits_in_place(self, job_id: int, plan: Plan) -> bool:
         """The job, shrunk to its surviving nodes, holds at least what the plan gives it: then a relaunch

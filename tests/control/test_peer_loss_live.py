@@ -170,6 +170,81 @@ def test_a_node_lost_under_a_ddp_job_is_left_behind_on_the_jobs_word(elastic_clu
     assert rc == 0
 
 
+def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_and_trains_on_with_its_gpus(elastic_cluster, tmp_path):
+    """The node that dies is the job's batch host: Slurm never takes it from a running job, and a job
+    requeued while the dead host holds it COMPLETING restarts without its GPUs (22.05.8: `Invalid generic
+    resource (gres) specification` at its first srun, FAILED, and the GPUs of its new node counted as used
+    until a reconfigure). The daemon holds it for Slurm's own requeue once Slurm marks the node DOWN
+    (SlurmdTimeout shortened to 30 s here for that), and the job trains on, its GPUs with it."""
+    cluster = elastic_cluster
+    cluster.cancel_all()
+    blockers = _blockers(cluster)
+    cluster.wait_for(lambda: all(j.state is JobState.RUNNING for j in cluster.snapshot().jobs
+                                 if j.job_id in blockers.values()), 60, what="the blockers running")
+    old_timeout = cluster.local.set_slurmd_timeout(30)
+    daemon = cluster.spawn("-v", "admin", "daemon", "--interval", "2", "--ack-timeout", "20",
+                           log=tmp_path / "daemon.log")
+    victim = None
+    try:
+        ckpt = cluster.root / "ckpt"
+        loss_log = cluster.root / "out" / "batchhost-loss.jsonl"
+        out = cluster.cli("sbatch", "--parsable", "--gpus=2-2", f"--ckpt-dir={ckpt}", "--job-name=batchhost",
+                          f"--output={cluster.root / 'out'}/%j.out", "--open-mode=append", str(TEMPLATE),
+                          sys.executable, "-m", "slurm_elastic.train.examples.digits", "--steps", "100000",
+                          "--step-sleep", "0.05", "--loss-log", str(loss_log), "--timeout-s", "600")
+        job_id = int(out.stdout.strip())
+        job_dir = ckpt / str(job_id)
+
+        def job_now():
+            return next(j for j in cluster.snapshot().jobs if j.job_id == job_id)
+
+        cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and len(j.nodes) == 2, 180,
+                         what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
+        cluster.wait_for(lambda: len(json_lines(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        victim = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
+        cluster.local.node_down(victim)          # slurmd, the batch script and the rank there SIGKILLed
+        report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
+
+        def settled() -> bool:
+            try:
+                return shim.PeerLostReport.parse(report_path.read_bytes()).commit != "pending"
+            except (OSError, ValueError):
+                return False
+        cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
+        report = shim.PeerLostReport.parse(report_path.read_bytes())
+        assert report.commit == "done" and report.lost_nodes == (victim,), report
+
+        def restarted():
+            j = job_now()
+            return j if j.state is JobState.RUNNING and j.restarts >= 1 else None
+
+        again = cluster.wait_for(restarted, 300, 0.5, what=lambda: f"the job restarted; {cluster.slurm_view()}")
+        assert victim not in again.nodes and len(again.nodes) == 2, again
+        rows = len(json_lines(loss_log))
+        cluster.wait_for(lambda: [r for r in json_lines(loss_log)[rows:] if r["step"] > report.committed_step],
+                         240, 0.5, what=lambda: f"training again; {cluster.job_outputs()}")
+        resumed = [r["step"] for r in json_lines(loss_log)[rows:]]
+        assert resumed[0] <= report.committed_step + 1, (report.committed_step, resumed[:5])   # no step lost
+        output = (cluster.root / "out" / f"{job_id}.out").read_text()
+        assert "Invalid generic resource" not in output, output[-3000:]
+        log_text = (tmp_path / "daemon.log").read_text()
+        assert "its batch host is lost: held for Slurm's own requeue" in log_text, log_text[-3000:]
+        assert cluster.snapshot().node(victim).state is NodeState.DOWN    # Slurm noticed; we did not requeue it
+        cluster.cancel_all()
+        # Every GPU Slurm counts as used goes back with the jobs (the requeue on a dead batch host leaked them).
+        cluster.wait_for(lambda: all(n.gpus_alloc == 0 for n in cluster.snapshot().nodes if n.name != victim), 60,
+                         what=lambda: f"the GPUs released; {cluster.slurm_view()}")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        rc = daemon.wait(60)
+        print((tmp_path / "daemon.log").read_text()[-4000:])
+        if victim is not None:
+            cluster.local.node_up(victim, timeout=120)
+        cluster.local.set_slurmd_timeout(old_timeout)
+        cluster.cancel_all()
+    assert rc == 0
+
+
 STEPS_KEPT = "1500"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.cluster.memory import InMemorySlurm
-from slurm_elastic.cluster.model import JobState, NodeFlag
+from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.peer_loss import PeerLossReader
@@ -323,6 +323,63 @@ def test_a_job_whose_kept_ranks_ended_their_srun_is_grown_later_without_the_kill
     assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
     assert slurm.jobs[a].restarts == 1 and set(slurm.jobs[a].nodes) == {"n1", "n2"}
     assert clock.skipped - before < 30.0
+
+
+class BatchHostSlurm(ExcludingSlurm):
+    """Slurm's batch host: never taken from a running job (keep_nodes refuses it), and a node that died is
+    set DOWN, its jobs requeued by Slurm, only once SlurmdTimeout has passed. Every requeue we issue while
+    a job's dead batch host still holds it is recorded: Slurm 22.05 restarts such a job without its GPUs."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dead: dict[str, float] = {}
+        self.requeued_on_dead_host: list[int] = []
+
+    def _mark_down(self) -> None:
+        for name, at in self.dead.items():
+            if self.now - at >= self.slurmd_timeout_s() and self.nodes[name].state is not NodeState.DOWN:
+                self.node_down(name)
+
+    def snapshot(self):
+        self._mark_down()
+        state = super().snapshot()
+        jobs = tuple(dataclasses.replace(j, batch_host=j.nodes[0]) if j.state is JobState.RUNNING and j.nodes else j
+                     for j in state.jobs)
+        return dataclasses.replace(state, jobs=jobs)
+
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        if self._job("keep_nodes", job_id).nodes[0] not in nodes:
+            raise SlurmError(f"Invalid node name specified for job {job_id}")
+        super().keep_nodes(job_id, nodes)
+
+    def requeue_hold(self, job_id: int) -> None:
+        if self._job("requeue_hold", job_id).nodes[0] in self.dead:
+            self.requeued_on_dead_host.append(job_id)
+        super().requeue_hold(job_id)
+
+    def slurmd_timeout_s(self) -> float:
+        return 10.0
+
+
+def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_not_by_us(tmp_path):
+    """Slurm never takes the batch host from a running job, and a job we requeue while its dead batch host
+    holds it restarts without its GPUs (22.05.8; the GPUs of its new node stay counted as used): the job
+    is held instead, Slurm requeues it when it marks the node DOWN, and the plan goes on from there."""
+    clock = Clock()
+    slurm = BatchHostSlurm(clock=clock)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    slurm.dead["n1"] = slurm.now                     # the batch host's slurmd is gone; Slurm not told yet
+    _write(ckpt, a, _report(a, lost=("n1",), surviving=("n2",)))
+    report = rec.cycle()
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 4)] and report.outcomes[0].status == "done"
+    assert slurm.requeued_on_dead_host == []
+    assert slurm.nodes["n1"].state is NodeState.DOWN                  # the plan waited for Slurm's own requeue
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and "n1" not in job.nodes and job.restarts == 1 and not job.held
 
 
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
