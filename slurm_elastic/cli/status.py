@@ -78,9 +78,10 @@ def status(as_json: bool, user: str | None) -> None:
       slurm-elastic status
       slurm-elastic status --json
     """
+    from slurm_elastic import settings
     from slurm_elastic.cli.admin import observer
+    from slurm_elastic.cli.controller_options import controller_config
     from slurm_elastic.cluster.select import select_backend
-    from slurm_elastic.control.reconcile import ControllerConfig
 
     who = user or getpass.getuser()
     backend = select_backend()
@@ -94,8 +95,12 @@ def status(as_json: bool, user: str | None) -> None:
     waits: Mapping[int, str] = {}
     if rigid or any(j.spec and not j.state.finished for j in jobs):
         # Why each job is not being resized now: the decision the running controller would take
-        # (the daemon's settings when one runs, else a watch's defaults), as a dry run.
-        reconciler, _ = observer(backend, ControllerConfig(), user=who)
+        # (the daemon's settings when one runs, else a watch's: its variables, as `sbatch --watch` reads
+        # them), as a dry run.
+        env = settings.controller_from_env()
+        config = controller_config(env["ack_timeout"], env["hysteresis"], env["restart_budget"],  # type: ignore[arg-type]
+                                   env["signal_name"])  # type: ignore[arg-type]
+        reconciler, _ = observer(backend, config, user=who)
         waits = reconciler.cycle(dry_run=True).waits
     jobs += [j for j in rigid if j.job_id in waits]
     rows = [job_row(j, waits.get(j.job_id)) for j in sorted(jobs, key=lambda j: j.job_id)]

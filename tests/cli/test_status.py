@@ -98,3 +98,23 @@ def test_a_pending_rigid_job_is_listed_with_why_elastic_jobs_do_not_yield_to_it(
     assert "elastic jobs' minimums (6 GPUs) are protected from it" in rows[rigid]["why"]
     text = CliRunner().invoke(main, ["status"], catch_exceptions=False).output
     assert any(line.split()[0] == str(rigid) and "protected" in line for line in text.splitlines()[1:])
+
+
+def test_a_jobs_why_uses_the_watchs_settings_from_its_variables(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """No daemon runs: the dry run decides as a watch started in the same environment would (seen: a watch
+    at SLURM_ELASTIC_HYSTERESIS=30 while status said "hysteresis 300s")."""
+    from slurm_elastic.cli import admin
+
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=2)
+    monkeypatch.setattr("slurm_elastic.cluster.select.select_backend", lambda *a, **k: slurm)
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path / "daemon"))
+    monkeypatch.setenv("SLURM_ELASTIC_STATE_DIR", str(tmp_path / "user"))
+    monkeypatch.setenv("SLURM_ELASTIC_HYSTERESIS", "30")
+    monkeypatch.setenv("SLURM_ELASTIC_RESTART_BUDGET", "7")
+    seen = []
+    real = admin.observer
+    monkeypatch.setattr(admin, "observer", lambda backend, config, **kw: seen.append(config) or real(backend, config, **kw))
+    slurm.add_job(ElasticSpec(1, 4, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=getpass.getuser())
+    assert CliRunner().invoke(main, ["status"], catch_exceptions=False).exit_code == 0
+    assert [(c.min_resize_interval_s, c.restart_budget_per_hour) for c in seen] == [(30.0, 7)]
