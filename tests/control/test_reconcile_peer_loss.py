@@ -47,6 +47,9 @@ class ExcludingSlurm(InMemorySlurm):
     def kill_wait_s(self) -> float:
         return 30.0
 
+    def slurmd_timeout_s(self) -> float:
+        return 10.0
+
     def drain(self, node: str, reason: str) -> None:
         self.drained[node] = reason
         self.nodes[node] = dataclasses.replace(self.nodes[node], flags=self.nodes[node].flags | {NodeFlag.DRAIN},
@@ -356,9 +359,6 @@ class BatchHostSlurm(ExcludingSlurm):
         if self._job("requeue_hold", job_id).nodes[0] in self.dead:
             self.requeued_on_dead_host.append(job_id)
         super().requeue_hold(job_id)
-
-    def slurmd_timeout_s(self) -> float:
-        return 10.0
 
 
 def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_not_by_us(tmp_path):
