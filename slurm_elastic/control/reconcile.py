@@ -575,6 +575,7 @@ class Reconciler:
         open_plans = {r.job_id: r for r in self.journal.open_plans()}
         node_gpus = [n.gpus for n in state.nodes if n.available]
         ack = self.config.protocol.ack_timeout_s
+        decided = {d.key: d for d in allocation.decisions}
         out: dict[int, str] = {}
         for job in state.elastic_jobs:
             spec = job.spec
@@ -601,6 +602,12 @@ class Reconciler:
                                    f"the others now (Slurm: {job.reason or 'pending'})")
             elif job.state is JobState.PENDING and not job.held:
                 out[job.job_id] = f"waiting for Slurm to start it at {target} GPUs (Slurm: {job.reason or 'pending'})"
+            elif (job.state is JobState.RUNNING and not job.held and target == job.gpus < spec.max_gpus
+                  and (d := decided.get(str(job.job_id))) is not None and d.cause != "max"):
+                # The solve's own reason a running job below its max is not grown (said once per size:
+                # the text before " (" is what the log compares).
+                reason = d.reason.removeprefix(f"{d.cause}: ")
+                out[job.job_id] = f"stays at {job.gpus} GPUs ({d.cause}): {reason}"
         return out
 
     def _say_waits(self, waits: Mapping[int, str]) -> None:

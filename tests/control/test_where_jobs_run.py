@@ -198,3 +198,18 @@ def test_a_rigid_job_is_not_given_nodes_a_reservation_keeps_it_off(tmp_path):
     rec.cycle()
     assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[rigid].nodes == ("n2",)
     assert slurm.jobs[job].state is JobState.RUNNING and slurm.jobs[job].nodes == ("n1",)
+
+
+def test_a_running_job_below_its_max_says_why_the_solve_does_not_grow_it(tmp_path):
+    """Seen converting a real script: a watch that never grew a job back after its node returned said nothing.
+    The solve's own reason is the job's note (status, the watch's log once per size)."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    a = slurm.add_job(ElasticSpec(2, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4)
+    b = slurm.add_job(ElasticSpec(2, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4)
+    rec = _controller(slurm, tmp_path)
+    report = rec.cycle()
+    assert report.plans == () and report.target(a) == report.target(b) == 4
+    assert report.waits[a].startswith("stays at 4 GPUs (") and report.waits[b].startswith("stays at 4 GPUs (")
+    slurm.cancel(b)
+    report = rec.cycle()
+    assert report.target(a) == 8 and a not in report.waits     # grown: nothing to explain
