@@ -442,6 +442,9 @@ class RequeueProtocol:
         """
         job_id = plan.job_id
         slurms = self._slurm_requeues.pop(plan_id, None)
+        if slurms is None and plan.exclude and self._batch_host_lost(job_id, plan.exclude):
+            # Resumed after a restart of the controller: the job it held still waits for Slurm's requeue.
+            slurms = self._clock() + self._slurm_requeue_wait_s()
         deadline = slurms if slurms is not None else self._clock() + self.settings.settle_timeout_s
         while True:
             job = self._observe(job_id)
@@ -451,8 +454,8 @@ class RequeueProtocol:
             if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
                 return
             if slurms is not None and self._clock() >= deadline:
-                log.warning("job %d: Slurm has not requeued it %.0f s after its batch host was reported lost; "
-                            "requeuing it now", job_id, self._clock() - (deadline - self._slurm_requeue_wait_s()))
+                log.warning("job %d: Slurm has not requeued it since its batch host was reported lost; "
+                            "requeuing it now", job_id)
                 self.backend.requeue_hold(job_id)
                 slurms, deadline = None, self._clock() + self.settings.settle_timeout_s
                 continue

@@ -382,6 +382,38 @@ def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_not_by_us(tmp_path)
     assert job.state is JobState.RUNNING and "n1" not in job.nodes and job.restarts == 1 and not job.held
 
 
+def test_a_controller_that_dies_while_a_lost_batch_host_holds_the_job_waits_for_slurm_on_recovery(tmp_path):
+    """Restarted after the hold, the controller still does not requeue the job while its dead batch host
+    holds it, nor resize it running: it waits for Slurm's own requeue, then finishes the plan."""
+    from slurm_elastic.control.protocol import RequeueProtocol
+
+    class Crash(BaseException):   # as a SIGKILL: nothing of the protocol runs after it
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    clock = Clock()
+    slurm = BatchHostSlurm(clock=clock)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
+                                   crash_after="hold", crash=crash)
+    slurm.dead["n1"] = slurm.now
+    _write(ckpt, a, _report(a, lost=("n1",), surviving=("n2",)))
+    with pytest.raises(Crash):
+        rec.cycle()
+    assert slurm.jobs[a].state is JobState.RUNNING and slurm.jobs[a].held and rec.journal.open_plans()
+    rec2, _ = _reconciler(slurm, tmp_path, clock=clock)     # a new controller, the same journal
+    report = rec2.cycle()
+    assert [o.status for o in report.recovered] == ["done"] and not rec2.journal.open_plans()
+    assert slurm.requeued_on_dead_host == [] and slurm.nodes["n1"].state is NodeState.DOWN
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.nodes == ("n2",) and job.restarts == 1 and not job.held
+
+
 def test_a_shrink_in_place_needs_the_scripts_word_and_room_enough(cluster, tmp_path):
     # The script only stopped its srun (no "in-place"): the requeue path, as before.
     slurm, a, others, ckpt = _crowded(tmp_path / "quiet")
