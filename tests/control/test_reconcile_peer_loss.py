@@ -279,9 +279,10 @@ def test_a_lost_node_whose_slurmd_starts_again_is_the_jobs_again(tmp_path, slurm
         assert slurm.excluded[a] == {"n9"}    # only the node that came back left the list
 
 
-def test_a_job_whose_ranks_were_kept_waits_for_the_old_srun_when_it_is_grown_later(tmp_path):
-    """The kept ranks' srun still waits for the lost node's tasks: a later requeue (here the grow once the
-    node is back) releases the job only after that srun has given up (KillWait + 3 s), not at once."""
+def _kept_then_grown(tmp_path, word_at_grow: str | None = None) -> float:
+    """A 4-8 GPU job whose ranks were kept through the loss of n2 (shrunk in place to n1), grown back once
+    n2 returns (its batch script's marker then says `word_at_grow`, if given); the clock seconds the grow
+    cycle took."""
     clock = Clock()
     slurm = ExcludingSlurm(clock=clock)
     ckpt = tmp_path / "ckpt"
@@ -296,36 +297,25 @@ def test_a_job_whose_ranks_were_kept_waits_for_the_old_srun_when_it_is_grown_lat
     assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
     clock.skipped += 3600
     slurm.node_up("n2")
+    if word_at_grow is not None:
+        _in_place(ckpt, a, word_at_grow)
     before = clock.skipped
     report = rec.cycle()
     assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
     assert slurm.jobs[a].restarts == 1 and set(slurm.jobs[a].nodes) == {"n1", "n2"}
-    assert clock.skipped - before >= 30.0     # KillWait + 3 s, less what the cycle itself took
+    return clock.skipped - before
+
+
+def test_a_job_whose_ranks_were_kept_waits_for_the_old_srun_when_it_is_grown_later(tmp_path):
+    """The kept ranks' srun still waits for the lost node's tasks: a later requeue (here the grow once the
+    node is back) releases the job only after that srun has given up (KillWait + 3 s), not at once."""
+    assert _kept_then_grown(tmp_path) >= 30.0     # KillWait + 3 s, less what the cycle itself took
 
 
 def test_a_job_whose_kept_ranks_ended_their_srun_is_grown_later_without_the_killwait_wait(tmp_path):
     """The kept ranks said they ended (exited-<rank>) and the batch script stopped their srun and said so
     ("stopped" over "kept"): nothing is left to cancel J.0, so the grow releases the job at once."""
-    clock = Clock()
-    slurm = ExcludingSlurm(clock=clock)
-    ckpt = tmp_path / "ckpt"
-    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
-    for _ in range(2):
-        slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob")
-    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
-    rec.cycle()
-    _write(ckpt, a, _report(a))
-    _in_place(ckpt, a, shim.RANKS_KEPT)
-    rec.cycle()
-    assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
-    clock.skipped += 3600
-    slurm.node_up("n2")
-    _in_place(ckpt, a, "stopped")
-    before = clock.skipped
-    report = rec.cycle()
-    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
-    assert slurm.jobs[a].restarts == 1 and set(slurm.jobs[a].nodes) == {"n1", "n2"}
-    assert clock.skipped - before < 30.0
+    assert _kept_then_grown(tmp_path, "stopped") < 30.0
 
 
 class BatchHostSlurm(ExcludingSlurm):
@@ -361,19 +351,30 @@ class BatchHostSlurm(ExcludingSlurm):
         super().requeue_hold(job_id)
 
 
+def _running_on_two_nodes(tmp_path) -> tuple[BatchHostSlurm, int, Reconciler, Clock]:
+    """A 4-8 GPU job running on n1 (its batch host) and n2, after a first cycle of its controller."""
+    clock = Clock()
+    slurm = BatchHostSlurm(clock=clock)
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4,
+                      user="alice")
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
+    rec.cycle()
+    return slurm, a, rec, clock
+
+
+def _lose_batch_host(slurm: BatchHostSlurm, job_id: int, ckpt: Path) -> None:
+    """n1's slurmd is gone (Slurm not told yet) and the job's survivors on n2 report it."""
+    slurm.dead["n1"] = slurm.now
+    _write(ckpt, job_id, _report(job_id, lost=("n1",), surviving=("n2",)))
+
+
 def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_not_by_us(tmp_path):
     """Slurm never takes the batch host from a running job, and a job we requeue while its dead batch host
     holds it restarts without its GPUs (22.05.8; the GPUs of its new node stay counted as used): the job
     is held instead, Slurm requeues it when it marks the node DOWN, and the plan goes on from there."""
-    clock = Clock()
-    slurm = BatchHostSlurm(clock=clock)
-    ckpt = tmp_path / "ckpt"
-    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
-    assert slurm.jobs[a].nodes == ("n1", "n2")
-    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
-    rec.cycle()
-    slurm.dead["n1"] = slurm.now                     # the batch host's slurmd is gone; Slurm not told yet
-    _write(ckpt, a, _report(a, lost=("n1",), surviving=("n2",)))
+    slurm, a, rec, clock = _running_on_two_nodes(tmp_path)
+    _lose_batch_host(slurm, a, tmp_path / "ckpt")
     report = rec.cycle()
     assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 4)] and report.outcomes[0].status == "done"
     assert slurm.requeued_on_dead_host == []
@@ -393,16 +394,10 @@ def test_a_controller_that_dies_while_a_lost_batch_host_holds_the_job_waits_for_
     def crash() -> None:
         raise Crash
 
-    clock = Clock()
-    slurm = BatchHostSlurm(clock=clock)
-    ckpt = tmp_path / "ckpt"
-    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
-    rec, _ = _reconciler(slurm, tmp_path, clock=clock)
-    rec.cycle()
+    slurm, a, rec, clock = _running_on_two_nodes(tmp_path)
     rec.protocol = RequeueProtocol(slurm, rec.journal, rec.config.protocol, clock=clock, sleep=clock.sleep,
                                    crash_after="hold", crash=crash)
-    slurm.dead["n1"] = slurm.now
-    _write(ckpt, a, _report(a, lost=("n1",), surviving=("n2",)))
+    _lose_batch_host(slurm, a, tmp_path / "ckpt")
     with pytest.raises(Crash):
         rec.cycle()
     assert slurm.jobs[a].state is JobState.RUNNING and slurm.jobs[a].held and rec.journal.open_plans()
