@@ -160,21 +160,41 @@ def run_case(name: str, runs: int, policy: Policy) -> dict[str, object]:
     }
 
 
-def exact_vs_two_stage(policy: Policy) -> list[dict[str, object]]:
-    """Where the exact per-node model stops paying: both modes, and what auto picks, on growing clusters."""
+SMALL_SIZES = ((10, 8, False), (20, 16, False), (40, 24, False), (60, 40, False), (100, 64, False),
+               (20, 8, True), (20, 16, True), (30, 16, True), (40, 24, True), (60, 40, True), (90, 64, True))
+SMALL_MODES = ("exact", "neighbourhood", "two-stage", "auto")
+
+
+def exact_vs_two_stage(policy: Policy, seeds: list[int]) -> list[dict[str, object]]:
+    """Every solve mode, and what auto picks, on small clusters (under 100 jobs), one row per cluster and seed."""
     rows = []
-    for jobs, nodes, memory_bound in ((10, 8, False), (20, 16, False), (40, 24, False), (60, 40, False),
-                                      (100, 64, False), (20, 16, True), (40, 24, True)):
-        problem = make_problem(jobs, nodes, 8, False, seed=2, policy=policy, memory_bound=memory_bound)
-        row: dict[str, object] = {"jobs": jobs, "nodes": nodes, "memory_bound": memory_bound, "pairs": jobs * nodes}
-        for mode in ("exact", "two-stage", "auto"):
-            a = solve(problem, mode=mode)
-            row[f"{mode}_solve_s"] = round(a.solve_s, 3)
-            row[f"{mode}_objective"] = round(a.objective, 4)
-            row[f"{mode}_gap"] = round(a.mip_gap, 4)
-            row[f"{mode}_status"] = a.status
-        rows.append(row)
+    for jobs, nodes, memory_bound in SMALL_SIZES:
+        for seed in seeds:
+            problem = make_problem(jobs, nodes, 8, False, seed=seed, policy=policy, memory_bound=memory_bound)
+            row: dict[str, object] = {"jobs": jobs, "nodes": nodes, "memory_bound": memory_bound, "seed": seed,
+                                      "pairs": jobs * nodes}
+            for mode in SMALL_MODES:
+                c0 = time.process_time()
+                a = solve(problem, mode=mode)
+                row[f"{mode}_cpu_s"] = round(time.process_time() - c0, 3)
+                row[f"{mode}_solve_s"] = round(a.solve_s, 3)
+                row[f"{mode}_objective"] = round(a.objective, 4)
+                row[f"{mode}_gap"] = round(a.mip_gap, 4)
+                row[f"{mode}_status"] = a.status
+            rows.append(row)
     return rows
+
+
+def small_summary(rows: list[dict[str, object]]) -> list[str]:
+    """Auto's worst CPU time, and its objective against the exact model's, over every row."""
+    worst = max(rows, key=lambda r: r["auto_cpu_s"])
+    lines = [f"auto: slowest {worst['auto_cpu_s']:.2f} s CPU ({worst['jobs']} x {worst['nodes']}"
+             f"{' mem' if worst['memory_bound'] else ''}, seed {worst['seed']}) over {len(rows)} clusters"]
+    for mode in ("neighbourhood", "two-stage", "auto"):
+        rel = [(r[f"{mode}_objective"] - r["exact_objective"]) / max(abs(r["exact_objective"]), 1e-9) for r in rows]
+        lines.append(f"{mode} against exact: objective {statistics.mean(rel):+.2%} on average, worst {min(rel):+.2%}, "
+                     f"best {max(rel):+.2%}; below it on {sum(1 for v in rel if v < -1e-6)} of {len(rel)}")
+    return lines
 
 
 # The warm path's sizes: jobs x nodes x 8 GPUs
@@ -242,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-lp-certificate", action="store_true",
                     help="always run branch-and-bound on the counts MILP (Policy.lp_certificate=False)")
     ap.add_argument("--exact-vs-two-stage", action="store_true",
-                    help="compare the exact per-node model with the two-stage method on small clusters")
+                    help="every solve mode (exact, neighbourhood, two-stage, auto) on small clusters")
+    ap.add_argument("--seeds", type=int, default=0,
+                    help="with --exact-vs-two-stage: generator seeds 0..N-1 per cluster (default: seed 2 only)")
     ap.add_argument("--warm", metavar="SIZES", nargs="?", const="medium,large,huge",
                     help="after one node lost and one gained: the full solve and the warm path (repair) side by "
                          "side; sizes from " + ", ".join(WARM_SIZES) + " (default all)")
@@ -270,17 +292,17 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r[path + '_status']:<18} {r['load_avg_1m']:>5}")
         return 0
     if args.exact_vs_two_stage:
-        rows = exact_vs_two_stage(policy)
+        rows = exact_vs_two_stage(policy, list(range(args.seeds)) if args.seeds else [2])
         if args.json:
             print(json.dumps(rows, indent=1))
-        else:
-            print(f"{'jobs x nodes':<18} {'pairs':>6}  {'exact':<44} {'two-stage':<44} {'auto':<44}")
-            for r in rows:
-                cells = [f"{r[m + '_solve_s']:.2f}s obj {r[m + '_objective']:.3f} gap {r[m + '_gap']:.2%} "
-                         f"{r[m + '_status']}" for m in ("exact", "two-stage", "auto")]
-                size = f"{r['jobs']} x {r['nodes']}" + (" mem" if r["memory_bound"] else "")
-                print(f"{size:<18} {r['pairs']:>6}  {cells[0]:<44} {cells[1]:<44} "
-                      f"{cells[2]:<44}")
+            return 0
+        print(f"{'jobs x nodes':<13} {'seed':>4} {'pairs':>6}  " + " ".join(f"{m:<38}" for m in SMALL_MODES))
+        for r in rows:
+            cells = [f"{r[m + '_cpu_s']:.2f}s {r[m + '_objective']:.3f} {r[m + '_gap']:.2%} {r[m + '_status']}"
+                     for m in SMALL_MODES]
+            size = f"{r['jobs']} x {r['nodes']}" + (" mem" if r["memory_bound"] else "")
+            print(f"{size:<13} {r['seed']:>4} {r['pairs']:>6}  " + " ".join(f"{c:<38}" for c in cells), flush=True)
+        print("\n".join(small_summary(rows)))
         return 0
     rows = []
     header = (f"{'case':<7} {'jobs x nodes x GPUs':<22} {'free':>6} {'status':<22} {'solve_s':>8} {'cpu_s':>7} "

@@ -10,7 +10,7 @@ counts a shape rule leaves) with a handful of variables per job.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 import numpy as np
 
@@ -64,10 +64,13 @@ class JobCols:
 class Formulation:
     """A built model plus the map from its columns back to jobs."""
 
-    def __init__(self, inst: Instance, exact: bool, must_run: bool = True) -> None:
+    def __init__(self, inst: Instance, exact: bool, must_run: bool = True,
+                 allowed: Sequence[AbstractSet[int]] | None = None) -> None:
+        """`allowed` (exact model only): per job, the nodes it may use; None: every node that can host it."""
         self.inst = inst
         self.exact = exact
         self.must_run = must_run
+        self.allowed = allowed
         self.model = Model()
         self.cols: list[JobCols] = [JobCols() for _ in inst.jobs]
         self._build()
@@ -177,6 +180,8 @@ class Formulation:
         per_moved, per_node = t.objective.per_moved_gpu, t.objective.per_node
         ub_all = np.minimum(inst.max_per_node(i), t.candidates[-1])
         nodes = [int(n) for n in np.nonzero(ub_all >= 1)[0]]
+        if self.allowed is not None:
+            nodes = [n for n in nodes if n in self.allowed[i]]
         cur = inst.current[i]
         for n, g0 in cur.items():
             if n not in nodes:

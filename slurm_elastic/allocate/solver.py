@@ -1,4 +1,5 @@
-"""solve(problem) -> Allocation: the exact MILP for small clusters, counts MILP + packing at scale, greedy as the fallback."""
+"""solve(problem) -> Allocation: counts MILP + packing, then the per-node MILP near its LP's answer where packing
+lost the proof (up to thousands of job-node pairs); the full per-node MILP on request; greedy as the fallback."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import time
 from typing import Sequence
 
-from slurm_elastic.allocate import commitments, explain, highs, pools, users
+from slurm_elastic.allocate import commitments, explain, highs, neighbourhood, pools, users
 from slurm_elastic.allocate.formulation import Formulation
 from slurm_elastic.allocate.instance import Instance
 from slurm_elastic.allocate.packing import Layout, Row, greedy, improve, kept, make_room, pack
@@ -18,12 +19,12 @@ from slurm_elastic.errors import AllocationError
 
 log = logging.getLogger(__name__)
 
-# Above this many (job, node) pairs auto does not run the exact per-node model. Below it the model is
-# what finds the better answers where packing fragments (small clusters, memory that binds), at a cost
-# its root node's cuts make unbounded by any HiGHS work limit: 0.3-3.3 s CPU at 960 memory-bound pairs.
-# A limit of 100 pairs kept every such solve under 0.5 s but lost 1-5 % of the objective there and moved
-# the simulator's figures (docs/allocator.md, "Solving it").
-EXACT_MAX_PAIRS = 1_000
+# Up to this many (job, node) pairs auto runs the per-node model near the LP's answer where the two-stage
+# answer is not proven (allocate/neighbourhood.py): its full LP relaxation is built over every pair, which
+# stops being cheap at tens of thousands. The full per-node model is not run by auto at any size: its root
+# node's cuts, which no HiGHS work limit bounds, took 0.3-3.3 s CPU at 960 memory-bound pairs and up to
+# 0.65 s at 96 (docs/allocator.md, "Solving it").
+NEIGHBOURHOOD_MAX_PAIRS = 10_000
 
 # HiGHS's LP bound proved the rounded counts within the gap, so branch-and-bound was skipped: a route
 # (the Allocation's method), not a certificate
@@ -34,11 +35,12 @@ _ZERO_GAP = 1e-9               # relative: float noise between HiGHS's objective
 def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     """Choose every elastic job's GPUs and nodes.
 
-    `mode`: "auto" (two-stage; then the exact model, when the job-node pairs
-    are at most EXACT_MAX_PAIRS and the two-stage answer is not proven within
-    the gap asked for), "exact", "two-stage", or "greedy" (the fallback
-    alone, starting from the current allocation; the benchmarks'
-    Optimus-style baseline from an empty cluster is `greedy_baseline`).
+    `mode`: "auto" (two-stage; where its answer is not proven within the gap
+    asked for and the job-node pairs are at most NEIGHBOURHOOD_MAX_PAIRS, the
+    exact model near the LP's answer), "exact", "neighbourhood", "two-stage", or
+    "greedy" (the fallback alone, starting from the current allocation; the
+    benchmarks' Optimus-style baseline from an empty cluster is
+    `greedy_baseline`).
     Raises AllocationError on malformed input; jobs that cannot run are
     returned with 0 GPUs and a reason.
     """
@@ -52,8 +54,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         return users.solve_by_user(problem, lambda p: solve(p, mode=mode))
     inst = Instance(problem, validated=True)
     notes: list[str] = []
-    if mode not in ("auto", "exact", "two-stage", "greedy"):
-        raise AllocationError(f"unknown solve mode {mode!r} (auto, exact, two-stage, greedy)")
+    if mode not in ("auto", "exact", "neighbourhood", "two-stage", "greedy"):
+        raise AllocationError(f"unknown solve mode {mode!r} (auto, exact, neighbourhood, two-stage, greedy)")
     live = [i for i, t in enumerate(inst.terms) if t.candidates]
     if not live:
         rows: list[Row] = [{} for _ in inst.jobs]
@@ -71,10 +73,10 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
     if mode == "auto":
         pairs = len(live) * int((inst.cap[:, 0] > 0).sum())
         # The counts model relaxes the exact one, so its bound holds for the exact optimum: a two-stage
-        # answer proven within the gap asked for cannot be beaten by more than that gap, and the exact
-        # model is only worth running when that proof is missing and the model is small enough to be cheap.
+        # answer proven within the gap asked for cannot be beaten by more than that gap, and the per-node
+        # model is only worth running when that proof is missing and its LP is small enough to be cheap.
         proven = two_rows is not None and _gap(inst.objective(two_rows), two_res.bound) <= policy.mip_rel_gap
-        mode = "exact" if pairs <= EXACT_MAX_PAIRS and not proven else "two-stage"
+        mode = "neighbourhood" if not proven and pairs <= NEIGHBOURHOOD_MAX_PAIRS else "two-stage"
     if mode == "exact":
         # the two-stage answer (or the greedy, whichever scores higher) is the first incumbent
         greedy_rows = greedy(inst, from_current=True).rows
@@ -92,6 +94,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         if rows is None and two_rows is not None:
             notes.append(f"the exact model found no solution ({res.status}); the two-stage answer is used")
             res, rows = two_res, two_rows
+    elif mode == "neighbourhood" and two_rows is not None:
+        (res, rows), fallback_rows = _near(inst, two_rows, two_res, t0, notes), None
     else:
         res, rows, fallback_rows = two_res, two_rows, None
     if rows is None:
@@ -208,6 +212,22 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
         notes.append(f"must-run job(s) {', '.join(dropped)} found no room on any node after packing")
     notes.append("two-stage: counts MILP against aggregate capacity, then per-node packing")
     return rows, res, fallback
+
+
+def _near(inst: Instance, two_rows: list[Row], two_res: highs.MilpResult, t0: float,
+          notes: list[str]) -> tuple[highs.MilpResult, list[Row]]:
+    """The per-node model near the LP's answer, started at the two-stage answer, which it keeps unless it finds
+    better; the bound is the tighter of the counts model's and the full per-node LP's (both relax the problem)."""
+    policy = inst.policy
+    rows, res, lp_bound = neighbourhood.solve_near(inst, two_rows, _limits(policy, t0), policy.mip_rel_gap)
+    bound = min(two_res.bound, lp_bound)
+    if (rows is not None and not inst.violations(rows) and _must_runs(inst, rows) >= _must_runs(inst, two_rows)
+            and inst.objective(rows) > inst.objective(two_rows) + _ZERO_GAP * max(1.0, abs(inst.objective(two_rows)))):
+        notes.append("neighbourhood: the per-node model over each job's nodes in the LP optimum, where it runs "
+                     "and where packing put it, improved the two-stage answer")
+        return dataclasses.replace(res, bound=bound), rows
+    notes.append(f"neighbourhood: the per-node model near the LP's answer found nothing better ({res.status})")
+    return dataclasses.replace(two_res, bound=bound), two_rows
 
 
 def _must_runs(inst: Instance, rows: Sequence[Row]) -> int:

@@ -126,7 +126,7 @@ def test_exact_milp_equals_brute_force(problem):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(max_jobs=8, max_nodes=6, max_node_gpus=8, max_gpus=16))
 def test_every_mode_respects_capacity_shapes_and_ranges(problem):
-    for mode in ("auto", "exact", "two-stage", "greedy"):
+    for mode in ("auto", "exact", "neighbourhood", "two-stage", "greedy"):
         alloc = solve(problem, mode=mode)
         check_rules(problem, alloc)
         assert set(alloc.gpus) == {j.key for j in problem.jobs}
@@ -150,6 +150,19 @@ def test_two_stage_objective_never_above_exact_bound(problem):
     if two.method != "greedy" and np.isfinite(two.bound):
         assert two.bound >= exact.objective - 1e-6
     assert two.objective <= exact.objective + 1e-6
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(max_jobs=6, max_nodes=4, max_node_gpus=8, max_gpus=16))
+def test_the_neighbourhood_answer_lies_between_two_stage_and_the_exact_optimum_and_its_bound_holds(problem):
+    assume(not any(j.must_run for j in problem.jobs))     # as above: the models drop that rule each on its own
+    exact = solve(problem, mode="exact")
+    two = solve(problem, mode="two-stage")
+    near = solve(problem, mode="neighbourhood")
+    assert near.objective >= two.objective - 1e-6
+    assert near.objective <= (exact.bound if np.isfinite(exact.bound) else exact.objective) + 1e-6
+    if near.method != "greedy" and np.isfinite(near.bound):
+        assert near.bound >= exact.objective - 1e-6
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
