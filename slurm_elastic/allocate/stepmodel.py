@@ -19,6 +19,7 @@ than the anchor, and never more than g times the job's 1-GPU speed (S(g) <= g).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -292,6 +293,12 @@ class StepTimeModel:
         return self.params.step_time(gpus, nodes, batch) / batch
 
 
+@functools.lru_cache(maxsize=4096)
+def _fit_remembered(rows: tuple[StepTimeRow, ...]) -> StepTimeParams:
+    """fit_step_time with the default prior: a pure function of its rows (the same rows give the same bits)."""
+    return fit_step_time(rows)
+
+
 def step_time_model(points: Iterable[tuple[int, int, float | None, float, int]], *, kind: Literal["steps", "samples"],
                     eta: float) -> StepTimeModel | None:
     """The model of a job's measured points (gpus, nodes, global batch or None, steps/s, rows), or None without one.
@@ -305,8 +312,11 @@ def step_time_model(points: Iterable[tuple[int, int, float | None, float, int]],
     batched = all(b is not None for _, _, b, _, _ in pts)
     if kind == "samples" and not batched:
         raise AllocationError("a samples/s model needs the batch of every measured point")
-    rows = [StepTimeRow(g, n, float(b) if batched else 1.0, 1.0 / s, c) for g, n, b, s, c in pts]
-    params = fit_step_time(rows)
+    # a count weighs at most MAX_ROW_WEIGHT rows in the fit: capped here, a job whose medians did not move
+    # gives the same rows cycle after cycle, and its fit is remembered
+    rows = tuple(StepTimeRow(g, n, float(b) if batched else 1.0, 1.0 / s, min(c, MAX_ROW_WEIGHT))
+                 for g, n, b, s, c in pts)
+    params = _fit_remembered(rows)
     measured = tuple(MeasuredPoint(r.gpus, r.nodes, r.batch, (r.batch if kind == "samples" else 1.0) / r.step_time_s)
                      for r in rows)
     return StepTimeModel(params, measured, kind, eta)
