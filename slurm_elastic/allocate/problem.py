@@ -260,7 +260,7 @@ class JobDecision:
 # on its gap to a proven bound on the exact optimum: the one home of these names.
 OPTIMAL = "optimal"            # final gap 0: no placement scores higher
 WITHIN_GAP = "within-gap"      # 0 < final gap <= mip_rel_gap
-ABOVE_GAP = "above-gap"        # a bound is proven, the answer is further from it than mip_rel_gap
+ABOVE_GAP = "above-gap"        # further from the proven bound than mip_rel_gap, or no bound holds for it (bound NaN)
 WORK_LIMIT = "work-limit-reached"
 TIME_LIMIT = "time-limit-reached"
 REPAIRED = "repaired"          # allocate/repair.py: untouched jobs kept, the rest solved; no bound on the whole

@@ -75,7 +75,8 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         # The counts model relaxes the exact one, so its bound holds for the exact optimum: a two-stage
         # answer proven within the gap asked for cannot be beaten by more than that gap, and the per-node
         # model is only worth running when that proof is missing and its LP is small enough to be cheap.
-        proven = two_rows is not None and _gap(inst.objective(two_rows), two_res.bound) <= policy.mip_rel_gap
+        proven = (two_rows is not None and not _broken_commitments(inst, two_rows)
+                  and _gap(inst.objective(two_rows), two_res.bound) <= policy.mip_rel_gap)
         mode = "neighbourhood" if not proven and pairs <= NEIGHBOURHOOD_MAX_PAIRS else "two-stage"
     if mode == "exact":
         # the two-stage answer (or the greedy, whichever scores higher) is the first incumbent
@@ -85,10 +86,11 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
         else:
             start, fallback_rows = two_rows, two_rows
         notes[:] = [n for n in notes if n.startswith("must-run commitments")]
+        held = inst.commitment_ranks()
         form, res = _exact(inst, start, t0, notes)
-        if math.isfinite(two_res.bound) and two_res.bound < res.bound:
-            # the counts model relaxes the exact one: its bound holds here too, and HiGHS stopped early
-            # may not have a finite dual bound of its own yet
+        if math.isfinite(two_res.bound) and two_res.bound < res.bound and inst.commitment_ranks() == held:
+            # the counts model relaxes the exact one: its bound holds here too (unless _exact gave up
+            # commitments it held), and HiGHS stopped early may not have a finite dual bound of its own yet
             res = dataclasses.replace(res, bound=two_res.bound)
         rows = form.rows_of(res.x) if res.x is not None else None
         if rows is None and two_rows is not None:
@@ -120,6 +122,12 @@ def solve(problem: AllocationProblem, *, mode: str = "auto") -> Allocation:
                      "after placement; it is used")
         rows, obj, method = fallback_rows, fallback_obj, "greedy"
     bound = res.bound
+    broken = _broken_commitments(inst, rows)
+    if broken and math.isfinite(bound):
+        # the bound's model ran them; an answer that does not is outside it, and may score above it
+        notes.append(f"the answer does not run must-run job(s) {', '.join(broken)}, which the bound's model "
+                     "ran: no bound holds for it")
+        bound = math.nan
     gap = _gap(obj, bound)
     return _answer(inst, rows, _certified(res, gap, policy.mip_rel_gap), method, obj, bound, gap, t0, notes)
 
@@ -216,18 +224,31 @@ def _two_stage(inst: Instance, t0: float, notes: list[str]) -> tuple[list[Row] |
 
 def _near(inst: Instance, two_rows: list[Row], two_res: highs.MilpResult, t0: float,
           notes: list[str]) -> tuple[highs.MilpResult, list[Row]]:
-    """The per-node model near the LP's answer, started at the two-stage answer, which it keeps unless it finds
-    better; the bound is the tighter of the counts model's and the full per-node LP's (both relax the problem)."""
+    """The per-node model near the LP's answer, started at the two-stage answer. Its answer is taken where
+    it runs more must-run jobs, or as many and scores higher. The bound is the tighter of the counts
+    model's and the full per-node LP's (both relax the problem), the LP's alone once commitments were
+    given up (the counts model held them)."""
     policy = inst.policy
-    rows, res, lp_bound = neighbourhood.solve_near(inst, two_rows, _limits(policy, t0), policy.mip_rel_gap)
-    bound = min(two_res.bound, lp_bound)
-    if (rows is not None and not inst.violations(rows) and _must_runs(inst, rows) >= _must_runs(inst, two_rows)
-            and inst.objective(rows) > inst.objective(two_rows) + _ZERO_GAP * max(1.0, abs(inst.objective(two_rows)))):
-        notes.append("neighbourhood: the per-node model over each job's nodes in the LP optimum, where it runs "
-                     "and where packing put it, improved the two-stage answer")
-        return dataclasses.replace(res, bound=bound), rows
+    near = neighbourhood.solve_near(inst, two_rows, lambda: _limits(policy, t0), policy.mip_rel_gap,
+                                    lambda: _relax_lowest(inst, notes))
+    bound = near.bound if near.gave_up else min(two_res.bound, near.bound)
+    rows, res = near.rows, near.result
+    if rows is not None and not inst.violations(rows):
+        better = (_must_runs(inst, rows), inst.objective(rows)) > (
+            _must_runs(inst, two_rows), inst.objective(two_rows) + _ZERO_GAP * max(1.0, abs(inst.objective(two_rows))))
+        if better:
+            notes.append("neighbourhood: the per-node model over each job's nodes in the LP optimum, where it runs "
+                         "and where packing put it, improved the two-stage answer")
+            return dataclasses.replace(res, bound=bound), rows
     notes.append(f"neighbourhood: the per-node model near the LP's answer found nothing better ({res.status})")
-    return dataclasses.replace(two_res, bound=bound), two_rows
+    # the two-stage answer stands; a limit the search stopped at still says the answer may differ elsewhere
+    return dataclasses.replace(two_res, bound=bound, time_limited=two_res.time_limited or res.time_limited,
+                               work_limited=two_res.work_limited or res.work_limited), two_rows
+
+
+def _broken_commitments(inst: Instance, rows: Sequence[Row]) -> list[str]:
+    """The must-run jobs (commitments still held) a placement does not run."""
+    return [inst.jobs[i].key for i, r in enumerate(inst.commitment_ranks()) if r > 0 and not rows[i]]
 
 
 def _must_runs(inst: Instance, rows: Sequence[Row]) -> int:

@@ -166,6 +166,21 @@ def test_the_neighbourhood_answer_lies_between_two_stage_and_the_exact_optimum_a
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters(max_jobs=6, max_nodes=4, max_node_gpus=8, max_gpus=16))
+def test_no_answer_is_reported_above_its_own_bound_and_the_neighbourhood_keeps_commitments(problem):
+    # must-run jobs included: an answer that drops one the bound's model ran could score above that bound
+    two = solve(problem, mode="two-stage")
+    for mode in ("auto", "neighbourhood", "exact", "two-stage"):
+        alloc = solve(problem, mode=mode)
+        if np.isfinite(alloc.bound):
+            assert alloc.bound >= alloc.objective - 1e-6 * max(1.0, abs(alloc.objective)), (mode, alloc.notes)
+        if mode != "two-stage" and not any(n.startswith("must-run commitments given up") for n in alloc.notes):
+            # a per-node model that held every commitment runs at least the must-run jobs packing placed
+            ran = sum(1 for j in problem.jobs if j.must_run and alloc.gpus[j.key])
+            assert ran >= sum(1 for j in problem.jobs if j.must_run and two.gpus[j.key]), (mode, alloc.notes)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(max_jobs=6, max_nodes=4, max_node_gpus=8, max_gpus=12))
 def test_both_milps_score_a_placement_with_the_one_objective(problem):
     # the exact MILP's objective at a placement is the scorers' (allocate/objective.py); the counts MILP's
