@@ -5,9 +5,12 @@ per-node moves find: one job moved to another node's free memory so that a third
 model finds those moves but spends 0.3-3.3 s in its root node's cuts at 960 memory-bound job-node pairs
 (docs/allocator.md). Its LP relaxation, though, is cheap and says where each job is worth placing: the
 MIP is solved again on each job's nodes in that LP optimum's support, where it runs now and where
-packing put it (RENS, Berthold 2014), a model of tens to a few hundred pairs. A must-run job keeps every
-node that can host it, so the restricted model is infeasible only where the full one is; then
-commitments are given up as the full model gives them up (lowest rank first) and it is solved again.
+packing put it (RENS, Berthold 2014), a model of tens to a few hundred pairs. Where even the full LP
+has no point, the must-run jobs cannot all run: commitments are given up as the full model gives them
+up (lowest rank first) and it is solved again. A restricted model with no point (its must-run jobs do
+not fit their neighbourhoods) gives no answer: the start stands. Giving must-run jobs every node
+instead was measured: the larger model's answers left one job at 4 GPUs on an emptied cluster for
+100,000 s in the simulator (docs/allocator.md).
 
 The answer is a feasible placement of the full problem; the restricted model's own dual bound says
 nothing about the full one (unless the neighbourhood is every pair), so the bound handed back is the
@@ -39,13 +42,9 @@ class Near:
 
 def nodes_near(inst: Instance, lp: Formulation, x: np.ndarray, start: Sequence[Row]) -> list[set[int]]:
     """Per job: the nodes the full model's LP optimum `x` gives it GPUs on, where it runs, and where `start`
-    puts it; every node that can host it for a must-run job."""
-    ranks = inst.commitment_ranks()
+    puts it."""
     near = []
     for i, c in enumerate(lp.cols):
-        if ranks[i] > 0:
-            near.append(set(c.x))
-            continue
         nodes = {n for n, col in c.x.items() if x[col] > _SUPPORT}
         near.append(nodes | set(inst.current[i]) | set(start[i]))
     return near
@@ -67,9 +66,6 @@ def solve_near(inst: Instance, start: Sequence[Row], limits: Callable[[], highs.
             return Near(None, lp, math.inf, gave_up)
         form = Formulation(inst, exact=True, allowed=nodes_near(inst, full, lp.x, start))
         res = highs.solve(form.model, limits=limits(), mip_rel_gap=mip_rel_gap, warm=form.point(start))
-        if res.x is None and res.status == "Infeasible" and give_up():
-            gave_up = True      # must-run jobs are unrestricted: the full model is infeasible too
-            continue
         rows = form.rows_of(res.x) if res.x is not None else None
         whole = sum(len(c.x) for c in form.cols) == sum(len(c.x) for c in full.cols)
         # where the neighbourhood is every pair, the restricted model is the full one and its bound holds
