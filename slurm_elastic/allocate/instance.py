@@ -160,9 +160,12 @@ class Instance:
                                     per_gpu_resources=self.rho[i], total=self.total, kappa=kappa)
         if self.policy.restart_charge == "fixed" and kappa > 0:
             # A restart costs the whole job its progress for a while, whether one GPU changes or all: the
-            # charge is one stay bonus, what changing all gmax GPUs cost per GPU, scaled by its speed now.
+            # charge is one stay bonus, what changing all gmax GPUs cost per GPU, scaled by the value of its
+            # speed now (weight included: the lost seconds are worth what this job's progress is worth; a
+            # job of small weight, most of its work ahead, would otherwise never recover a restart's cost
+            # by growing, even on an idle cluster).
             g0 = job.current_gpus
-            stay = (self.policy.beta * kappa * job.max_gpus * tp.evaluate_curve(hull, g0) / norm
+            stay = (self.policy.beta * kappa * job.max_gpus * weight * tp.evaluate_curve(hull, g0) / norm
                     if g0 in feasible else 0.0)
             objective = dataclasses.replace(objective, per_moved_gpu=0.0, stay=stay)
         return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why

@@ -167,6 +167,19 @@ def test_a_restart_costs_the_same_however_many_gpus_change(mode):
     assert wide.gpus["a"] == 8
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_restart_is_charged_in_the_jobs_own_value_so_its_weight_does_not_keep_it_small(mode):
+    # Alone on an idle node, 4 -> 8 GPUs doubles its speed: worth the restart whatever the job's weight.
+    # The charge is the value of the progress the restart loses, weight included; charged without the
+    # weight, a job of weight 0.05 (most of its work ahead, as remaining-work weights say) stayed at 4:
+    # 0.05 x 0.5 of speed gained against 0.01 x 10 x 8 x s(4)/s(8) = 0.4 (seen in the simulator: a job
+    # held at 4 GPUs on an emptied cluster for 147,000 s).
+    for weight in (1.0, 0.05):
+        job = JobRequest("a", 4, 8, current={"n0": 4}, restart_cost_s=10.0, weight=weight)
+        alloc = solve(AllocationProblem((job,), (node("n0"),), Policy(beta=0.01)), mode=mode)
+        assert alloc.gpus["a"] == 8, (weight, alloc.decisions)
+
+
 def test_when_memory_runs_out_first_packing_loses_the_job_worth_least_per_gb_not_per_gpu():
     """Three jobs of 150 GB fit two nodes of 256 GB in all but one per node: the counts solve asks for all
     three and packing must drop one. Per GPU, a 6-GPU job at 25 GB is worth least; per GB, the scarce
