@@ -177,7 +177,7 @@ class Policy:
     # restart priced as a stay bonus and its fairness floor as a penalised slack (docs/allocator.md)
     objective: str = OBJECTIVE.default
     # legacy objective, how a running job's restart is charged: "fixed": any change of its size or place
-    # loses beta kappa_j gmax_j s_j(g0)/s_j(gmax), the share of its value now a restart costs, however
+    # loses beta kappa_j gmax_j w_j s_j(g0)/s_j(gmax), the share of its value now a restart costs, however
     # many GPUs change; "per-gpu": beta kappa_j per GPU added or removed on a node (|x - x0|_1)
     restart_charge: str = "fixed"
 
