@@ -236,8 +236,9 @@ def _near(inst: Instance, two_rows: list[Row], two_res: highs.MilpResult, t0: fl
     bound = near.bound if near.gave_up else min(two_res.bound, near.bound)
     rows, res = near.rows, near.result
     if rows is not None and not inst.violations(rows):
+        start = inst.objective(two_rows)
         better = (_must_runs(inst, rows), inst.objective(rows)) > (
-            _must_runs(inst, two_rows), inst.objective(two_rows) + _ZERO_GAP * max(1.0, abs(inst.objective(two_rows))))
+            _must_runs(inst, two_rows), start + _ZERO_GAP * max(1.0, abs(start)))
         if better:
             notes.append("neighbourhood: the per-node model over each job's nodes in the LP optimum, where it runs "
                          "and where packing put it, improved the two-stage answer")
