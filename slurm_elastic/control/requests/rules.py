@@ -271,7 +271,7 @@ class RemainingWork:
             return ctx.with_(self, "remaining work unknown (no total_steps)", weight=1.0)
         left_s = max(m.total_steps - m.step, 0) / best
         lo, hi = s.weight_range
-        weight = quantised(min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9))))
+        weight = quantised(min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9))), s.weight_quantum)
         return ctx.with_(self, f"{m.total_steps - m.step} of {m.total_steps} steps left, ~{left_s:.0f}s at its best",
                          weight=weight)
 
@@ -363,7 +363,10 @@ def nearest_placeable(gpus: int, counts: Sequence[int], placeable: Callable[[int
     return tuple(([max(below)] if below else []) + ([min(above)] if above else []))
 
 
-def quantised(weight: float) -> float:
-    """The weight in steps of 2^(1/4) (19 %): it changes only when the remaining time does by that much,
-    so the allocation does not churn with the drift of every cycle (and an unchanged problem is not re-solved)."""
-    return 2.0 ** (round(4.0 * math.log2(weight)) / 4.0)
+def quantised(weight: float, quantum: float = 0.25) -> float:
+    """The weight in steps of 2^quantum (19 % at 1/4): it changes only when the remaining time does by that
+    much, so the allocation does not churn with the drift of every cycle (and an unchanged problem is not
+    re-solved). A quantum of 0 leaves it exact."""
+    if quantum <= 0:
+        return weight
+    return 2.0 ** (round(math.log2(weight) / quantum) * quantum)

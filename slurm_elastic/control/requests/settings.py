@@ -20,6 +20,7 @@ class RequestSettings:
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
+    weight_quantum: float = 0.25              # weights move in steps of 2^quantum (rules.quantised); 0: exact
     hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (rules.ShareFloor)
