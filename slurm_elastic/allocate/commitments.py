@@ -21,7 +21,7 @@ class Commitment(enum.IntEnum):
     NONE = 0
     MUST_RUN = 1        # must_run without a stated reason
     STARVING = 2        # waited past the starvation limit without GPUs: a promise not yet kept
-    SHARE_FLOOR = 3     # a running job held at its share floor, or not taken to zero again
+    SHARE_FLOOR = 3     # a running job held at its share floor
     NODE_LOST = 4       # was running until a node under it failed: comes back at once on what is left
     HELD = 5            # started or resized within the hysteresis, or its restart budget is spent
 

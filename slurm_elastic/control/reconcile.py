@@ -529,7 +529,6 @@ class Reconciler:
             self._last_solved = (solved, allocation)
         allocation = with_kept_jobs(allocation, kept, pinned)
         allocation = with_basis(allocation, decided.basis)
-        self.requests.decided(allocation, now)
         node_sizes = {n.gpus for n in scoped.nodes}
         swapped: dict[str, str] = {}
         if windows is not None:   # so that a shrink can be in place; never a node an advance reservation names

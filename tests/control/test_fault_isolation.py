@@ -87,9 +87,6 @@ class _BrokenSource:
     def requests(self, state, now, policy):
         raise KeyError("gpus")
 
-    def decided(self, allocation, now):
-        pass
-
 
 def test_a_request_source_that_fails_whole_leaves_every_job_on_the_default_model(two, tmp_path, caplog):
     slurm, _, a, b = two

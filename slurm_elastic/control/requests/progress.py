@@ -5,8 +5,8 @@ Units (docs/allocator.md, "The progress objective"): a job's speedup S_j(g) is i
 its rate at one (capped at g, non-decreasing); its remaining work X_j is in 1-GPU-seconds (remaining
 steps / steps per second at one GPU, so only the job's own measured ratios enter); its value
 V_j(g) = w_j omega_j S_j(g) is weighted 1-GPU-seconds of progress per second. The rules of the legacy
-chain this replaces: remaining-work (clamped 3600/remaining weights in 19 % steps) -> rank weights;
-restart-charge (beta kappa per GPU moved) -> stay fraction pi_j; share-floor, starvation, no-zero-again and
+chain this replaces: remaining-work (clamped 3600/remaining weights) -> rank weights;
+restart-charge (beta kappa per GPU moved) -> stay fraction pi_j; share-floor, starvation and
 floor-holds (must-run rows, dropped when infeasible) -> one penalised floor per job.
 """
 

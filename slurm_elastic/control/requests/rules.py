@@ -32,11 +32,9 @@ The rules, stated:
   again, each a restart (workload 1 before the floor: yolov3 on 2.2 GPUs of the 4 it asked for, 27.7
   restarts per job, 1.77x its Tiresias JCT; with it: 3.6 GPUs, 5 restarts, 1.14x).
 - restart-cost (`RestartCost`): the median of the job's last five measured restarts, else the default.
-- remaining-work (`RemainingWork`): w = clamp(H / remaining s) in steps of 19 % (`quantised`): shortest
-  remaining time first is what minimises average completion time.
+- remaining-work (`RemainingWork`): w = clamp(H / remaining s): shortest remaining time first is what
+  minimises average completion time.
 - starvation (`Starvation`): a job that has waited without GPUs for `starve_after_s` must run.
-- no-zero-again (`NoZeroAgain`): a job the controller has taken to zero GPUs once is not taken to zero
-  again while it runs.
 - restart-charge (`RestartCharge`): beta x kappa per GPU changed is the share of the throughput term a
   restart loses over a size held for the hysteresis, at the job's weight but never below the neutral 1.
 """
@@ -73,7 +71,6 @@ class JobContext:
     own_weight: float                         # its weight among its user's jobs (source.own_weights)
     asked: int | None                         # the GPUs it was submitted at (None: not known)
     waiting_s: float                          # how long it has waited without GPUs
-    preempted: bool                           # the controller has taken it to zero GPUs before
     yielding: bool = False                    # GPUs go back to a rigid job this cycle: no rule keeps a size
     model: SpeedModelType | None = None       # what the allocator maximises (steps/s or goodput)
     steps_model: MeasuredThroughput | LinearThroughput | None = None   # steps/s, for remaining time
@@ -286,16 +283,6 @@ class Starvation:
                          commitment=Commitment.STARVING, weight=max(ctx.weight, 1.0))
 
 
-class NoZeroAgain:
-    name = "no-zero-again"
-
-    def apply(self, ctx: JobContext) -> JobContext:
-        if not (ctx.job.state is JobState.RUNNING and ctx.preempted):
-            return ctx
-        return ctx.with_(self, "preempted before: not taken to zero again while it runs", must_run=True,
-                         commitment=Commitment.SHARE_FLOOR)
-
-
 class FloorHolds:
     """The share floor holds against zero too (the solver gives it up, in rank order, only if nothing fits)."""
 
@@ -339,7 +326,6 @@ RULES: tuple[Rule, ...] = (
     RestartCost(),
     RemainingWork(),
     Starvation(),
-    NoZeroAgain(),
     FloorHolds(),
     RestartCharge(),
 )

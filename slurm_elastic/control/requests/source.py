@@ -51,10 +51,6 @@ class RequestSource(Protocol):
         job at its size (measure first, the share floor) do not hold against that."""
         ...
 
-    def decided(self, allocation: Allocation, now: float) -> None:
-        """The allocation chosen from the latest requests (the source's memory for anti-starvation)."""
-        ...
-
 
 class MeasuredRequests:
     """The default request source: what each job measured (measuring.py), decided by the rules (rules.py)."""
@@ -65,8 +61,6 @@ class MeasuredRequests:
         self.rules = rules
         self.files = JobFiles(settings, sizes)
         self._waiting_since: dict[int, float] = {}
-        self._running: dict[int, bool] = {}
-        self._preempted: dict[int, int] = {}
         self._asked: dict[int, int] = {}          # job id -> GPUs it was submitted at (first seen pending)
 
     def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
@@ -102,7 +96,7 @@ class MeasuredRequests:
         return Requests(tuple(out), basis, waits, bad)
 
     def _remember(self, job: Job, now: float) -> None:
-        """What the rules need from earlier cycles: the size it asked for, since when it waits, if it runs."""
+        """What the rules need from earlier cycles: the size it asked for and since when it waits."""
         running = job.state is JobState.RUNNING
         if job.job_id not in self._asked and job.state is JobState.PENDING and job.gpus > 0 and job.spec:
             # The size it was submitted at, seen before any plan resized it (rules.ShareFloor).
@@ -112,12 +106,6 @@ class MeasuredRequests:
         elif not job.held:
             self._waiting_since.setdefault(job.job_id, now if job.submit_time is None else
                                            min(now, job.submit_time))
-        self._running[job.job_id] = running
-
-    def decided(self, allocation: Allocation, now: float) -> None:
-        for key, g in allocation.gpus.items():
-            if key.isdigit() and g == 0 and self._running.get(int(key)):
-                self._preempted[int(key)] = self._preempted.get(int(key), 0) + 1
 
     def _decide(self, job: Job, now: float, policy: Policy, node_sizes: frozenset[int], share: int,
                 own_weight: float = 1.0, yielding: bool = False) -> JobContext:
@@ -125,8 +113,7 @@ class MeasuredRequests:
         ctx = JobContext(job=job, now=now, policy=policy, settings=self.settings, measured=measured,
                          node_sizes=node_sizes, share=share, own_weight=own_weight,
                          asked=self._asked.get(job.job_id, measured.metrics.first_gpus),
-                         waiting_s=now - self._waiting_since.get(job.job_id, now),
-                         preempted=self._preempted.get(job.job_id, 0) >= 1, yielding=yielding)
+                         waiting_s=now - self._waiting_since.get(job.job_id, now), yielding=yielding)
         return apply_rules(ctx, self.rules)
 
 
