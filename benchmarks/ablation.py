@@ -112,6 +112,8 @@ def run(args: tuple[str, str, int]) -> dict[str, Any]:
     s = summarize(result)
     return {"variant": name, "scenario": scenario, "workload": workload, "avg_jct_s": round(float(s["avg_jct_s"]), 1),
             "restarts": int(s["restarts"]), "unfinished_jobs": len(result.unfinished),  # type: ignore[arg-type]
+            # what the starvation rule and the share floor are for: no job waits long for its first GPUs
+            "max_wait_s": round(max((j.wait_s for j in result.jobs if j.wait_s is not None), default=0.0), 1),
             "simulate_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -133,6 +135,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"variant": variant, "change": BY_NAME[variant].change,
                     **{f"{s}_mean_ratio": round(statistics.mean(v), 3) if v else None for s, v in by.items()},
                     "min_ratio": min(ratios), "max_ratio": max(ratios),
+                    "max_wait_s": max(r["max_wait_s"] for r in mine),
+                    "shipped_max_wait_s": max(base[(r["scenario"], r["workload"])]["max_wait_s"] for r in mine),
                     "restarts_vs_shipped_ratio": round(
                         sum(r["restarts"] for r in mine)
                         / max(1, sum(base[(r["scenario"], r["workload"])]["restarts"] for r in mine)), 3),
