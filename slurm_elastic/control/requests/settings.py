@@ -20,7 +20,7 @@ class RequestSettings:
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
-    weight_quantum: float = 0.0               # >0: weights move in steps of 2^quantum (rules.quantised; kept for the ablation)
+    weight_quantum: float = 0.0               # >0: weights in steps of 2^quantum (rules.quantised; for the ablation)
     hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (rules.ShareFloor)
@@ -35,7 +35,8 @@ class RequestSettings:
     # Sizes never run are predicted by the job's fitted step-time model (allocate.stepmodel); False: the
     # capped extrapolation of MeasuredThroughput (kept for the ablation).
     predict_unmeasured: bool = True
-    explore_discount: float = 0.0             # eta: a predicted gain beyond the largest size measured counts (1 - eta)
+    explore_discount: float = 0.0             # eta: a predicted gain beyond the largest size measured counts (1 - eta);
+                                              # 0: in full (docs/simulator.md: the ablation found 0.25 did not pay)
     # False: speed from the prior even when rows exist - for GPUs that are not real (the demo's fake GPUs
     # share a few CPU cores, so more "GPUs" measure slower); restart cost and remaining work stay measured.
     measured_speed: bool = SPEED.default == "measured"
