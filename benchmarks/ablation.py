@@ -31,19 +31,16 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from slurm_elastic.control.requests import RequestSettings
 from slurm_elastic.control.requests import rules as R
 from slurm_elastic.control.requests.source import MeasuredRequests
 from slurm_elastic.sim import SimConfig, Simulation, parse_cluster, parse_failures, summarize
 from slurm_elastic.sim.controller import SIM_CONFIG, ControllerPolicy
 from slurm_elastic.sim.pollux import load_workload
+from simulate_targets import MODES, TRACES   # the same workloads and batch modes as the targets
 from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
-MODES = {"fixed": "none", "adaptive": "all"}
 SCENARIOS = ("fixed", "adaptive", "fixed+failures")
 FAILURES = "every:7200:600"
 
@@ -86,11 +83,10 @@ BY_NAME = {v.name: v for v in VARIANTS}
 
 
 def policy_for(variant: Variant) -> ControllerPolicy:
-    """The simulator's controller with the variant's rule out (request settings built as the Reconciler does)."""
+    """The simulator's controller with the variant's rule out."""
     config = dataclasses.replace(SIM_CONFIG, **variant.controller)
     policy = ControllerPolicy(config, max_scale=None)
-    settings = RequestSettings(measured_speed=config.measured_speed, hold_s=config.min_resize_interval_s,
-                               objective=config.policy.objective, **variant.settings)
+    settings = config.request_settings(**variant.settings)
     rules = tuple(r for r in R.RULES if not isinstance(r, variant.drop))
     # the one seam the Reconciler offers for its request source, with the journal as the sizes Slurm ran
     policy.reconciler.requests = MeasuredRequests(settings, rules, sizes=policy.journal)

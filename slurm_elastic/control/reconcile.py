@@ -74,6 +74,11 @@ class ControllerConfig:
                 ACK_TIMEOUT.heartbeat: self.protocol.ack_timeout_s, SIGNAL.heartbeat: self.protocol.signal,
                 SPEED.heartbeat: "measured" if self.measured_speed else "linear"}
 
+    def request_settings(self, **changes: Any) -> RequestSettings:
+        """The request source's settings this controller decides with (`changes` on top: the ablation's)."""
+        return RequestSettings(measured_speed=self.measured_speed, hold_s=self.min_resize_interval_s,
+                               objective=self.policy.objective, **changes)
+
     def with_settings(self, settings: Mapping[str, object]) -> ControllerConfig:
         """This config with a running controller's announced settings (each validated; others kept)."""
         def number(setting: Setting[Any]) -> float | None:
@@ -369,8 +374,7 @@ class Reconciler:
         self.config = config
         self.protocol = protocol or RequeueProtocol(backend, journal, config.protocol, clock=clock, sleep=sleep)
         self.requests = requests if requests is not None else default_request_source(
-            RequestSettings(measured_speed=config.measured_speed, hold_s=config.min_resize_interval_s,
-                            objective=config.policy.objective), sizes=journal)
+            config.request_settings(), sizes=journal)
         # On a large cluster a node event between two full solves is answered by the warm path
         # (allocate/repair.py); small clusters, the simulator's among them, always get the full solve.
         if allocator is None:

@@ -561,11 +561,8 @@ class LocalCluster:
         port = layout.node(name).port
         # processes just killed (a frozen node's) can hold the port a moment after they are reaped: seen on
         # 24.11 in CI right after `node-down` of a frozen node; something holding it for 10 s is an error
-        deadline = time.monotonic() + 10.0
-        while not processes.port_free(port):
-            if time.monotonic() > deadline:
-                raise ClusterSetupError(f"port {port} for {name}'s slurmd is in use on 127.0.0.1")
-            time.sleep(0.2)
+        _wait_until(lambda: processes.port_free(port), 10.0,
+                    f"port {port} for {name}'s slurmd is in use on 127.0.0.1")
         pid = self._start_slurmd(layout, name)
         if wait:
             self.wait_for_nodes([name], node_state_serving, timeout=timeout, what="back in service")
