@@ -139,6 +139,11 @@ class ElasticCluster:
         """Every job's stdout/stderr (appended across restarts), for failure messages."""
         return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted((self.root / "out").glob("*.out")))
 
+    def job_output(self, job_id: int, tail: int = 12000) -> str:
+        """One job's stdout/stderr in full (up to `tail` characters), for a failure message about that job."""
+        path = self.root / "out" / f"{job_id}.out"
+        return f"== {path.name}\n{path.read_text()[-tail:]}" if path.is_file() else f"== {path.name}: none"
+
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--full", "--quiet", "--partition=gpu"], env=self.env, check=False,
                        capture_output=True)

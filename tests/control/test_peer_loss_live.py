@@ -201,6 +201,8 @@ def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_and_trains_on_with_
         cluster.wait_for(lambda: (j := job_now()).state is JobState.RUNNING and len(j.nodes) == 2, 180,
                          what=lambda: f"the job running on two nodes; {cluster.slurm_view()}")
         cluster.wait_for(lambda: len(json_lines(loss_log)) >= 3, 300, what=lambda: f"training; {cluster.job_outputs()}")
+        # The rows above are the first start's: a job restarted before the loss is another case than this one.
+        assert job_now().restarts == 0, f"restarted before its node was lost; {cluster.job_output(job_id)}"
         victim = _show_job(cluster, job_id).split("BatchHost=")[1].split()[0]
         cluster.local.node_down(victim)          # slurmd, the batch script and the rank there SIGKILLed
         report_path = job_dir / shim.peer_lost_file_name(job_id, 0, 0)
@@ -210,7 +212,12 @@ def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_and_trains_on_with_
                 return shim.PeerLostReport.parse(report_path.read_bytes()).commit != "pending"
             except (OSError, ValueError):
                 return False
-        cluster.wait_for(settled, 120, what=lambda: f"the survivor's just-in-time commit; {cluster.job_outputs()}")
+
+        def why_not_settled() -> str:
+            report = report_path.read_text() if report_path.is_file() else "no report"
+            return (f"the survivor's just-in-time commit; report: {report}; {cluster.job_output(job_id)}\n"
+                    f"== daemon.log\n{(tmp_path / 'daemon.log').read_text()[-4000:]}")
+        cluster.wait_for(settled, 120, what=why_not_settled)
         report = shim.PeerLostReport.parse(report_path.read_bytes())
         assert report.commit == "done" and report.lost_nodes == (victim,), report
 
