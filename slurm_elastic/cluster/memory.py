@@ -8,7 +8,8 @@ It models what the controller's requeue protocol meets on a live cluster
   meanwhile is silently dropped; when the requeue completes, BeginTime is set
   to now + 120 s (batch_requeue_fini), whatever StartTime was given before.
 - an update of a pending job with StartTime=now clears that BeginTime;
-- hold / update (pending only) / release, with Slurm's refusals;
+- hold / update (pending only) / release, with Slurm's refusals; a running
+  job shrunk to some of its nodes (never without its batch host) runs on;
 - a node that fails requeues the jobs on it (NODE_FAIL with --requeue: not
   held, BeginTime + 120 s, restart count + 1); a node that returns takes work;
 - a released, eligible job starts after `start_latency_s` (the scheduler's
@@ -202,6 +203,18 @@ class InMemorySlurm:
         self.jobs[job_id] = dataclasses.replace(job, state=JobState.COMPLETING, restarts=job.restarts + 1)
         self.completing_until[job_id] = self.now + self.completing_s
         self._settle_completing()
+
+    def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
+        """A running job gives up its other nodes and runs on (`scontrol update NodeList=`); Slurm refuses
+        to take its batch host (its first node) or to add a node."""
+        job = self._job("keep_nodes", job_id)
+        if job.state is not JobState.RUNNING:
+            raise SlurmError(f"scontrol update: job {job_id} is not running")
+        if not set(nodes) < set(job.nodes) or job.first_node not in nodes:
+            raise SlurmError(f"scontrol update: Invalid node name specified for job {job_id}")
+        self.jobs[job_id] = dataclasses.replace(job, nodes=tuple(n for n in job.nodes if n in nodes),
+                                                num_nodes=len(nodes))
+        self._recount()
 
     def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
         job = self._job("set_resources", job_id)

@@ -89,16 +89,21 @@ class ControllerPolicy:
     `max_scale` bounds the range a user declares: a job asks for
     `[min, min(max, ceil(max_scale x requested))]` GPUs (None: the trace's max).
     `allocator` replaces the L1 MILP (the allocator seam), `requests` the
-    request source; both default to what the daemon runs.
+    request source; both default to what the daemon runs. `keep_ranks`: the
+    jobs say their ranks go on in their processes, as under the templates'
+    default, so a shrink to some of a job's own nodes (never its batch host)
+    is made in place (docs/simulator.md, "Restarts", for why it is off by
+    default); off, every resize requeues.
     """
 
     name = "controller"
 
     def __init__(self, config: ControllerConfig = SIM_CONFIG, *, max_scale: float | None = 2.0,
                  allocator: Allocator | None = None, requests: RequestSource | None = None,
-                 workdir: str | None = None) -> None:
+                 workdir: str | None = None, keep_ranks: bool = False) -> None:
         self.config = config
         self.max_scale = max_scale
+        self.keep_ranks = keep_ranks
         self.clock = VirtualClock()
         self._tmp = tempfile.TemporaryDirectory(prefix="se-sim-") if workdir is None else None
         root = workdir or self._tmp.name  # type: ignore[union-attr]
@@ -139,19 +144,43 @@ class ControllerPolicy:
                 self._submit(jv.job, gpn)
             elif jv.placement and jv.key in self._shims:
                 self._write_metrics(jv, view.now)
+        before = self._running_incarnations()
         t0 = time.perf_counter()
         report = self.reconciler.cycle()
         self.solve_s += time.perf_counter() - t0
         self.cycles += 1
         placements: dict[str, dict[str, int]] = {}
+        in_place = set()
         for key, job_id in self._ids.items():
             job = self.slurm.jobs[job_id]
             if job.state is JobState.RUNNING:
                 placements[key] = {n: job.gpus_per_node for n in job.nodes}
+                restarts, nodes = before.get(key, (-1, ()))
+                if job.restarts == restarts and set(job.nodes) < set(nodes):
+                    in_place.add(key)      # given up nodes without a requeue: its ranks went on
         notes = tuple(p.describe() for p in report.plans)
         return Decision(placements, notes, report.cycle_s,
                         {"method": report.allocation.method if report.allocation else "",
-                         "objective": report.allocation.objective if report.allocation else math.nan})
+                         "objective": report.allocation.objective if report.allocation else math.nan},
+                        in_place=frozenset(in_place))
+
+    def _running_incarnations(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Each running elastic job's restart count and nodes; with `keep_ranks`, its batch script's word
+        that its ranks go on in their processes when nodes are taken (keeps-ranks-J-R, as the templates
+        write it once the ranks have formed their group)."""
+        running = {}
+        for key, job_id in self._ids.items():
+            job = self.slurm.jobs[job_id]
+            if job.state is not JobState.RUNNING or job.spec is None:
+                continue
+            running[key] = (job.restarts, job.nodes)
+            if self.keep_ranks:
+                marker = os.path.join(shim.job_dir(self.ckpt_root, str(job_id)),
+                                      shim.keeps_ranks_file_name(job_id, job.restarts))
+                if not os.path.exists(marker):
+                    with open(marker, "wb", opener=lambda p, f: os.open(p, f, 0o600)):
+                        pass
+        return running
 
     # -- the world around the controller --------------------------------------------------------
     def _sync_nodes(self, view: ClusterView) -> None:

@@ -111,3 +111,17 @@ def test_start_latency_delays_a_released_job():
     assert slurm.next_event_s() == 3.0
     clock.t = 3.0
     assert slurm.snapshot().job(j).state is JobState.RUNNING
+
+
+def test_a_running_job_gives_up_nodes_in_place_but_never_its_batch_host():
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    j = slurm.add_job(ElasticSpec(4, 12), nodes=3, gpus_per_node=4)
+    first, second, third = slurm.jobs[j].nodes
+    with pytest.raises(SlurmError, match="Invalid node name"):
+        slurm.keep_nodes(j, (second, third))          # the batch host stays with the job
+    slurm.keep_nodes(j, (first, second))
+    job = slurm.jobs[j]
+    assert job.state is JobState.RUNNING and job.restarts == 0 and job.nodes == (first, second)
+    assert {n.name: n.gpus_alloc for n in slurm.snapshot().nodes} == {first: 4, second: 4, third: 0}
+    with pytest.raises(SlurmError, match="Invalid node name"):
+        slurm.keep_nodes(j, (first, third))           # nodes are only given up, never added

@@ -47,6 +47,33 @@ def test_an_elastic_job_that_borrowed_the_cluster_gives_gpus_back_when_a_rigid_j
     assert r.wait_s is not None and r.wait_s <= 60         # not until the elastic job ends (~2500 s on)
 
 
+def test_an_elastic_job_gives_a_rigid_job_a_whole_node_in_place_its_ranks_kept():
+    """The templates keep the ranks by default: the shrink to the job's batch host is made without a requeue
+    (Slurm's restart count stays 0) and costs the in-place stall, not a restart; without that word it requeues.
+    The rigid job outlasts the elastic one, so no grow follows."""
+    def scenario(keep_ranks: bool) -> tuple[SimResult, ControllerPolicy]:
+        policy = ControllerPolicy(max_scale=None, keep_ranks=keep_ranks)
+        result = Simulation([job("e", 0, 8, 20000, lo=4, hi=8, overhead=30.0), job("r", 1000, 4, 80000)], policy,
+                            SimConfig(parse_cluster("2x4"))).run()
+        return result, policy
+
+    kept, policy = scenario(True)
+    elastic = next(j for j in policy.slurm.jobs.values() if j.name == "e")
+    policy.close()
+    relaunched, policy = scenario(False)
+    requeued = next(j for j in policy.slurm.jobs.values() if j.name == "e")
+    policy.close()
+    sizes = [(t, g) for t, k, g in kept.timeline if k == "e"]
+    assert (8 in [g for _, g in sizes]) and (4 in [g for t, g in sizes if t >= 1000])   # 8 GPUs, then 4
+    assert elastic.restarts == 0 and requeued.restarts >= 1
+    r_kept = next(j for j in kept.jobs if j.key == "r")
+    assert r_kept.wait_s is not None and r_kept.wait_s <= 60
+    e_kept, e_relaunched = (next(j for j in res.jobs if j.key == "e") for res in (kept, relaunched))
+    # every resize of the relaunched run pays the 30 s start; the shrink in place 3 s of it
+    assert e_kept.finish_s < e_relaunched.finish_s
+    assert e_kept.restart_loss_gpu_s < e_relaunched.restart_loss_gpu_s
+
+
 def _mixed_workload() -> list[SimJob]:
     """24 jobs of 1-8 GPUs, Poisson arrivals, 3 in 10 elastic (1 .. 2x their request); fixed seed."""
     rng = random.Random(7)
