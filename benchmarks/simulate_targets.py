@@ -14,7 +14,7 @@ then prints one row per run and the targets of issues 15 and 18 side by side
 (measured, target, met), all in one run:
 
     .venv/bin/python benchmarks/simulate_targets.py [--workloads 1 2 3 4] [--policy controller ...]
-        [--modes fixed adaptive mixed] [--objective legacy|progress] [--json | --jcts]
+        [--modes fixed adaptive mixed] [--objective legacy|progress] [--perturb K] [--json | --jcts]
 
 `--jcts` prints every job's JCT (full precision) and restarts per run and
 nothing measured in wall time, so the outputs of two branches can be diffed.
@@ -37,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster, parse_failures, summarize
+from slurm_elastic.sim.engine import RestartModel
 from slurm_elastic.sim.jobs import packed_placement
 from slurm_elastic.sim.pollux import load_workload
 
@@ -59,13 +60,15 @@ def _makespan(submit: dict[str, float], jct: dict[str, float]) -> float:
 
 
 def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: str = "fixed",
-        max_scale: float | None = None, failures: str | None = None, objective: str = "legacy") -> dict[str, object]:
+        max_scale: float | None = None, failures: str | None = None, objective: str = "legacy",
+        overhead_s: float = RestartModel().overhead_s) -> dict[str, object]:
     jobs = load_workload(TRACES / "workloads" / f"{workload}.csv", adaptive=MODES[mode])
     if max_scale is None:
         max_scale = 2.0 if mode == "fixed" else 0.0
     t0 = time.perf_counter()
     sim_policy = make_policy(policy, max_scale=max_scale, objective=objective)
-    config = SimConfig(parse_cluster(f"16x{GPUS_PER_NODE}"), failures=parse_failures(failures), immediate=False)
+    config = SimConfig(parse_cluster(f"16x{GPUS_PER_NODE}"), failures=parse_failures(failures), immediate=False,
+                       restart=RestartModel(overhead_s=overhead_s))
     result = Simulation(jobs, sim_policy, config).run()
     wall = time.perf_counter() - t0
     close = getattr(sim_policy, "close", None)
@@ -96,7 +99,7 @@ def run(workload: str, policy: str, ref: dict[str, dict[str, float]], *, mode: s
         "app_vs_ref_tiresias_ratio": {a: round(v, 3) for a, v in sorted(apps.items())},
         "app_detail": _app_detail(result, {j.key: j for j in jobs}),
         "restarts": s["restarts"], "restart_loss_share": round(float(s["restart_loss_share"]), 4),
-        "node_failures": s["node_failures"], "simulate_s": round(wall, 1),
+        "node_failures": s["node_failures"], "simulate_s": round(wall, 1), "restart_overhead_s": overhead_s,
     }
     # per job, for --jcts: what two branches are diffed on (no wall-clock figure among them)
     row["job_jct_s"] = {k: mine[k] for k in sorted(mine)}
@@ -162,6 +165,36 @@ PER_WORKLOAD = (
 )
 
 
+def overheads(perturb: int) -> list[float]:
+    """The restart overheads a controller run is drawn at: 30 s, and 30 +- 0.1 s x 1..perturb."""
+    base = RestartModel().overhead_s
+    return [base] + [round(base + sign * 0.1 * k, 3) for k in range(1, perturb + 1) for sign in (-1, 1)]
+
+
+MEANS = ("avg_jct_s", "makespan_s", "vs_ref_tiresias_ratio", "vs_ref_optimus_ratio", "vs_ref_pollux_ratio",
+         "vs_ref_pollux_makespan_ratio", "restarts", "restart_loss_share")
+
+
+def mean_row(draws: list[dict[str, object]]) -> dict[str, object]:
+    """One configuration's draws as one row: the means of the figures, the range of the JCT, and the worst
+    application by its mean ratio over the draws (simulate_s: the slowest draw)."""
+    if len(draws) == 1:
+        return draws[0]
+    row = dict(draws[0])
+    for key in MEANS:
+        row[key] = round(statistics.mean(float(d[key]) for d in draws), 4)  # type: ignore[arg-type]
+    row["avg_jct_s_min"] = min(float(d["avg_jct_s"]) for d in draws)  # type: ignore[arg-type]
+    row["avg_jct_s_max"] = max(float(d["avg_jct_s"]) for d in draws)  # type: ignore[arg-type]
+    apps = {a: statistics.mean(d["app_vs_ref_tiresias_ratio"][a] for d in draws)  # type: ignore[index]
+            for a in draws[0]["app_vs_ref_tiresias_ratio"]}  # type: ignore[union-attr]
+    worst = max(apps, key=lambda a: apps[a])
+    row.update(worst_app_vs_ref_tiresias=worst, worst_app_vs_ref_tiresias_ratio=round(apps[worst], 4),
+               app_vs_ref_tiresias_ratio={a: round(v, 3) for a, v in sorted(apps.items())},
+               simulate_s=max(float(d["simulate_s"]) for d in draws),  # type: ignore[arg-type]
+               draws=len(draws), restart_overhead_s=[d["restart_overhead_s"] for d in draws])
+    return row
+
+
 def targets(rows: list[dict[str, object]], workloads: list[str]) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     ctl = {(r["workload"], r["mode"]): r for r in rows if r["policy"] == "controller"}
@@ -199,11 +232,18 @@ def main() -> int:
                         "(e.g. every:7200:600); the reference has none, so only 'still ahead' is comparable")
     parser.add_argument("--objective", default="legacy", choices=["legacy", "progress"],
                         help="what the controller's allocator maximises (settings.OBJECTIVE; docs/allocator.md)")
+    parser.add_argument("--perturb", type=int, default=0, metavar="K",
+                        help="draw each controller run also at a restart overhead of 30 +- 0.1 s x 1..K: its row is "
+                             "the mean of the 2K+1 draws (docs/simulator.md, 'One run is one draw')")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows (runs, then targets)")
     parser.add_argument("--jcts", action="store_true",
                         help="print only every job's JCT and restarts, one tab-separated line per job and run "
                              "(workload, policy, mode, job, JCT s, restarts): two branches' outputs diff cleanly")
     args = parser.parse_args()
+    if not 0 <= args.perturb <= 10:
+        parser.error("--perturb must lie in [0, 10]")
+    if args.perturb and args.jcts:
+        parser.error("--jcts prints one draw's JCTs: leave --perturb out")
     ref_path = TRACES / "reference" / "jct.csv"
     if not ref_path.exists():
         print(f"reference JCTs not found at {ref_path} (the shared/ folder beside the repository)", file=sys.stderr)
@@ -214,8 +254,10 @@ def main() -> int:
         name = f"workload-{w}"
         for policy in args.policy or ["tiresias", "optimus", "controller"]:
             for mode in (args.modes if policy == "controller" else ["fixed"]):
-                rows.append(run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures,
-                                objective=args.objective))
+                draws = [run(name, policy, refs[name], mode=mode, max_scale=args.max_scale, failures=args.failures,
+                             objective=args.objective, overhead_s=overhead)
+                         for overhead in overheads(args.perturb if policy == "controller" else 0)]
+                rows.append(mean_row(draws))
                 print(_line(rows[-1]), file=sys.stderr if args.json or args.jcts else sys.stdout, flush=True)
                 if args.jcts:
                     r = rows[-1]
@@ -237,12 +279,13 @@ def _line(r: dict[str, object]) -> str:
     cal = (f"  calibration avg {r['calibration_avg_ratio']:.3f}x, median job {r['calibration_median_job_ratio']:.3f}x,"
            f" {r['calibration_jobs_within_10pct_share']:.0%} of jobs within 10 %" if "calibration_avg_ratio" in r else "")
     objective = f" {r['objective']}" if r.get("objective") else ""
-    return (f"{r['workload']:<11} {r['policy']:<10} {r['mode']:<8}{objective} avg JCT {r['avg_jct_s']:>7.0f} s | ref Tiresias "
+    spread = (f" ({r['draws']} draws: {r['avg_jct_s_min']:.0f}-{r['avg_jct_s_max']:.0f})" if "draws" in r else "")
+    return (f"{r['workload']:<11} {r['policy']:<10} {r['mode']:<8}{objective} avg JCT {r['avg_jct_s']:>7.0f} s{spread} | ref Tiresias "
             f"{r['ref_tiresias_avg_jct_s']:.0f} ({r['vs_ref_tiresias_ratio']:.3f}x) Optimus "
             f"{r['ref_optimus_avg_jct_s']:.0f} ({r['vs_ref_optimus_ratio']:.3f}x) Pollux {r['ref_pollux_avg_jct_s']:.0f} "
             f"({r['vs_ref_pollux_ratio']:.3f}x) | makespan {r['makespan_s']:.0f} s ({r['vs_ref_pollux_makespan_ratio']:.3f}x"
             f" Pollux's) | worst app {r['worst_app_vs_ref_tiresias']} "
-            f"{r['worst_app_vs_ref_tiresias_ratio']:.2f}x | restarts {r['restarts']}, loss {r['restart_loss_share']:.1%}"
+            f"{r['worst_app_vs_ref_tiresias_ratio']:.2f}x | restarts {r['restarts']:.0f}, loss {r['restart_loss_share']:.1%}"
             f"{', failures ' + str(r['node_failures']) if r['failures'] else ''} | {r['simulate_s']:.0f} s{cal}")
 
 

@@ -9,8 +9,11 @@ the default request source reads those files (sim/shim.py writes them: for
 Pollux jobs also the batch and gradient noise; an adaptive job also its
 `batch.json`), the allocator solves, the
 requeue protocol signals, holds, updates and releases, the journal records
-every step, and hysteresis and the restart budget apply. Whatever Slurm then
-runs is the placement handed back to the engine. Nothing sleeps: the
+every step, and hysteresis and the restart budget apply. Each running job
+says its ranks go on in their processes (keeps-ranks-J-R, the templates'
+default), so a shrink to some of its own nodes is made in place as on a live
+cluster (Decision.in_place: the engine charges no restart for it). Whatever
+Slurm then runs is the placement handed back to the engine. Nothing sleeps: the
 protocol's waits advance the virtual clock.
 
 Rigid jobs (a fixed size: min = max GPUs) are plain Slurm jobs the
@@ -92,15 +95,15 @@ class ControllerPolicy:
     request source; both default to what the daemon runs. `keep_ranks`: the
     jobs say their ranks go on in their processes, as under the templates'
     default, so a shrink to some of a job's own nodes (never its batch host)
-    is made in place (docs/simulator.md, "Restarts", for why it is off by
-    default); off, every resize requeues.
+    is made in place (docs/simulator.md, "Restarts"); off, every resize
+    requeues, as for a script run without the templates' runner.
     """
 
     name = "controller"
 
     def __init__(self, config: ControllerConfig = SIM_CONFIG, *, max_scale: float | None = 2.0,
                  allocator: Allocator | None = None, requests: RequestSource | None = None,
-                 workdir: str | None = None, keep_ranks: bool = False) -> None:
+                 workdir: str | None = None, keep_ranks: bool = True) -> None:
         self.config = config
         self.max_scale = max_scale
         self.keep_ranks = keep_ranks
