@@ -13,6 +13,9 @@ simulator's default), then runs, in one go:
 - `mixed`: the rigid jobs as plain Slurm jobs, the others elastic (1 .. 2x
   their request), under the shipped controller (pending rigid jobs take back
   what elastic jobs borrowed: every GPU above an elastic job's minimum);
+- `mixed-requeue-only`: the same as `mixed` with every resize a requeue
+  (scripts run without the templates' runner, which keeps the ranks where
+  a job gives up whole nodes);
 - `mixed-min-request`: the same, the elastic jobs declaring their request as
   their minimum (request .. 2x): what a user who ran rigid at that size keeps
   when going elastic. The two are the ends of the range a user chooses from.
@@ -48,6 +51,7 @@ from slurm_elastic.sim.engine import RestartModel, SimResult
 from slurm_elastic.sim.jobs import SimJob
 from slurm_elastic.sim.pollux import load_workload
 from slurm_elastic.sim.static import StaticPolicy
+from simulate_targets import MAX_PERTURB, overheads   # the same draws as the targets
 from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
@@ -97,12 +101,6 @@ TARGETS = (("rigid_avg_wait_s", WAIT_BOUND, "<="), ("rigid_p95_wait_s", WAIT_BOU
            ("gpu_util_share", 1.0, ">"), ("elastic_avg_jct_s", 1.0, "<"))
 
 
-def overheads(perturb: int) -> list[float]:
-    """The restart overheads each configuration runs at: 30 s, and 30 +- 0.1 s x 1..perturb."""
-    base = RestartModel().overhead_s
-    return [base] + [round(base + sign * 0.1 * k, 3) for k in range(1, perturb + 1) for sign in (-1, 1)]
-
-
 def compare(jobs: list[SimJob], rigid_share: float, cluster: str = "16x4", perturb: int = 0) -> list[dict[str, object]]:
     """The runs side by side (see the module docstring), one row each (the mean over the perturbed runs)."""
     mixed = mixed_workload(jobs, rigid_share)
@@ -112,6 +110,7 @@ def compare(jobs: list[SimJob], rigid_share: float, cluster: str = "16x4", pertu
             ("all-rigid", all_rigid(jobs), StaticPolicy),
             ("all-rigid-slurm", all_rigid(jobs), ControllerPolicy),
             ("mixed", mixed, ControllerPolicy),
+            ("mixed-requeue-only", mixed, lambda: ControllerPolicy(keep_ranks=False)),
             ("mixed-min-request", mixed_workload(jobs, rigid_share, min_request=True), ControllerPolicy)):
         draws = []
         for overhead in overheads(perturb):
@@ -124,14 +123,14 @@ def compare(jobs: list[SimJob], rigid_share: float, cluster: str = "16x4", pertu
                 if close:
                     close()
             draws.append({**class_figures(result, rigid), "sim_wall_s": result.wall_s})
-        row: dict[str, object] = {"run": name, "rigid_jobs": len(rigid), "jobs": len(jobs), "runs": len(draws)}
+        row: dict[str, object] = {"run": name, "rigid_jobs": len(rigid), "jobs": len(jobs), "draws": len(draws)}
         for key in (*FIGURES, "unfinished_jobs", "sim_wall_s"):
             row[key] = float(np.mean([d[key] for d in draws]))
         if len(draws) > 1:
             for key in FIGURES:
                 row[f"{key}_min"] = min(float(d[key]) for d in draws)
                 row[f"{key}_max"] = max(float(d[key]) for d in draws)
-        row["draws"] = draws
+        row["per_draw"] = draws
         rows.append(row)
     return rows
 
@@ -148,7 +147,7 @@ def targets(rows: list[dict[str, object]]) -> list[dict[str, object]]:
         for key, bound, better in TARGETS:
             m, b = float(mixed[key]), float(base[key])  # type: ignore[arg-type]
             every = all(_met(float(d[key]), float(e[key]), bound, better)
-                        for d, e in zip(mixed["draws"], base["draws"]))  # type: ignore[call-overload]
+                        for d, e in zip(mixed["per_draw"], base["per_draw"]))  # type: ignore[call-overload]
             out.append({"mixed_run": mixed["run"], "figure": key, "mixed": m, "all_rigid": b,
                         "target": f"{better} {bound:g}x all-rigid", "met": _met(m, b, bound, better),
                         "met_every_run": every})
@@ -165,15 +164,15 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.rigid_share <= 1:
         parser.error("--rigid-share must lie in [0, 1]")
-    if not 0 <= args.perturb <= 10:
-        parser.error("--perturb must lie in [0, 10]")
+    if not 0 <= args.perturb <= MAX_PERTURB:
+        parser.error(f"--perturb must lie in [0, {MAX_PERTURB}]")
     rows: list[dict[str, object]] = []
     for w in args.workloads:
         jobs = load_workload(TRACES / "workloads" / f"workload-{w}.csv")
         runs = compare(jobs, args.rigid_share, perturb=args.perturb)
         met = targets(runs)
         for row in runs:
-            row.pop("draws")
+            row.pop("per_draw")
             rows.append({"workload": f"workload-{w}", **row})
         for t in met:
             rows.append({"workload": f"workload-{w}", "run": "target", **t})
@@ -182,7 +181,8 @@ def main() -> None:
         return
     columns = None
     if args.perturb:
-        columns = ["workload", "run", "runs", "rigid_avg_wait_s", "rigid_p95_wait_s", "rigid_p95_wait_s_max",
+        columns = ["workload", "run", "draws", "rigid_avg_wait_s", "rigid_p95_wait_s", "rigid_p95_wait_s_min",
+                   "rigid_p95_wait_s_max",
                    "elastic_avg_jct_s", "elastic_avg_jct_s_min", "elastic_avg_jct_s_max", "gpu_util_share",
                    "gpu_util_share_min", "gpu_util_share_max", "restarts"]
     print_rows([r for r in rows if r["run"] != "target"], False, columns, title="runs")

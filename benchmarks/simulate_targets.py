@@ -165,10 +165,15 @@ PER_WORKLOAD = (
 )
 
 
+PERTURB_STEP_S = 0.1
+MAX_PERTURB = 10
+
+
 def overheads(perturb: int) -> list[float]:
-    """The restart overheads a controller run is drawn at: 30 s, and 30 +- 0.1 s x 1..perturb."""
+    """The restart overheads a run is drawn at: 30 s, and 30 +- 0.1 s x 1..perturb (docs/simulator.md,
+    "One run is one draw")."""
     base = RestartModel().overhead_s
-    return [base] + [round(base + sign * 0.1 * k, 3) for k in range(1, perturb + 1) for sign in (-1, 1)]
+    return [base] + [round(base + sign * PERTURB_STEP_S * k, 3) for k in range(1, perturb + 1) for sign in (-1, 1)]
 
 
 MEANS = ("avg_jct_s", "makespan_s", "vs_ref_tiresias_ratio", "vs_ref_optimus_ratio", "vs_ref_pollux_ratio",
@@ -180,18 +185,20 @@ def mean_row(draws: list[dict[str, object]]) -> dict[str, object]:
     application by its mean ratio over the draws (simulate_s: the slowest draw)."""
     if len(draws) == 1:
         return draws[0]
-    row = dict(draws[0])
+    # the per-job and per-application detail is one draw's: a mean row carries none of it
+    row = {k: v for k, v in draws[0].items() if k not in ("job_jct_s", "job_restarts", "app_detail", "finished")}
     for key in MEANS:
         row[key] = round(statistics.mean(float(d[key]) for d in draws), 4)  # type: ignore[arg-type]
     row["avg_jct_s_min"] = min(float(d["avg_jct_s"]) for d in draws)  # type: ignore[arg-type]
     row["avg_jct_s_max"] = max(float(d["avg_jct_s"]) for d in draws)  # type: ignore[arg-type]
-    apps = {a: statistics.mean(d["app_vs_ref_tiresias_ratio"][a] for d in draws)  # type: ignore[index]
-            for a in draws[0]["app_vs_ref_tiresias_ratio"]}  # type: ignore[union-attr]
+    names = {a for d in draws for a in d["app_vs_ref_tiresias_ratio"]}  # type: ignore[attr-defined]
+    apps = {a: statistics.mean(d["app_vs_ref_tiresias_ratio"][a] for d in draws  # type: ignore[index]
+                               if a in d["app_vs_ref_tiresias_ratio"]) for a in names}  # type: ignore[operator]
     worst = max(apps, key=lambda a: apps[a])
     row.update(worst_app_vs_ref_tiresias=worst, worst_app_vs_ref_tiresias_ratio=round(apps[worst], 4),
                app_vs_ref_tiresias_ratio={a: round(v, 3) for a, v in sorted(apps.items())},
                simulate_s=max(float(d["simulate_s"]) for d in draws),  # type: ignore[arg-type]
-               draws=len(draws), restart_overhead_s=[d["restart_overhead_s"] for d in draws])
+               draws=len(draws), restart_overhead_s=None, draw_overheads_s=[d["restart_overhead_s"] for d in draws])
     return row
 
 
@@ -240,8 +247,8 @@ def main() -> int:
                         help="print only every job's JCT and restarts, one tab-separated line per job and run "
                              "(workload, policy, mode, job, JCT s, restarts): two branches' outputs diff cleanly")
     args = parser.parse_args()
-    if not 0 <= args.perturb <= 10:
-        parser.error("--perturb must lie in [0, 10]")
+    if not 0 <= args.perturb <= MAX_PERTURB:
+        parser.error(f"--perturb must lie in [0, {MAX_PERTURB}]")
     if args.perturb and args.jcts:
         parser.error("--jcts prints one draw's JCTs: leave --perturb out")
     ref_path = TRACES / "reference" / "jct.csv"

@@ -212,8 +212,8 @@ class InMemorySlurm:
             raise SlurmError(f"scontrol update: job {job_id} is not running")
         if not set(nodes) < set(job.nodes) or job.first_node not in nodes:
             raise SlurmError(f"scontrol update: Invalid node name specified for job {job_id}")
-        self.jobs[job_id] = dataclasses.replace(job, nodes=tuple(n for n in job.nodes if n in nodes),
-                                                num_nodes=len(nodes))
+        kept = tuple(n for n in job.nodes if n in nodes)
+        self.jobs[job_id] = dataclasses.replace(job, nodes=kept, num_nodes=len(kept))
         self._recount()
 
     def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:

@@ -12,7 +12,8 @@ requeue protocol signals, holds, updates and releases, the journal records
 every step, and hysteresis and the restart budget apply. Each running job
 says its ranks go on in their processes (keeps-ranks-J-R, the templates'
 default), so a shrink to some of its own nodes is made in place as on a live
-cluster (Decision.in_place: the engine charges no restart for it). Whatever
+cluster (Decision.in_place: the engine charges its in-place stall, not the
+restart overhead). Whatever
 Slurm then runs is the placement handed back to the engine. Nothing sleeps: the
 protocol's waits advance the virtual clock.
 
@@ -148,6 +149,8 @@ class ControllerPolicy:
             elif jv.placement and jv.key in self._shims:
                 self._write_metrics(jv, view.now)
         before = self._running_incarnations()
+        if self.keep_ranks:
+            self._say_ranks_kept()
         t0 = time.perf_counter()
         report = self.reconciler.cycle()
         self.solve_s += time.perf_counter() - t0
@@ -168,22 +171,23 @@ class ControllerPolicy:
                         in_place=frozenset(in_place))
 
     def _running_incarnations(self) -> dict[str, tuple[int, tuple[str, ...]]]:
-        """Each running elastic job's restart count and nodes; with `keep_ranks`, its batch script's word
-        that its ranks go on in their processes when nodes are taken (keeps-ranks-J-R, as the templates
-        write it once the ranks have formed their group)."""
-        running = {}
-        for key, job_id in self._ids.items():
+        """Each running elastic job's restart count and nodes."""
+        return {key: (job.restarts, job.nodes) for key, job_id in self._ids.items()
+                if (job := self.slurm.jobs[job_id]).state is JobState.RUNNING and job.spec is not None}
+
+    def _say_ranks_kept(self) -> None:
+        """Each running elastic job's batch script's word that its ranks go on in their processes when
+        nodes are taken (keeps-ranks-J-R, as the templates write it; the engine charges the in-place
+        stall only once a job's start is over, when the templates have written it)."""
+        for job_id in self._ids.values():
             job = self.slurm.jobs[job_id]
             if job.state is not JobState.RUNNING or job.spec is None:
                 continue
-            running[key] = (job.restarts, job.nodes)
-            if self.keep_ranks:
-                marker = os.path.join(shim.job_dir(self.ckpt_root, str(job_id)),
-                                      shim.keeps_ranks_file_name(job_id, job.restarts))
-                if not os.path.exists(marker):
-                    with open(marker, "wb", opener=lambda p, f: os.open(p, f, 0o600)):
-                        pass
-        return running
+            marker = os.path.join(shim.job_dir(self.ckpt_root, str(job_id)),
+                                  shim.keeps_ranks_file_name(job_id, job.restarts))
+            if not os.path.exists(marker):
+                with open(marker, "wb", opener=lambda p, f: os.open(p, f, 0o600)):
+                    pass
 
     # -- the world around the controller --------------------------------------------------------
     def _sync_nodes(self, view: ClusterView) -> None:

@@ -36,10 +36,11 @@ class RestartModel:
     Either way a node failure loses the work since the last periodic checkpoint.
 
     With `forward-layer`, a job a policy shrinks to some of its own nodes with
-    its ranks kept (Decision.in_place) pays `in_place_s` instead: the
-    survivors commit and re-form their group in their processes, and lose no
-    work (2.6-2.7 s to the first step at the new size, measured on the local
-    cluster: docs/controller.md, "Shrinking on healthy nodes in place").
+    its ranks kept (Decision.in_place), past its start, pays `in_place_s`
+    instead of the overhead: the survivors commit and re-form their group in
+    their processes, and lose no work (2.6-2.7 s to the first step at the new
+    size on the local cluster: docs/controller.md, "What each resize path
+    costs"). It still counts as a restart (a resize).
     """
 
     method: str = "forward-layer"
@@ -388,10 +389,13 @@ class Simulation:
         run.stall = 0.0
         run.segment, run.segment_left = None, math.inf
 
-    def _shrunk_in_place(self, key: str, old: Mapping[str, int], new: Mapping[str, int], decision: Decision) -> bool:
-        """The policy shrank the job to some of its nodes, each whole, its ranks kept (our restart method only)."""
-        return (key in decision.in_place and self.config.restart.method == "forward-layer" and bool(new)
-                and set(new) < set(old) and all(old[n] == g for n, g in new.items()))
+    def _shrunk_in_place(self, run: _Run, new: Mapping[str, int], decision: Decision) -> bool:
+        """The policy shrank the job to some of its nodes, each whole, its ranks kept (our restart method only),
+        once its ranks have started: a job still in its start stall has no group to go on in, and pays a
+        restart as the requeue the controller would then make."""
+        old = run.placement
+        return (run.job.key in decision.in_place and self.config.restart.method == "forward-layer"
+                and run.stall <= 0 and bool(new) and set(new) < set(old) and all(old[n] == g for n, g in new.items()))
 
     def _apply(self, decision: Decision, active: dict[str, _Run], up: Mapping[str, SimNode], now: float,
                sync: float) -> list[tuple[str, int, int]]:
@@ -428,7 +432,7 @@ class Simulation:
             if new == run.placement:
                 continue
             before = run.gpus
-            if self._shrunk_in_place(key, run.placement, new, decision):
+            if self._shrunk_in_place(run, new, decision):
                 run.placement = new
                 run.restarts += 1
                 run.stall = self.config.restart.in_place_s

@@ -55,7 +55,7 @@ class Decision:
     notes: tuple[str, ...] = ()
     solve_s: float = 0.0
     details: Mapping[str, object] = field(default_factory=dict)
-    # Jobs shrunk to some of their nodes with their ranks kept (no restart: the survivors commit and go on)
+    # Jobs shrunk to some of their nodes with their ranks kept (no requeue: the survivors commit and go on)
     in_place: frozenset[str] = frozenset()
 
 

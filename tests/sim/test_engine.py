@@ -179,3 +179,33 @@ def test_without_a_wall_time_nothing_is_cut_and_the_summary_has_no_time_limits()
     assert result.jobs[0].restarts == 0 and "time_limits" not in summarize(result)
     with pytest.raises(TraceError, match="wall time"):
         SimConfig(parse_cluster("1x4"), wall_time_s=0)
+
+
+class _ShrinksAt:
+    """A policy that runs job `a` on two nodes and says it shrank it in place to the first at `at` s."""
+
+    name = "shrinks"
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def decide(self, view):
+        if view.now < self.at:
+            return Decision({"a": {"n000": 4, "n001": 4}})
+        return Decision({"a": {"n000": 4}}, in_place=frozenset({"a"}))
+
+
+@pytest.mark.parametrize("at, restarted", [(100.0, False), (10.0, True)])
+def test_a_shrink_in_place_costs_its_stall_once_the_ranks_have_started(at, restarted):
+    """Past its 30 s start, the shrink costs 3 s and no work; inside it the ranks have no group to go on in,
+    so it costs a restart, and the start's stall is not cut short."""
+    config = SimConfig(parse_cluster("2x4"), restart=RestartModel(overhead_s=30, in_place_s=3), interval_s=5)
+    result = Simulation([job("a", 0, 8, 1000, lo=4, hi=8, overhead=None)], _ShrinksAt(at), config).run()
+    a = result.jobs[0]
+    assert a.restarts == 1
+    if restarted:       # the 30 s start begins again at 4 GPUs, nothing done at 8
+        assert a.finish_s == pytest.approx(at + 30 + 8000 / 4)
+        assert a.restart_loss_gpu_s == pytest.approx(30 * 4)
+    else:               # 70 s at 8 GPUs done, then 3 s at 4 GPUs and the rest
+        assert a.finish_s == pytest.approx(at + 3 + (8000 - 70 * 8) / 4)
+        assert a.restart_loss_gpu_s == pytest.approx(3 * 4)
