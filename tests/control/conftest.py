@@ -140,9 +140,12 @@ class ElasticCluster:
         return "\n".join(f"== {p.name}\n{p.read_text()[-1500:]}" for p in sorted((self.root / "out").glob("*.out")))
 
     def job_output(self, job_id: int, tail: int = 12000) -> str:
-        """One job's stdout/stderr in full (up to `tail` characters), for a failure message about that job."""
+        """One job's stdout/stderr, its last `tail` characters (not the 1,500 of job_outputs), for a failure
+        message about that job."""
         path = self.root / "out" / f"{job_id}.out"
-        return f"== {path.name}\n{path.read_text()[-tail:]}" if path.is_file() else f"== {path.name}: none"
+        if not path.is_file():
+            return f"== {path.name}: none"
+        return f"== {path.name}\n{path.read_text(errors='replace')[-tail:]}"
 
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--full", "--quiet", "--partition=gpu"], env=self.env, check=False,

@@ -214,9 +214,10 @@ def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_and_trains_on_with_
                 return False
 
         def why_not_settled() -> str:
-            report = report_path.read_text() if report_path.is_file() else "no report"
-            return (f"the survivor's just-in-time commit; report: {report}; {cluster.job_output(job_id)}\n"
-                    f"== daemon.log\n{(tmp_path / 'daemon.log').read_text()[-4000:]}")
+            def text(path: Path, tail: int) -> str:
+                return path.read_text(errors="replace")[-tail:] if path.is_file() else "none"
+            return (f"the survivor's just-in-time commit; report: {text(report_path, 2000)}; "
+                    f"{cluster.job_output(job_id)}\n== daemon.log\n{text(tmp_path / 'daemon.log', 4000)}")
         cluster.wait_for(settled, 120, what=why_not_settled)
         report = shim.PeerLostReport.parse(report_path.read_bytes())
         assert report.commit == "done" and report.lost_nodes == (victim,), report
