@@ -57,7 +57,9 @@ class JobCols:
     e: dict[int, int] = field(default_factory=dict)   # |x - x0| on nodes the job holds now
     G: int = -1                                   # GPUs per node when spanning
     span: int = -1
-    k: int = -1                                   # progress objective: 1 = stays exactly as it is
+    k: int = -1                                   # 1 = stays exactly as it is
+    kin: int = -1                                 # 1 = shrinks keeping its processes (Instance.in_place)
+    kin_nodes: int = -1                           # counts model: the nodes it keeps when kin (g = per node x it)
     sigma: int = -1                               # progress objective: GPUs short of its fairness floor
 
 
@@ -127,6 +129,8 @@ class Formulation:
         inst, mdl, c, obj = self.inst, self.model, self.cols[i], self.inst.terms[i].objective
         if obj.stay > 0 and c.k < 0:
             self._stay_col(i)
+        if obj.in_place > 0:
+            self._in_place_col(i)
         if obj.floor > 0 and obj.per_short_gpu > 0:
             c.sigma = mdl.add_col(cost=-obj.per_short_gpu, lo=0, hi=float(obj.floor))
             mdl.add_row([c.g, c.sigma], [1.0, 1.0], lo=float(obj.floor))   # g + sigma >= phi
@@ -143,6 +147,36 @@ class Formulation:
         if self.exact:
             for n, x0 in inst.current[i].items():
                 mdl.add_row([c.x[n], c.k], [1.0, -float(x0)], lo=0)   # x_n >= x0_n k
+
+    def _in_place_col(self, i: int) -> None:
+        """kin_j = 1 only when the job shrinks keeping its processes (Instance.in_place): fewer GPUs than g0,
+        and in the exact model x_n in {0, x0_n} on the nodes it holds, its batch node kept, nothing elsewhere.
+        The counts model asks only for fewer GPUs, in whole nodes of its size where its nodes are alike (a
+        relaxation, as for the rest of that model). Its cost is the in-place bonus; it excludes k_j."""
+        inst, mdl, c = self.inst, self.model, self.cols[i]
+        cur, b = inst.current[i], inst.batch[i]
+        if b is None or (self.exact and b not in c.x):
+            return
+        g0 = float(sum(cur.values()))
+        top = float(inst.terms[i].candidates[-1])
+        c.kin = kin = mdl.add_col(cost=inst.terms[i].objective.in_place, lo=0, hi=1, integer=True)
+        mdl.add_row([c.g, kin], [1.0, top + 1.0], hi=g0 + top)          # g <= g0 - 1 when kin
+        if c.k >= 0:
+            mdl.add_row([c.k, kin], [1.0, 1.0], hi=1)
+        if self.exact:
+            for n, x in c.x.items():
+                x0 = float(cur.get(n, 0))
+                mdl.add_row([x, kin], [1.0, top], hi=x0 + top)             # x_n <= x0_n when kin
+                if x0 > 0:
+                    mdl.add_row([x, c.u[n], kin], [1.0, -x0, -x0], lo=-x0)   # x_n >= x0_n u_n when kin
+            mdl.add_row([c.x[b], kin], [1.0, -float(cur[b])], lo=0)         # its batch node kept
+            return
+        mdl.add_row([c.g, kin], [1.0, -float(cur[b])], lo=0)
+        if len(set(cur.values())) == 1:
+            per = float(next(iter(cur.values())))
+            c.kin_nodes = m = mdl.add_col(lo=0, hi=len(cur), integer=True)   # g = per m when kin
+            mdl.add_row([c.g, m, kin], [1.0, -per, top], hi=top)
+            mdl.add_row([c.g, m, kin], [1.0, -per, -top], lo=-top)
 
     def _counts_job(self, i: int) -> None:
         inst, mdl, c, t = self.inst, self.model, self.cols[i], self.inst.terms[i]
@@ -312,6 +346,17 @@ class Formulation:
                 cur = inst.current[i]
                 same = ({n: v for n, v in row.items() if v > 0} == cur) if self.exact else g == sum(cur.values())
                 x[c.k] = 1.0 if same else 0.0
+            if c.kin >= 0:
+                cur = inst.current[i]
+                if self.exact:
+                    shrinks = inst.in_place(i, row)
+                else:
+                    per = set(cur.values())
+                    shrinks = (cur.get(inst.batch[i], 0) <= g < sum(cur.values())   # type: ignore[arg-type]
+                               and (len(per) != 1 or g % next(iter(per)) == 0))
+                x[c.kin] = 1.0 if shrinks else 0.0
+                if c.kin_nodes >= 0:
+                    x[c.kin_nodes] = g // next(iter(cur.values())) if shrinks else 0.0
             if c.sigma >= 0:
                 x[c.sigma] = max(inst.terms[i].objective.floor - g, 0)
         return x

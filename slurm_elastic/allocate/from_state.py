@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import Callable, Mapping, Sequence, Union
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backfill import free_now, reserve
@@ -280,7 +280,7 @@ def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, 
             for name, c in left.items()}
 
 
-def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,
+def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S, in_place_cost_s: float | None = None,
                 throughput: Callable[..., float] | None = None, weight: float = 1.0,
                 own_weight: float | None = None, allowed_gpus: tuple[int, ...] | None = None,
                 must_run: bool = False) -> JobRequest:
@@ -299,7 +299,17 @@ def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S,
     return JobRequest(key=str(job.job_id), min_gpus=spec.min_gpus, max_gpus=spec.max_gpus, gpu_step=spec.gpu_step,
                       cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, weight=own * weight,
                       current=current, user=job.user, own_weight=own, restart_cost_s=restart_cost_s,
+                      in_place_cost_s=in_place_cost_s, batch_node=job.first_node if current else None,
                       throughput=throughput, allowed_gpus=allowed_gpus, must_run=must_run)
+
+
+def with_in_place(requests: Sequence[JobRequest], state: ClusterState,
+                  keeps_ranks: Callable[[Job], bool]) -> tuple[JobRequest, ...]:
+    """The requests, where a job's ranks do not go on in their processes this incarnation (`keeps_ranks`)
+    without an in-place cost: every resize of that job is a relaunch."""
+    running = {str(j.job_id): j for j in state.elastic_jobs if j.state is JobState.RUNNING}
+    return tuple(r if r.in_place_cost_s is None or (r.key in running and keeps_ranks(running[r.key]))
+                 else dataclasses.replace(r, in_place_cost_s=None) for r in requests)
 
 
 def _restart(source: RestartSource, job: Job, key: str) -> float:

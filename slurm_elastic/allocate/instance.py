@@ -62,6 +62,9 @@ class Instance:
         for j in self.jobs:
             row = {self.node_index[n]: int(g) for n, g in j.current.items() if g > 0 and n in self.node_index}
             self.current.append(row)
+        # the node each running job's batch script runs on (an in-place shrink keeps it), None: unknown
+        self.batch: list[int | None] = [self.node_index.get(j.batch_node) if j.batch_node is not None else None
+                                        for j in self.jobs]
         # keyed by a job's resources per GPU, which few jobs differ in: memory O(kinds x nodes), not jobs x nodes
         self._per_node: dict[tuple[float, float, float], np.ndarray] = {}
         self._single_max: dict[int, float] = {}
@@ -167,7 +170,11 @@ class Instance:
             g0 = job.current_gpus
             stay = (self.policy.beta * kappa * job.max_gpus * weight * tp.evaluate_curve(hull, g0) / norm
                     if g0 in feasible else 0.0)
-            objective = dataclasses.replace(objective, per_moved_gpu=0.0, stay=stay)
+            # A shrink that keeps the processes loses only its own seconds' share of the same charge.
+            in_place = job.in_place_cost_s
+            kept = (stay * (1.0 - in_place / kappa) if in_place is not None and in_place < kappa
+                    and self.batch[i] in self.current[i] else 0.0)
+            objective = dataclasses.replace(objective, per_moved_gpu=0.0, stay=stay, in_place=kept)
         return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why
 
     def displaced(self, i: int) -> bool:
@@ -252,11 +259,25 @@ class Instance:
             cur = self.current[i]
             moved = sum(abs(row.get(n, 0) - cur.get(n, 0)) for n in set(row) | set(cur))
         stays = t.objective.stay > 0 and self.stays(i, row)
-        return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0), stays)
+        in_place = t.objective.in_place > 0 and self.in_place(i, row)
+        return t.objective.value(g, speed, moved, sum(1 for v in row.values() if v > 0), stays, in_place)
 
     def stays(self, i: int, row: Mapping[int, int]) -> bool:
         """Row is exactly where job i runs now (and it runs)."""
         return bool(self.current[i]) and {n: v for n, v in row.items() if v > 0} == self.current[i]
+
+    def in_place(self, i: int, row: Mapping[int, int]) -> bool:
+        """Row shrinks job i to some of the nodes it holds, each as it is, its batch node among them: what
+        a running job can give up keeping its processes (control/plan.py `nodes_kept`)."""
+        cur, b = self.current[i], self.batch[i]
+        used = {n: v for n, v in row.items() if v > 0}
+        return (b is not None and b in used and sum(used.values()) < sum(cur.values())
+                and all(cur.get(n) == v for n, v in used.items()))
+
+    def preferred(self, i: int) -> dict[int, int]:
+        """Job i's current row with its batch node first: where a shrink keeps its nodes, it keeps that one."""
+        cur, b = self.current[i], self.batch[i]
+        return {b: cur[b], **cur} if b in cur else cur
 
     def stays_off_shape(self, i: int) -> bool:
         """Job i runs at a placement the shape rule would not choose now (Slurm placed it, or other jobs

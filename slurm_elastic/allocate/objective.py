@@ -38,6 +38,7 @@ class JobObjective:
     per_moved_gpu: float      # beta kappa_j, per GPU added or removed on a node (0 when no restart is charged)
     per_node: float           # gamma, per node the job spans
     stay: float = 0.0         # pi_j V_j(g0): added when the placement is exactly the current one
+    in_place: float = 0.0     # added instead when it is a shrink that keeps its processes (Instance.in_place)
     floor: int = 0            # phi_j
     per_short_gpu: float = 0.0  # M_j, per GPU below the floor
 
@@ -64,9 +65,10 @@ class JobObjective:
     def speed_value(self, speed: float) -> float:
         return self.weight * speed / self.norm
 
-    def value(self, g: int, speed: float, moved: int, nodes: int, stays: bool = False) -> float:
+    def value(self, g: int, speed: float, moved: int, nodes: int, stays: bool = False,
+              in_place: bool = False) -> float:
         """The job's objective at g GPUs running at `speed`, `moved` GPUs changed per node, on `nodes` nodes;
-        `stays`: the placement is exactly the current one."""
+        `stays`: the placement is exactly the current one; `in_place`: a shrink that keeps its processes."""
         out = self.speed_value(speed) if g > 0 else 0.0
         out -= self.per_gpu * (self.gmax - g)
         if moved:
@@ -74,6 +76,8 @@ class JobObjective:
         out -= self.per_node * nodes
         if stays:
             out += self.stay
+        elif in_place:
+            out += self.in_place
         if g < self.floor:
             out -= self.per_short_gpu * (self.floor - g)
         return out

@@ -198,7 +198,7 @@ def _best_row(inst: Instance, lay: Layout, i: int, target: int) -> Row | None:
     cands = [c for c in inst.terms[i].candidates if c <= target]
     best: tuple[float, Row] | None = None
     for c in reversed(cands):
-        row = lay.find(i, c, cur)
+        row = lay.find(i, c, inst.preferred(i))
         if row is None:
             continue
         score = inst.job_objective(i, row)
@@ -402,7 +402,7 @@ def greedy(inst: Instance, *, from_current: bool) -> Layout:
     for i, job in enumerate(inst.jobs):
         # must-run jobs at their smallest count first: marginal gain alone might never pick them
         if job.must_run and not lay.rows[i] and inst.terms[i].candidates:
-            row = lay.find(i, inst.terms[i].candidates[0], inst.current[i])
+            row = lay.find(i, inst.terms[i].candidates[0], inst.preferred(i))
             if row is not None:
                 lay.put(i, row)
     return improve(inst, lay)

@@ -47,7 +47,10 @@ class JobRequest:
     """One elastic job as the allocator sees it.
 
     `current` maps node name -> GPUs the job holds there now (empty when it is
-    not running); `restart_cost_s` is kappa_j, the seconds a resize costs it.
+    not running); `restart_cost_s` is kappa_j, the seconds a resize costs it;
+    `in_place_cost_s`, what a shrink costs that keeps its processes (it gives up
+    whole nodes, never `batch_node`, its batch script's, and keeps the rest as
+    they are); None: it has no such path, every change costs kappa_j.
     `allowed_gpus`, when given, restricts g_j further (e.g. powers of two);
     0 (not running) is always allowed.
     """
@@ -61,6 +64,8 @@ class JobRequest:
     weight: float = 1.0
     current: Mapping[str, int] = field(default_factory=dict)
     restart_cost_s: float = 30.0
+    in_place_cost_s: float | None = None
+    batch_node: str | None = None
     throughput: Callable[..., float] | Mapping[int, float] | None = None  # a model, or a GPUs -> speed table
     allowed_gpus: tuple[int, ...] | None = None
     # the nodes it may run on (its partition's; allocate/pools.py), None: any node of the problem
@@ -120,6 +125,10 @@ class JobRequest:
             raise AllocationError(f"job {self.key}: own weight must be a positive finite number, got {self.own_weight!r}")
         if not _number(self.restart_cost_s) or self.restart_cost_s < 0:
             raise AllocationError(f"job {self.key}: restart cost must be >= 0 seconds, got {self.restart_cost_s!r}")
+        if self.in_place_cost_s is not None and (not _number(self.in_place_cost_s) or self.in_place_cost_s < 0):
+            raise AllocationError(f"job {self.key}: in-place cost must be >= 0 seconds, got {self.in_place_cost_s!r}")
+        if self.batch_node is not None and not isinstance(self.batch_node, str):
+            raise AllocationError(f"job {self.key}: batch node must be a node name, got {self.batch_node!r}")
         if not isinstance(self.current, Mapping) or any(
                 not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in self.current.values()):
             raise AllocationError(f"job {self.key}: current GPUs per node must be whole numbers >= 0, "

@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from slurm_elastic.allocate.commitments import Commitment
 from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, away_from_lost_nodes, capacity_from_state,
-                                              job_request, reserve_for_rigid, with_partitions, with_reservations)
+                                              job_request, reserve_for_rigid, with_in_place, with_partitions,
+                                              with_reservations)
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
@@ -495,7 +496,7 @@ class Reconciler:
         # that keep a running job at its size must not hold it to GPUs it has lost.
         lost = {job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}
         decided = self._requests(holding_only(scoped, lost), now, yielding)
-        requests = decided.jobs
+        requests = with_in_place(decided.jobs, scoped, keeps)   # only a job whose ranks go on has that path
         if yielding and self.config.rigid.protect_minimum:
             # Protected minimums: the solver must not meet the rigid job's claim by sending one running
             # job back to the queue (one restart) where shrinking two to their minimums fits (seen live).

@@ -37,6 +37,8 @@ class MetricsRow:
     batch: int | None = None           # the global batch the steps were taken at
     grad_sqr: float | None = None
     grad_var: float | None = None
+    in_place: int | None = None        # 1 on the first row after the ranks went on in their processes (a
+                                       # regroup): the time since the previous row did no steps on that path
 
     def __post_init__(self) -> None:
         # The writers build rows from their own numbers; a row its reader would refuse is a bug there.
@@ -72,7 +74,8 @@ def _checked(value: object) -> dict:
                batch=field_int(b, "batch", 1, MAX_BATCH, optional=True),
                # per-sample squared norms: any finite size a model's gradients can have
                grad_sqr=field_float(b, "grad_sqr", 0.0, 1e30, optional=True),
-               grad_var=field_float(b, "grad_var", 0.0, 1e30, optional=True))
+               grad_var=field_float(b, "grad_var", 0.0, 1e30, optional=True),
+               in_place=field_int(b, "in_place", 1, 1, optional=True))
     if row["nodes"] > row["gpus"]:
         raise JobFileRefused(f"has {row['nodes']} nodes for {row['gpus']} GPUs")
     if (row["grad_sqr"] is None) != (row["grad_var"] is None):

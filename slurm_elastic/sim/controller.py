@@ -236,4 +236,4 @@ class ControllerPolicy:
     def _write_metrics(self, jv: JobView, now: float) -> None:
         """The row the training shim appends, once the job has stepped since its last row."""
         per_node = tuple(sorted((g for g in jv.placement.values() if g > 0), reverse=True))
-        self._shims[jv.key].report(per_node, jv.job.work - jv.remaining, now, jv.segment)
+        self._shims[jv.key].report(per_node, jv.job.work - jv.remaining, now, jv.segment, jv.in_place)

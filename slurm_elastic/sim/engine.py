@@ -138,7 +138,7 @@ class _Run:
     """Mutable progress of one job inside the engine (hot loop; never leaves this module)."""
 
     __slots__ = ("job", "placement", "remaining", "stall", "stall_counts", "since_ckpt_run", "since_ckpt_work",
-                 "attained", "executed", "start", "finish", "restarts", "loss", "speed",
+                 "attained", "executed", "start", "finish", "restarts", "in_place", "loss", "speed",
                  "pending_stall", "segment_left", "segment", "incarnation_start", "time_limits")
 
     def __init__(self, job: SimJob) -> None:
@@ -154,6 +154,7 @@ class _Run:
         self.start: float | None = None
         self.finish: float | None = None
         self.restarts = 0
+        self.in_place = 0               # of those restarts, shrinks that kept its processes
         self.loss = 0.0
         self.speed = 0.0                # effective work/s while running (after checkpoint stalls)
         self.pending_stall = 0.0        # traditional: synchronous checkpoint owed before the next start
@@ -316,7 +317,8 @@ class Simulation:
                 view = ClusterView(
                     now=now, nodes=tuple(up.values()),
                     jobs=tuple(JobView(r.job, dict(r.placement), r.remaining, r.attained, r.executed,
-                                       r.restarts, r.start is not None, r.segment if r.placement else None)
+                                       r.restarts, r.start is not None, r.segment if r.placement else None,
+                                       r.in_place)
                                for r in active.values()),
                     reasons=tuple(dict.fromkeys(reasons)))
                 decision = self.policy.decide(view)
@@ -435,6 +437,7 @@ class Simulation:
             if self._shrunk_in_place(run, new, decision):
                 run.placement = new
                 run.restarts += 1
+                run.in_place += 1
                 run.stall = self.config.restart.in_place_s
                 run.stall_counts = True
                 run.since_ckpt_run = run.since_ckpt_work = 0.0     # the survivors committed as they went on

@@ -21,6 +21,7 @@ class JobView:
     restarts: int
     started: bool                     # ran at least once
     segment: Segment | None = None    # how it runs now, for jobs whose speed follows their progress
+    in_place: int = 0                 # of its restarts, shrinks that kept its processes
 
     @property
     def key(self) -> str:

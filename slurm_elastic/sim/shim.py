@@ -50,9 +50,12 @@ class SimulatedShim:
         self.job = job
         self._last = _Progress()
         self._last_time = -math.inf
+        self._in_place = 0
 
-    def report(self, per_node: tuple[int, ...], done: float, now: float, segment: Segment | None) -> bool:
-        """Append a row for the job running at `per_node` with `done` work done; False when it did not step."""
+    def report(self, per_node: tuple[int, ...], done: float, now: float, segment: Segment | None,
+               in_place: int = 0) -> bool:
+        """Append a row for the job running at `per_node` with `done` work done; False when it did not step.
+        `in_place`: the shrinks it went on from in its processes so far (the first row after one says so)."""
         job = self.job
         speed = job.speed
         gpus = sum(per_node)
@@ -85,6 +88,9 @@ class SimulatedShim:
         self._last_time = row["time"]
         if noise is not None:
             row["grad_sqr"], row["grad_var"] = noise.grad_sqr, noise.grad_var
+        if in_place > self._in_place:
+            row["in_place"] = 1
         _append(self.path, protocol.MetricsRow(**row))
+        self._in_place = in_place
         self._last = _Progress(done, step)
         return True

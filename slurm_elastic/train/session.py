@@ -129,6 +129,9 @@ class ElasticSession:
         self._committed = 0                             # snapshots settled (committed or dropped)
         self._last_arm_time = time.monotonic()
         self._metrics_mark = (time.monotonic(), 0)
+        # This session's ranks went on in their processes (a regroup): its first row says so, and the time
+        # since the last row is then the in-place path's cost, which the controller keeps apart from a relaunch's.
+        self._resumed_in_place = self.env.generation > 0
         self.stall_s_total = 0.0
         self.last_committed_step: int | None = None
         self.jit = jit
@@ -928,8 +931,10 @@ class ElasticSession:
                                       batch=self.geometry.global_batch,
                                       grad_sqr=noise.grad_sqr if noise is not None else None,
                                       grad_var=noise.grad_var if noise is not None else None,
-                                      total_steps=self.total_steps)
+                                      total_steps=self.total_steps,
+                                      in_place=1 if self._resumed_in_place else None)
             self.store.append_metrics(row)
+            self._resumed_in_place = False
         except ValueError as exc:
             log.warning("metrics row not written: %s", exc)
         except OSError as exc:

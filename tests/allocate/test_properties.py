@@ -36,6 +36,11 @@ def clusters(draw, max_jobs: int = 4, max_nodes: int = 3, max_node_gpus: int = 4
         if draw(st.booleans()):
             node = draw(st.sampled_from(names))
             current = {node: draw(st.integers(1, max_node_gpus))}
+            if len(names) > 1 and draw(st.booleans()):     # spanning, as Slurm runs it: alike on each node
+                current[draw(st.sampled_from([n for n in names if n != node]))] = current[node]
+        # a shrink keeping its processes costs its own seconds (allocate/instance.py `in_place`)
+        batch = draw(st.sampled_from(sorted(current))) if current else None
+        in_place = draw(st.one_of(st.none(), st.floats(0, 60)))
         model = None
         if draw(st.booleans()):
             model = table_throughput({g: draw(st.floats(0.1, 10.0)) for g in range(1, hi + 1)})
@@ -43,6 +48,7 @@ def clusters(draw, max_jobs: int = 4, max_nodes: int = 3, max_node_gpus: int = 4
             key=f"j{j}", min_gpus=lo, max_gpus=hi, gpu_step=step,
             cpus_per_gpu=draw(st.integers(0, 4)), mem_per_gpu_mb=draw(st.sampled_from([0, 1000, 2000, 4000])),
             weight=draw(st.floats(0.1, 3.0)), current=current, restart_cost_s=draw(st.floats(0, 60)),
+            in_place_cost_s=in_place, batch_node=batch,
             throughput=model, must_run=draw(st.sampled_from([False, False, False, True]))))
     policy = Policy(alpha=draw(st.sampled_from([0.0, 0.5, 2.0])), beta=draw(st.sampled_from([0.0, 0.002, 0.05])),
                     gamma=draw(st.sampled_from([0.0, 0.01, 0.3])),
@@ -194,3 +200,40 @@ def test_both_milps_score_a_placement_with_the_one_objective(problem):
     assert alloc.objective == pytest.approx(scored, rel=1e-12, abs=1e-12)
     assert exact.value(exact.point(rows)) == pytest.approx(scored, rel=1e-9, abs=1e-9)
     assert counts.value(counts.point_from_counts([sum(r.values()) for r in rows])) >= scored - 1e-9
+
+
+@st.composite
+def shrinking_clusters(draw):
+    """A job spanning whole nodes that it could give up in place, beside jobs that want them."""
+    per = draw(st.integers(1, 4))
+    nodes = tuple(NodeCapacity(f"n{n}", per, 16, 16000) for n in range(draw(st.integers(2, 4))))
+    held = draw(st.integers(2, len(nodes)))
+    current = {n.name: per for n in nodes[:held]}
+    jobs = [JobRequest("big", per, per * held, current=current, restart_cost_s=draw(st.floats(5, 60)),
+                       in_place_cost_s=draw(st.floats(0, 5)), batch_node=draw(st.sampled_from(sorted(current))),
+                       weight=draw(st.floats(0.1, 3.0)))]
+    for j in range(draw(st.integers(1, 3))):
+        lo = draw(st.integers(1, per))
+        jobs.append(JobRequest(f"j{j}", lo, lo * draw(st.integers(1, 2)), weight=draw(st.floats(0.1, 3.0))))
+    policy = Policy(alpha=draw(st.sampled_from([0.0, 0.5])), beta=draw(st.sampled_from([0.002, 0.05])),
+                    gamma=draw(st.sampled_from([0.0, 0.01])), whole_nodes_when_spanning=draw(st.booleans()),
+                    mip_rel_gap=0.0, time_limit_s=20)
+    return AllocationProblem(tuple(jobs), nodes, policy)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shrinking_clusters())
+def test_a_shrink_in_place_is_scored_alike_by_every_path_and_the_exact_milp_finds_the_best(problem):
+    exact = solve(problem, mode="exact")
+    assert abs(exact.objective - brute_force(problem)) <= 1e-6 * max(1.0, abs(exact.objective))
+    inst = Instance(problem)
+    counts = Formulation(inst, exact=False)
+    form = Formulation(inst, exact=True)
+    for mode in ("two-stage", "auto"):
+        alloc = solve(problem, mode=mode)
+        check_rules(problem, alloc)
+        rows = [{inst.node_index[n]: g for n, g in alloc.placement[j.key].items()} for j in problem.jobs]
+        assert alloc.objective == pytest.approx(inst.objective(rows), rel=1e-12, abs=1e-12)
+        assert form.value(form.point(rows)) == pytest.approx(inst.objective(rows), rel=1e-9, abs=1e-9)
+        assert counts.value(counts.point_from_counts([sum(r.values()) for r in rows])) >= inst.objective(rows) - 1e-9
+        assert alloc.objective <= exact.objective + 1e-6

@@ -192,3 +192,28 @@ def test_when_memory_runs_out_first_packing_loses_the_job_worth_least_per_gb_not
     exact, two = solve(problem, mode="exact"), solve(problem, mode="two-stage")
     assert exact.status in ("optimal", "within-gap") and exact.gpus["c"] == 6
     assert two.gpus == exact.gpus and two.objective == pytest.approx(exact.objective)
+
+
+@pytest.mark.parametrize("mode", MODES + ["auto"])
+def test_a_shrink_that_keeps_its_processes_is_charged_its_own_cost(mode):
+    # a holds both nodes; b waits for one. Relaunching a costs 0.01 x 50 x 16 = 8 of its value, far more
+    # than b's 1.0 gains; giving up n0 in place, its batch script's n1 kept, costs 0.01 x 2 x 16 = 0.32.
+    def problem(in_place: float | None, batch: str | None) -> AllocationProblem:
+        jobs = (JobRequest("a", 8, 16, current={"n0": 8, "n1": 8}, restart_cost_s=50.0, in_place_cost_s=in_place,
+                           batch_node=batch),
+                JobRequest("b", 8, 8))
+        return AllocationProblem(jobs, (node("n0"), node("n1")), Policy(beta=0.01))
+
+    shrunk = solve(problem(2.0, "n1"), mode=mode)
+    assert shrunk.placement == {"a": {"n1": 8}, "b": {"n0": 8}}, shrunk.decisions
+    for in_place, batch in ((None, "n1"), (2.0, None), (2.0, "gone")):   # no such path: a relaunch's cost
+        kept = solve(problem(in_place, batch), mode=mode)
+        assert kept.placement["a"] == {"n0": 8, "n1": 8} and kept.gpus["b"] == 0, (in_place, batch)
+
+
+def test_a_grow_after_a_shrink_in_place_is_charged_a_relaunch():
+    # Shrunk in place to n1, a would grow back onto the free n0 only by a relaunch: the in-place bonus is
+    # for shrinks alone, so a grow is charged as before (8 of value against 0.5 gained: it stays).
+    job = JobRequest("a", 8, 16, current={"n1": 8}, restart_cost_s=50.0, in_place_cost_s=2.0, batch_node="n1")
+    alloc = solve(AllocationProblem((job,), (node("n0"), node("n1")), Policy(beta=0.01)), mode="exact")
+    assert alloc.placement["a"] == {"n1": 8}

@@ -84,9 +84,30 @@ def test_measured_speed_restart_cost_and_remaining_work(two):
     ra, rb = reqs[str(a)], reqs[str(b)]
     assert ra.throughput(4) == pytest.approx(2.0) and rb.throughput(4) == pytest.approx(1.0)
     assert rb.allowed_gpus is not None and max(rb.allowed_gpus) == 2     # 4 GPUs measured no faster
-    assert "restart 35s measured (1 restarts)" in got.basis[str(a)]   # 40 s gap - 10 steps / 2 steps/s
+    assert "restart 35s measured (1 relaunches)" in got.basis[str(a)]   # 40 s gap - 10 steps / 2 steps/s
     assert rb.weight > ra.weight                                         # 10 steps left vs 9885
     assert "steps left" in got.basis[str(b)]
+
+
+def test_a_shrink_that_kept_the_processes_is_charged_apart_from_a_relaunch(two):
+    from slurm_elastic.allocate.from_state import with_in_place
+    slurm, ckpt, a, _ = two
+    # a relaunch at 2 GPUs (40 s gap, 10 steps after it: 35 s), then a shrink in place to 1 GPU (7 s gap,
+    # 2 steps after it at 1 step/s: 5 s), the row after it marked as the shim marks it
+    in_place = dict(_row(117, 1052, 1, 1.0, total=10_000), in_place=1)
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(100, 1000, 2, 1.0, total=10_000), _row(105, 1005, 2, 1.0),
+                                            _row(115, 1045, 2, 2.0, total=10_000), in_place])
+    src = MeasuredRequests()
+    ran_at(slurm, src, a, (2, 1), (1, 1))
+    got = src.requests(slurm.snapshot(), 0.0, Policy())
+    req = next(r for r in got if r.key == str(a))
+    assert "restart 35s measured (1 relaunches), in place 5.0s measured (1)" in got.basis[str(a)]
+    assert req.in_place_cost_s == pytest.approx(req.restart_cost_s * 5.0 / 35.0)   # the same charge per second
+    assert req.batch_node == slurm.jobs[a].nodes[0]
+    # only a job whose ranks go on in their processes this incarnation has the path
+    state = slurm.snapshot()
+    assert with_in_place((req,), state, lambda job: True)[0].in_place_cost_s == req.in_place_cost_s
+    assert with_in_place((req,), state, lambda job: False)[0].in_place_cost_s is None
 
 
 def test_a_job_that_waited_past_starve_after_must_run(two):

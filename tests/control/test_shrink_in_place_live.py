@@ -107,6 +107,12 @@ def test_a_rebalance_shrink_on_healthy_nodes_keeps_the_ranks_and_loses_no_step(e
         before = max(r["step"] for r in rows if r["world_size"] == 2)
         resumed = [r["step"] for r in rows if r["world_size"] == 1]
         assert report.committed_step >= before and resumed[0] == report.committed_step + 1, (before, report, resumed[:5])
+        # Its first metrics row at the new size says its ranks went on in their processes: the controller
+        # measures what that path costs apart from a relaunch (control/requests/measuring.py).
+        metrics = job_dir / shim.METRICS_FILE
+        flagged = cluster.wait_for(lambda: [r for r in json_lines(metrics) if r.get("in_place")], 60, 0.5,
+                                   what=lambda: f"a metrics row after the shrink; {json_lines(metrics)[-3:]}")
+        assert [r["gpus"] for r in flagged] == [1], json_lines(metrics)
         out_file = cluster.root / "out" / f"{job_id}.out"
         # The batch script says so at its next look (every half second), after the ranks trained on.
         output = cluster.wait_for(lambda: "re-formed their group in their processes" in (t := out_file.read_text())

@@ -39,3 +39,21 @@ def test_a_slow_jobs_restart_is_measured_at_what_it_cost(tmp_path):
     ticks += [(t, SPEED * (t - stall)) for t in range(660, 1860, 60)]   # no step for 30 s after t = 600
     costs = measure(_rows(tmp_path, ticks), RequestSettings()).restart_costs_s
     assert len(costs) == 1 and costs[0] == pytest.approx(stall, abs=1e-6)
+
+
+def test_a_shrink_that_kept_the_processes_is_measured_apart_from_a_relaunch(tmp_path):
+    # A relaunch (30 s without steps) at t = 600, then a shrink in place (3 s) at t = 1800: the first row
+    # after the second says so, and each path's cost is its own.
+    (tmp_path / protocol.job_key("7")).mkdir()
+    job = SimJob("fast", 0.0, 4, 1, 8, work=1e6, speed=lambda per_node: 1.0)
+    shim = SimulatedShim(str(tmp_path), "7", job)
+    done = 0.0
+    for t in range(60, 3000, 60):
+        lost = 30.0 if t == 660 else 3.0 if t == 1860 else 0.0
+        done += 60.0 - lost
+        shim.report((4,) if t < 1860 else (2,), done, float(t), None, in_place=1 if t >= 1860 else 0)
+    rows = [json.loads(line) for line in open(protocol.metrics_path(str(tmp_path), "7"))]
+    assert [r["time"] for r in rows if r.get("in_place")] == [1860.0]
+    m = measure(rows, RequestSettings())
+    assert m.restart_costs_s == pytest.approx((30.0,)) and m.in_place_costs_s == pytest.approx((3.0,))
+    assert m.restart_cost_s == pytest.approx(30.0) and m.in_place_cost_s == pytest.approx(3.0)

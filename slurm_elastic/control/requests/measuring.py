@@ -10,7 +10,8 @@ What is read, per job, from `<ckpt_dir>/<job id>/`:
   model fitted online predicts the sizes never run: `allocate.stepmodel`, inside
   `allocate.throughput.MeasuredThroughput`), samples/s and gradient noise for adaptive-batch jobs,
   restart costs from the job's own restarts (the wall time from the last row before a restart to the first
-  after it, less the steps that interval did at the new speed: startup plus lost work), and progress (the
+  after it, less the steps that interval did at the new speed: startup plus lost work), per path: a relaunch,
+  or the ranks going on in their processes (the first row after it says `in_place`), and progress (the
   last row's `step` and declared `total_steps`);
 - `batch.json` ({"min", "max", "base"}), only once its speed is measured and used: an adaptive job;
 - `geometry.json`: the world sizes its global batch splits over.
@@ -55,7 +56,8 @@ class JobMeasurements:
     samples: MeasuredThroughput | None = None               # samples/s per GPU count (rows with `batch` only)
     local_batch_at: tuple[tuple[int, float], ...] = ()      # (gpus, batch / gpus) those samples/s were at
     noise: GradientNoise | None = None                      # the newest row's gradient statistics
-    restart_costs_s: tuple[float, ...] = ()
+    restart_costs_s: tuple[float, ...] = ()                 # relaunches (new processes), in file order
+    in_place_costs_s: tuple[float, ...] = ()                # the ranks went on in their processes
     step: int | None = None
     total_steps: int | None = None
     rows: int = 0
@@ -65,7 +67,14 @@ class JobMeasurements:
 
     @property
     def restart_cost_s(self) -> float | None:
+        """What a relaunch costs the job: the median of its newest five."""
         recent = self.restart_costs_s[-5:]
+        return statistics.median(recent) if recent else None
+
+    @property
+    def in_place_cost_s(self) -> float | None:
+        """What a resize that kept its processes costs the job: the median of its newest five."""
+        recent = self.in_place_costs_s[-5:]
         return statistics.median(recent) if recent else None
 
 
@@ -81,7 +90,8 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh), the newest 16 restarts (intervals that lost at least RESTART_MIN_S), the
+    starts them afresh), the newest 16 restarts (intervals that lost at least RESTART_MIN_S, or any that
+    a row marks `in_place`: the rows around a regroup say it happened, whatever it cost), the
     newest gradient noise, and the last row.
     """
 
@@ -89,8 +99,9 @@ class MetricsTail:
     speeds: dict[tuple[int, int], collections.deque[float]] = dataclasses.field(default_factory=dict)
     batch_at: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)   # size -> batch of speeds[size]
     noise: tuple[float, float] | None = None
-    # (seconds that did no steps, the (gpus, nodes) it restarted at): a restart counts only at a size Slurm ran
-    lost_s: collections.deque[tuple[float, tuple[int, int]]] = dataclasses.field(
+    # (seconds that did no steps, the (gpus, nodes) it restarted at, whether its ranks went on in their
+    # processes): a restart counts only at a size Slurm ran
+    lost_s: collections.deque[tuple[float, tuple[int, int], bool]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=16))
     last: dict[str, float | int] | None = None
     count: int = 0
@@ -122,8 +133,9 @@ class MetricsTail:
             # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
             # interval loses nothing; time that did no steps is a restart: startup, plus redone steps.
             lost = float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v
-            if lost >= RESTART_MIN_S:
-                self.lost_s.append((lost, (g, int(row["nodes"]))))
+            in_place = bool(row.get("in_place"))
+            if lost >= RESTART_MIN_S or in_place:
+                self.lost_s.append((max(lost, 0.0), (g, int(row["nodes"])), in_place))
         self.last = row
         self.count += 1
 
@@ -189,11 +201,13 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     local = tuple(sorted({g: batches[(g, n)] / g for g, n in at_batch}.items()))
     medians = _best_per_gpus(at)
     noise = GradientNoise(*tail.noise) if tail.noise is not None else None
-    costs = tuple(c for c, size in tail.lost_s
-                  if settings.restart_min_s <= c <= settings.max_restart_cost_s and (ran is None or size in ran))
+    believed = [(c, in_place) for c, size, in_place in tail.lost_s
+                if c <= settings.max_restart_cost_s and (ran is None or size in ran)]
+    costs = tuple(c for c, in_place in believed if not in_place and c >= settings.restart_min_s)
+    in_place_costs = tuple(c for c, in_place in believed if in_place)
     total = tail.last.get("total_steps")
     return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
-                           noise=noise, restart_costs_s=costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
+                           noise=noise, restart_costs_s=costs, in_place_costs_s=in_place_costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
                            rows=tail.count, first_gpus=tail.first_gpus, ignored=ignored)
 
 

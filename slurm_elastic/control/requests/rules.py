@@ -80,11 +80,13 @@ class JobContext:
     allowed: tuple[int, ...] | None = None    # the counts it may be given (None: every count)
     wait: str = ""                            # why it is kept at its size now ("" = it is not)
     floor: int = 0
-    restart_s: float = 0.0                    # seconds one restart costs it
+    restart_s: float = 0.0                    # seconds one relaunch costs it
+    in_place_s: float = 0.0                   # seconds a resize costs it that keeps its processes
     weight: float = 1.0                       # multiplies the user's own weight
     must_run: bool = False
     commitment: Commitment = Commitment.NONE
     restart_charge_s: float = 0.0             # kappa: what the solver charges per GPU changed
+    in_place_charge_s: float = 0.0            # the same for a shrink that keeps its processes
     notes: tuple[str, ...] = ()               # the explanation, each part ending in its rule's name
 
     @property
@@ -246,13 +248,20 @@ class RestartCost:
     name = "restart-cost"
 
     def apply(self, ctx: JobContext) -> JobContext:
-        m = ctx.measured.metrics
-        restart = m.restart_cost_s
-        if restart is None:
-            restart = ctx.settings.default_restart_cost_s
-            return ctx.with_(self, f"restart {restart:.0f}s (default; none measured)", restart_s=restart)
-        return ctx.with_(self, f"restart {restart:.0f}s measured ({len(m.restart_costs_s)} restarts)",
-                         restart_s=restart)
+        # Per path: a shrink that keeps the processes costs a few seconds, a relaunch tens; one median over
+        # both charged a grow (always a relaunch) as if it were cheap.
+        m, s = ctx.measured.metrics, ctx.settings
+        restart, in_place = m.restart_cost_s, m.in_place_cost_s
+        said = (f"restart {restart:.0f}s measured ({len(m.restart_costs_s)} relaunches)" if restart is not None
+                else f"restart {s.default_restart_cost_s:.0f}s (default; no relaunch measured)")
+        restart = restart if restart is not None else s.default_restart_cost_s
+        if in_place is None:
+            in_place = min(s.default_in_place_cost_s, restart)
+            said += f", in place {in_place:.0f}s (default)"
+        else:
+            in_place = min(in_place, restart)      # the relaunch path is always there instead
+            said += f", in place {in_place:.1f}s measured ({len(m.in_place_costs_s)})"
+        return ctx.with_(self, said, restart_s=restart, in_place_s=in_place)
 
 
 class RemainingWork:
@@ -309,10 +318,10 @@ class RestartCharge:
         # The hold is at least measure_first_s: a restarted job keeps its new size until it has measured
         # there, and a charge spread over a hysteresis of 0 s would be infinite (no resize, ever).
         hold = max(s.hold_s, s.measure_first_s)
-        kappa = (ctx.restart_s * charge_w / (policy.beta * hold * spec.max_gpus)) if policy.beta > 0 else ctx.restart_s
+        per_second = charge_w / (policy.beta * hold * spec.max_gpus) if policy.beta > 0 else 1.0
         own = f" (--weight {spec.weight:g}: {ctx.own_weight:.3g} among its user's jobs)" if spec.weight != 1 else ""
         return ctx.with_(self, f"weight {total_w:.3g}{own}",
-                         restart_charge_s=kappa)
+                         restart_charge_s=ctx.restart_s * per_second, in_place_charge_s=ctx.in_place_s * per_second)
 
 
 # The order they apply in (see the module docstring for why it matters).

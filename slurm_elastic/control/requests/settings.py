@@ -11,6 +11,7 @@ from slurm_elastic.settings import HYSTERESIS, OBJECTIVE, SPEED
 # Less time that did no steps between two metrics rows is clock noise, not a restart (the metrics tail keeps
 # only the intervals above it, so that a job's restarts are not pushed out by its ordinary rows).
 RESTART_MIN_S = 2.0
+DEFAULT_IN_PLACE_COST_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,8 @@ class RequestSettings:
     """How measurements become requests (the defaults are written here once)."""
 
     default_restart_cost_s: float = DEFAULT_RESTART_COST_S
+    # a resize whose ranks go on in their processes, until the job has measured one (docs/controller.md)
+    default_in_place_cost_s: float = DEFAULT_IN_PLACE_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
     weight_quantum: float = 0.0               # >0: weights in steps of 2^quantum (rules.quantised; for the ablation)

@@ -77,7 +77,8 @@ class MeasuredRequests:
                 ctx = self._decide(job, now, policy, node_sizes, shares.get(job.job_id, 0), own[job.job_id],
                                    yielding)
                 req = dataclasses.replace(
-                    job_request(job, restart_cost_s=ctx.restart_charge_s, throughput=ctx.model, weight=ctx.weight,
+                    job_request(job, restart_cost_s=ctx.restart_charge_s, in_place_cost_s=ctx.in_place_charge_s,
+                                throughput=ctx.model, weight=ctx.weight,
                                 own_weight=ctx.own_weight, allowed_gpus=ctx.allowed, must_run=ctx.must_run),
                     commitment=ctx.commitment)
                 why = "; ".join(ctx.notes)
