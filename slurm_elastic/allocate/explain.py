@@ -97,7 +97,7 @@ def _probe(inst: Instance, lay: Layout, i: int) -> tuple[str, str]:
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would be worth {gain_s:.4g} more "
                                 f"after a restart, but the restart loses {t.objective.stay:.4g} (the share of its "
                                 f"value now that a restart costs)")
-    if total <= 0 and t.objective.in_place > 0 and inst.in_place(i, row):
+    if total <= 0 and t.objective.in_place > 0 and inst.in_place(i, row) and not inst.in_place(i, new):
         return "restart-cost", (f"restart cost outweighed the gain: {nxt} GPUs would be worth {gain_s:.4g} more "
                                 f"after a relaunch, but a relaunch loses {t.objective.in_place:.4g} more than "
                                 f"this shrink, which keeps its processes")

@@ -161,18 +161,20 @@ class Instance:
         kappa = float(job.restart_cost_s) if running else 0.0
         objective = JobObjective.of(self.policy, weight=weight, norm=norm, gmax=job.max_gpus,
                                     per_gpu_resources=self.rho[i], total=self.total, kappa=kappa)
-        if self.policy.restart_charge == "fixed" and kappa > 0:
+        if self.policy.restart_charge == "fixed":
             # A restart costs the whole job its progress for a while, whether one GPU changes or all: the
             # charge is one stay bonus, what changing all gmax GPUs cost per GPU, scaled by the value of its
             # speed now (weight included: the lost seconds are worth what this job's progress is worth; a
             # job of small weight, most of its work ahead, would otherwise never recover a restart's cost
             # by growing, even on an idle cluster).
             g0 = job.current_gpus
-            stay = (self.policy.beta * kappa * job.max_gpus * weight * tp.evaluate_curve(hull, g0) / norm
-                    if g0 in feasible else 0.0)
-            # A shrink that keeps the processes loses only its own seconds' share of the same charge.
-            in_place = job.in_place_cost_s
-            kept = (stay * (1.0 - in_place / kappa) if in_place is not None and in_place < kappa
+            per_s = self.policy.beta * job.max_gpus * weight * tp.evaluate_curve(hull, g0) / norm if g0 else 0.0
+            stay = per_s * kappa if kappa > 0 and g0 in feasible else 0.0
+            # A shrink that keeps the processes pays only its own seconds. So does one a job cannot avoid
+            # (a node of its holds less now: a rigid job's reservation): the relaunch it spares is the same.
+            full, in_place = float(job.restart_cost_s), job.in_place_cost_s
+            known = len(self.current[i]) == sum(1 for g in job.current.values() if g > 0)
+            kept = (per_s * (full - in_place) if in_place is not None and in_place < full and known
                     and self.batch[i] in self.current[i] else 0.0)
             objective = dataclasses.replace(objective, per_moved_gpu=0.0, stay=stay, in_place=kept)
         return JobTerms(feasible, hull, norm, kappa, objective, spans, allowed), why

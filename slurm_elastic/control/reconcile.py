@@ -496,7 +496,10 @@ class Reconciler:
         # that keep a running job at its size must not hold it to GPUs it has lost.
         lost = {job_id: frozenset(loss.lost_nodes) for job_id, loss in acting.items()}
         decided = self._requests(holding_only(scoped, lost), now, yielding)
-        requests = with_in_place(decided.jobs, scoped, keeps)   # only a job whose ranks go on has that path
+        # Only a job whose ranks go on in their processes has that path, and not one the plan relaunches
+        # whatever the solve says (its ranks reported a lost node, or a node of its is unavailable).
+        requests = with_in_place(decided.jobs, scoped, lambda j: j.job_id not in acting
+                                 and not lost_node(j, scoped) and keeps(j))
         if yielding and self.config.rigid.protect_minimum:
             # Protected minimums: the solver must not meet the rigid job's claim by sending one running
             # job back to the queue (one restart) where shrinking two to their minimums fits (seen live).

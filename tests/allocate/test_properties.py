@@ -96,6 +96,12 @@ def brute_force(problem: AllocationProblem) -> float:
                     use[n] = v * inst.rho[i]
                 if np.all(use <= inst.cap + 1e-9):
                     rows.append((row, use))
+        if inst.stays_off_shape(i):            # staying asks Slurm for nothing: an answer off the shape rule too
+            use = np.zeros((nn, 3))
+            for n, v in inst.current[i].items():
+                use[n] = v * inst.rho[i]
+            if np.all(use <= inst.cap + 1e-9):
+                rows.append((dict(inst.current[i]), use))
         options.append([(inst.job_objective(i, r), use, bool(r)) for r, use in rows])
     # must-run jobs (that can run at all) run; when their minimums cannot all fit the cluster in all, the
     # stated order (allocate/commitments.py) gives up the fewest, lowest-ranked ones; when the rest still

@@ -217,3 +217,19 @@ def test_a_grow_after_a_shrink_in_place_is_charged_a_relaunch():
     job = JobRequest("a", 8, 16, current={"n1": 8}, restart_cost_s=50.0, in_place_cost_s=2.0, batch_node="n1")
     alloc = solve(AllocationProblem((job,), (node("n0"), node("n1")), Policy(beta=0.01)), mode="exact")
     assert alloc.placement["a"] == {"n1": 8}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_a_reservation_takes_a_node_from_shrinks_in_place_rather_than_relaunch(mode):
+    # n1's GPUs went to a rigid job's reservation: a cannot stay as it is. Keeping its processes on n0 costs
+    # 2 s; relaunching onto n0 + n2 costs 60 s, which it must be charged though staying is not open to it.
+    def problem(in_place: float | None) -> AllocationProblem:
+        a = JobRequest("a", 4, 8, current={"n0": 4, "n1": 4}, restart_cost_s=60.0, in_place_cost_s=in_place,
+                       batch_node="n0")
+        return AllocationProblem((a, JobRequest("b", 4, 4)),
+                                 (node("n0", 4), node("n1", 0, 0, 0), node("n2", 4), node("n3", 4)), Policy(beta=0.05))
+
+    kept = solve(problem(2.0), mode=mode)
+    assert kept.placement["a"] == {"n0": 4} and kept.gpus["b"] == 4, kept.decisions
+    relaunched = solve(problem(None), mode=mode)      # no such path: the restart is not the solver's choice
+    assert relaunched.gpus["a"] == 8 and "n1" not in relaunched.placement["a"]

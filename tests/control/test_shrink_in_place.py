@@ -284,3 +284,21 @@ def test_a_crash_between_the_shrink_and_its_journal_row_is_not_requeued_on_recov
     report = rec2.cycle()
     assert [o.status for o in report.recovered] == ["done"]
     assert slurm.jobs[a].restarts == 0 and "signal" not in [v for v, j in slurm.calls if j == a]
+
+
+def test_only_a_job_that_can_give_up_nodes_in_place_now_is_priced_a_shrink_in_place(tmp_path):
+    from slurm_elastic.cluster.model import NodeFlag
+    slurm, a, ckpt = _shared(tmp_path)
+    rec, clock = _reconciler(slurm, tmp_path)
+
+    def request():
+        return next(r for r in rec.decide(slurm.snapshot(), clock()).problem.jobs if r.key == str(a))
+
+    assert request().in_place_cost_s is None             # no word from its batch script: every resize relaunches
+    _says_it_keeps_ranks(ckpt, a)
+    req = request()
+    assert req.in_place_cost_s is not None and 0 < req.in_place_cost_s < req.restart_cost_s
+    assert req.batch_node == "n1"
+    # A node of its drained: the plan relaunches it without that node whatever the solve says.
+    slurm.nodes["n2"] = dataclasses.replace(slurm.nodes["n2"], flags=frozenset({NodeFlag.DRAIN}))
+    assert slurm.jobs[a].state is JobState.RUNNING and request().in_place_cost_s is None

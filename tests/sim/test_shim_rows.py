@@ -57,3 +57,21 @@ def test_a_shrink_that_kept_the_processes_is_measured_apart_from_a_relaunch(tmp_
     m = measure(rows, RequestSettings())
     assert m.restart_costs_s == pytest.approx((30.0,)) and m.in_place_costs_s == pytest.approx((3.0,))
     assert m.restart_cost_s == pytest.approx(30.0) and m.in_place_cost_s == pytest.approx(3.0)
+
+
+def test_resizes_in_place_neither_crowd_out_the_relaunches_nor_count_when_they_measure_nothing():
+    # A relaunch (30 s), then twenty resizes in place: the relaunch is still remembered. An in-place row whose
+    # interval lost no time (its steps before the resize were counted at the new speed) adds no sample.
+    rows, t, step = [], 0.0, 0
+    for i in range(50):
+        lost = 30.0 if i == 5 else 4.0 if i >= 10 and i % 2 == 0 else 0.0
+        t += 60.0
+        step += int(60.0 - lost)
+        row = {"step": step, "time": t, "gpus": 4, "nodes": 1, "steps_per_s": 1.0}
+        if i >= 10 and i % 2 == 0:
+            row["in_place"] = 1
+        rows.append(row)
+    rows.append({"step": step + 70, "time": t + 60.0, "gpus": 4, "nodes": 1, "steps_per_s": 1.0, "in_place": 1})
+    m = measure(rows, RequestSettings())
+    assert m.restart_costs_s == pytest.approx((30.0,))
+    assert len(m.in_place_costs_s) == 16 and m.in_place_cost_s == pytest.approx(4.0)   # the newest 16

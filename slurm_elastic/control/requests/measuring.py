@@ -90,8 +90,8 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh), the newest 16 restarts (intervals that lost at least RESTART_MIN_S, or any that
-    a row marks `in_place`: the rows around a regroup say it happened, whatever it cost), the
+    starts them afresh), the newest 16 relaunches (intervals that lost at least RESTART_MIN_S) and,
+    apart, the newest 16 resizes in place (the row after one says `in_place`), the
     newest gradient noise, and the last row.
     """
 
@@ -99,9 +99,10 @@ class MetricsTail:
     speeds: dict[tuple[int, int], collections.deque[float]] = dataclasses.field(default_factory=dict)
     batch_at: dict[tuple[int, int], int] = dataclasses.field(default_factory=dict)   # size -> batch of speeds[size]
     noise: tuple[float, float] | None = None
-    # (seconds that did no steps, the (gpus, nodes) it restarted at, whether its ranks went on in their
-    # processes): a restart counts only at a size Slurm ran
-    lost_s: collections.deque[tuple[float, tuple[int, int], bool]] = dataclasses.field(
+    # (seconds that did no steps, the (gpus, nodes) it restarted at): a restart counts only at a size Slurm ran
+    lost_s: collections.deque[tuple[float, tuple[int, int]]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=16))
+    in_place_s: collections.deque[tuple[float, tuple[int, int]]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=16))
     last: dict[str, float | int] | None = None
     count: int = 0
@@ -133,9 +134,15 @@ class MetricsTail:
             # The shim's steps/s covers the window since its previous row (or since the restart), so a plain
             # interval loses nothing; time that did no steps is a restart: startup, plus redone steps.
             lost = float(row["time"]) - float(prev["time"]) - (int(row["step"]) - int(prev["step"])) / v
-            in_place = bool(row.get("in_place"))
-            if lost >= RESTART_MIN_S or in_place:
-                self.lost_s.append((max(lost, 0.0), (g, int(row["nodes"])), in_place))
+            size = (g, int(row["nodes"]))
+            if row.get("in_place"):
+                # Steps before the resize, at the old (faster) speed, are counted at the new one here: a
+                # lower bound of the real cost (exact where the resize follows a row, as in the simulator);
+                # one at or below 0 says nothing.
+                if lost > 0:
+                    self.in_place_s.append((lost, size))
+            elif lost >= RESTART_MIN_S:
+                self.lost_s.append((lost, size))
         self.last = row
         self.count += 1
 
@@ -201,10 +208,10 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
     local = tuple(sorted({g: batches[(g, n)] / g for g, n in at_batch}.items()))
     medians = _best_per_gpus(at)
     noise = GradientNoise(*tail.noise) if tail.noise is not None else None
-    believed = [(c, in_place) for c, size, in_place in tail.lost_s
-                if c <= settings.max_restart_cost_s and (ran is None or size in ran)]
-    costs = tuple(c for c, in_place in believed if not in_place and c >= settings.restart_min_s)
-    in_place_costs = tuple(c for c, in_place in believed if in_place)
+    def believed(lost: collections.deque[tuple[float, tuple[int, int]]], least: float) -> tuple[float, ...]:
+        return tuple(c for c, size in lost
+                     if least <= c <= settings.max_restart_cost_s and (ran is None or size in ran))
+    costs, in_place_costs = believed(tail.lost_s, settings.restart_min_s), believed(tail.in_place_s, 0.0)
     total = tail.last.get("total_steps")
     return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
                            noise=noise, restart_costs_s=costs, in_place_costs_s=in_place_costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
