@@ -45,8 +45,10 @@ class Backend(Protocol):
         """Put a running or finished batch job back in the queue, not held (`scontrol requeue`)."""
         ...
 
-    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
-        """Change a pending (held) job's shape; `start_now` clears the requeue BeginTime delay."""
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True,
+                      nodes: tuple[str, ...] | None = None) -> None:
+        """Change a pending (held) job's shape; `start_now` clears the requeue BeginTime delay; `nodes`
+        (ReqNodeList) are where it must start, () clears them, None leaves them as they are."""
         ...
 
     def release(self, job_id: int) -> None: ...

@@ -33,11 +33,17 @@ def free_now(nodes: Iterable[Node]) -> Free:
 
 
 def first_fit(job: Job, free: Free, held_back: frozenset[str] = frozenset()) -> list[str] | None:
-    """The first nodes (by name) of the job's partition with room for its shape, outside `held_back`."""
+    """The job's required nodes (ReqNodeList), then the first nodes (by name) of its partition with room
+    for its shape, outside `held_back` and its excluded nodes (ExcNodeList); None if they do not all fit."""
     g = job.gpus_per_node
     c, m = g * (job.cpus_per_gpu or 0), g * (job.mem_per_gpu_mb or 0)
-    chosen = [name for name, (fg, fc, fm, parts) in sorted(free.items()) if name not in held_back
-              and (not job.partition or job.partition in parts) and fg >= g and fc >= c and fm >= m]
+    off = held_back | frozenset(job.excluded_nodes)
+    fits = [name for name, (fg, fc, fm, parts) in sorted(free.items()) if name not in off
+            and (not job.partition or job.partition in parts) and fg >= g and fc >= c and fm >= m]
+    required = set(job.required_nodes)
+    if not required <= set(fits):
+        return None
+    chosen = [n for n in fits if n in required] + [n for n in fits if n not in required]
     return chosen[:job.num_nodes] if len(chosen) >= job.num_nodes else None
 
 

@@ -225,8 +225,9 @@ class CliBackend:
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(int(job_id))])
 
-    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
-        self._run(update_args(self.version, job_id, shape, start_now=start_now))
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True,
+                      nodes: tuple[str, ...] | None = None) -> None:
+        self._run(update_args(self.version, job_id, shape, start_now=start_now, nodes=nodes))
 
     def release(self, job_id: int) -> None:
         self._run(["scontrol", "release", str(int(job_id))])
@@ -345,8 +346,9 @@ def gpu_tres(version: SlurmVersion, count: int) -> str:
     return f"gres/gpu:{count}" if version >= TRES_SLASH_SINCE else f"gres:gpu:{count}"
 
 
-def update_args(version: SlurmVersion, job_id: int, shape: RequestShape, *, start_now: bool = True) -> list[str]:
-    """`scontrol update` for a held job's new shape.
+def update_args(version: SlurmVersion, job_id: int, shape: RequestShape, *, start_now: bool = True,
+                nodes: tuple[str, ...] | None = None) -> list[str]:
+    """`scontrol update` for a held job's new shape (and, `nodes` given, where it must start).
 
     TresPerNode/CpusPerTres/MemPerTres take the version's spelling; they change the job the way
     --gres/--cpus-per-gpu/--mem-per-gpu at submit time do (checked live on 22.05: the released
@@ -360,9 +362,18 @@ def update_args(version: SlurmVersion, job_id: int, shape: RequestShape, *, star
             f"TresPerNode={gpu_tres(version, int(shape.gpus_per_node))}",
             f"CpusPerTres={gpu_tres(version, int(shape.cpus_per_gpu))}",
             f"MemPerTres={gpu_tres(version, int(shape.mem_per_gpu_mb))}"]
+    args += required_node_fields(nodes)
     if start_now:
         args.append("StartTime=now")
     return args
+
+
+def required_node_fields(nodes: tuple[str, ...] | None) -> list[str]:
+    """ReqNodeList of a pending job: it starts on exactly these nodes (NumNodes is their count), not wherever
+    Slurm's first fit puts it first; () clears the list (an empty value, 22.05 to 26.05); None: no field."""
+    if nodes is None:
+        return []
+    return [f"ReqNodeList={_node_list(tuple(nodes)) if nodes else ''}"]
 
 
 def node_count_fields(nodes: int) -> list[str]:

@@ -216,7 +216,8 @@ class InMemorySlurm:
         self.jobs[job_id] = dataclasses.replace(job, nodes=kept, num_nodes=len(kept))
         self._recount()
 
-    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True,
+                      nodes: tuple[str, ...] | None = None) -> None:
         job = self._job("set_resources", job_id)
         if job.state is JobState.COMPLETING:
             return  # Slurm 22.05 accepts it and drops it: the protocol must check (see RequeueProtocol._resize)
@@ -225,7 +226,8 @@ class InMemorySlurm:
         self.jobs[job_id] = dataclasses.replace(job, num_nodes=shape.nodes, gpus_per_node=shape.gpus_per_node,
                                                 cpus_per_gpu=shape.cpus_per_gpu, mem_per_gpu_mb=shape.mem_per_gpu_mb,
                                                 cpus_per_node=shape.cpus_per_gpu * shape.gpus_per_node,
-                                                mem_per_node_mb=shape.mem_per_gpu_mb * shape.gpus_per_node)
+                                                mem_per_node_mb=shape.mem_per_gpu_mb * shape.gpus_per_node,
+                                                required_nodes=job.required_nodes if nodes is None else tuple(nodes))
         if start_now:
             self.begin[job_id] = self.now
 

@@ -124,6 +124,8 @@ def job_from_text(rec: dict[str, str]) -> Job:
         held=job_held(state, hold_flag=False, priority=priority),
         partition=rec.get("Partition", ""), comment=comment, user_id=uid,
         reservation="" if rec.get("Reservation", "") in _NULL else rec["Reservation"],
+        required_nodes=() if rec.get("ReqNodeList", "") in _NULL else expand_hostlist(rec["ReqNodeList"]),
+        excluded_nodes=() if rec.get("ExcNodeList", "") in _NULL else expand_hostlist(rec["ExcNodeList"]),
         submit_time=_time(rec.get("SubmitTime")),
         start_time=_time(rec.get("StartTime")) if ran else None,
         end_time=_time(rec.get("EndTime")) if state.finished else None,

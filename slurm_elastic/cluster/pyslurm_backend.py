@@ -30,7 +30,8 @@ from types import ModuleType
 from typing import Any, Iterable, Mapping
 
 from slurm_elastic.cluster.backend import SubmitDescription
-from slurm_elastic.cluster.cli_backend import CliBackend, classify, cpu_count_fields, node_count_fields, update_args
+from slurm_elastic.cluster.cli_backend import (CliBackend, classify, cpu_count_fields, node_count_fields,
+                                               required_node_fields, update_args)
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, Node
 from slurm_elastic.cluster.partitions import PartitionTimes
 from slurm_elastic.cluster.reservations import AdvanceReservation
@@ -258,7 +259,8 @@ class PyslurmBackend:
     def requeue(self, job_id: int) -> None:
         self._call("Job.requeue", self._ps.Job(int(job_id)).requeue, hold=False)
 
-    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True) -> None:
+    def set_resources(self, job_id: int, shape: RequestShape, *, start_now: bool = True,
+                      nodes: tuple[str, ...] | None = None) -> None:
         """All or nothing: the new shape is read back, and any failure restores the old one."""
         sizes = shape.to_json()
         if min(sizes.values()) < 1:
@@ -275,9 +277,9 @@ class PyslurmBackend:
             desc = resize_description(self._ps, shape, start_now=start_now)
             self._call("Job.modify", self._ps.Job(int(job_id)).modify, desc)
             # Job.modify() ignores a node count, so scontrol sets it (N-N: a bare N sets only the minimum),
-            # and the CPU count, which per-GPU CPUs do not change (cpu_count_fields).
+            # and the CPU count, which per-GPU CPUs do not change (cpu_count_fields), and the nodes.
             self._cli._run(["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(shape.nodes),
-                            *cpu_count_fields(shape)])
+                            *cpu_count_fields(shape), *required_node_fields(nodes)])
             after = self._job(job_id)
             if _shape(after) != target:
                 raise SlurmError(f"job {job_id}: Slurm did not take the resize to {_show(target)}: it shows "
@@ -476,6 +478,15 @@ def _lacks_per_gpu(j: Any) -> bool:
             and (_accessor(j, "cpus_per_gpu") is None or _accessor(j, "memory_per_gpu") is None))
 
 
+def _node_names(value: object) -> tuple[str, ...]:
+    """A node-list attribute as names: pyslurm gives a list of names, or a hostlist string."""
+    if not value:
+        return ()
+    if isinstance(value, str):
+        return expand_hostlist(value)
+    return tuple(str(v) for v in value)  # type: ignore[attr-defined]
+
+
 def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = None) -> Job:
     """One pyslurm Job; `per_gpu` (CPUs, MB per GPU) fills what its accessors leave out."""
     state = job_state(str(j.state))
@@ -509,6 +520,8 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         restarts=int(j.requeue_count or 0), requeue=bool(j.is_requeueable),
         held=job_held(state, hold_flag=False, priority=j.priority),
         partition=str(j.partition or ""), comment=comment, user_id=j.user_id, reservation=str(j.reservation or ""),
+        required_nodes=_node_names(getattr(j, "required_nodes", None)),
+        excluded_nodes=_node_names(getattr(j, "excluded_nodes", None)),
         submit_time=float(j.submit_time) if j.submit_time else None,
         start_time=float(j.start_time) if (j.start_time and ran) else None,
         end_time=float(j.end_time) if (state.finished and getattr(j, "end_time", None)) else None,

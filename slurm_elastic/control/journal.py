@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     user           TEXT    NOT NULL DEFAULT '',
     exclude        TEXT    NOT NULL DEFAULT '',
     keep           TEXT    NOT NULL DEFAULT '',
+    place          TEXT    NOT NULL DEFAULT '',
     forced         INTEGER NOT NULL,
     restarts       INTEGER NOT NULL,
     step           TEXT    NOT NULL,
@@ -110,7 +111,7 @@ class DrainRecord:
 # Journals written before the request shape had one type kept it in these columns; such a journal
 # is rewritten to the `shape` column when opened, so a plan in flight across the upgrade is replayed.
 _OLD_SHAPE_COLUMNS = ("nodes", "gpus_per_node", "cpus_per_gpu", "mem_per_gpu_mb")
-_PLAN_COLUMNS = ("plan_id", "job_id", "from_gpus", "to_gpus", "entry", "reason", "user", "exclude", "keep", "forced",
+_PLAN_COLUMNS = ("plan_id", "job_id", "from_gpus", "to_gpus", "entry", "reason", "user", "exclude", "keep", "place", "forced",
                  "restarts", "step", "status", "created_at", "updated_at", "note")
 
 
@@ -162,6 +163,8 @@ class Journal:
                 self._db.execute("ALTER TABLE plans ADD COLUMN exclude TEXT NOT NULL DEFAULT ''")
             if "keep" not in columns:   # from before rebalance shrinks in place
                 self._db.execute("ALTER TABLE plans ADD COLUMN keep TEXT NOT NULL DEFAULT ''")
+            if "place" not in columns:   # from before plans named the nodes a job starts on
+                self._db.execute("ALTER TABLE plans ADD COLUMN place TEXT NOT NULL DEFAULT ''")
             self._db.execute("CREATE INDEX IF NOT EXISTS plans_lost ON plans(job_id) WHERE exclude != ''")
             if "shape" not in columns:
                 self._move_shapes()
@@ -183,10 +186,11 @@ class Journal:
         at = time.time() if now is None else now
         with self._tx():
             cur = self._db.execute(
-                "INSERT INTO plans (job_id, from_gpus, to_gpus, shape, entry, reason, user, exclude, keep, forced,"
-                " restarts, step, status, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO plans (job_id, from_gpus, to_gpus, shape, entry, reason, user, exclude, keep, place, forced,"
+                " restarts, step, status, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (plan.job_id, plan.from_gpus, plan.to_gpus, plan.shape.dumps(), plan.entry.value, plan.reason,
-                 plan.user, ",".join(plan.exclude), ",".join(plan.keep), int(plan.forced), restarts, "open", OPEN, at, at))
+                 plan.user, ",".join(plan.exclude), ",".join(plan.keep), ",".join(plan.place), int(plan.forced),
+                 restarts, "open", OPEN, at, at))
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, "open", at, json.dumps(plan.describe())))
@@ -344,7 +348,7 @@ class Journal:
     def _select(self, where: str, args: tuple[object, ...]) -> list[PlanRecord]:
         rows = self._db.execute(
             "SELECT plan_id, job_id, from_gpus, to_gpus, shape, entry, reason, forced, restarts, step, status,"
-            " created_at, updated_at, note, user, exclude, keep FROM plans " + where,
+            " created_at, updated_at, note, user, exclude, keep, place FROM plans " + where,
             args).fetchall()
         out = []
         for r in rows:
@@ -355,7 +359,8 @@ class Journal:
             plan = Plan(job_id=int(r[1]), from_gpus=int(r[2]), to_gpus=int(r[3]), shape=shape,
                         entry=PlanEntry(r[5]), reason=str(r[6]), forced=bool(r[7]), user=str(r[14]),
                         exclude=tuple(n for n in str(r[15]).split(",") if n),
-                        keep=tuple(n for n in str(r[16]).split(",") if n))
+                        keep=tuple(n for n in str(r[16]).split(",") if n),
+                        place=tuple(n for n in str(r[17]).split(",") if n))
             out.append(PlanRecord(plan_id=int(r[0]), plan=plan, restarts=int(r[8]), step=str(r[9]),
                                   status=str(r[10]), created_at=float(r[11]), updated_at=float(r[12]),
                                   note=str(r[13])))

@@ -34,6 +34,7 @@ class Plan:
     user: str = ""         # the job's owner when planned ('' in plans journaled before owners were kept)
     exclude: tuple[str, ...] = ()   # nodes its ranks reported lost: given up now, never used again by this job
     keep: tuple[str, ...] = ()      # a shrink to whole nodes the job holds: they may be kept in place (protocol.py)
+    place: tuple[str, ...] = ()     # the nodes the solve placed it on: it starts there (ReqNodeList; (): anywhere)
 
     @property
     def peer_lost(self) -> bool:
@@ -52,7 +53,7 @@ class Plan:
         """The plan in status and rebalance --json output (the shape as nodes and GPUs per node)."""
         return {"job_id": self.job_id, "from_gpus": self.from_gpus, "to_gpus": self.to_gpus,
                 "nodes": self.shape.nodes, "gpus_per_node": self.shape.gpus_per_node, "entry": self.entry.value,
-                "reason": self.reason, "forced": self.forced}
+                "reason": self.reason, "forced": self.forced, "place": list(self.place)}
 
 
 ShapeFn = Callable[[ElasticSpec, int, Mapping[str, int]], RequestShape]   # spec, GPUs, placement
@@ -101,7 +102,10 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
     running job restarts now without them, at whatever size the allocation gives it.
     `given_to_rigid`: nodes kept for pending rigid jobs this cycle (named in a move's reason). A running
     job the allocation keeps at its size but places elsewhere moves.
-    Shrinks come first so that grows find the GPUs they free.
+    Shrinks come first so that grows find the GPUs they free. Each plan names the nodes it starts its job
+    on (`placed_on`), but in a cycle that keeps nodes for a pending rigid job: Slurm starts that job on
+    nodes of its own choosing, which need not be the ones kept, and a job held to the kept ones' others
+    would wait for nodes the rigid job took; Slurm's own choice then starts it where there is room.
     """
     handled = handled or {}
     peer_lost = peer_lost or {}
@@ -114,7 +118,7 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
             continue
         plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state,
                          ours=handled.get(job.job_id) == job.restarts, lost_nodes=peer_lost.get(job.job_id, ()),
-                         given_to_rigid=given_to_rigid)
+                         given_to_rigid=given_to_rigid, name_nodes=not given_to_rigid)
         if plan is not None:
             plans.append(plan)
     plans.sort(key=lambda p: (not p.shrinks, p.job_id))
@@ -123,14 +127,15 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
               state: ClusterState, *, ours: bool = False, lost_nodes: tuple[str, ...] = (),
-              given_to_rigid: frozenset[str] = frozenset()) -> Plan | None:
+              given_to_rigid: frozenset[str] = frozenset(), name_nodes: bool = True) -> Plan | None:
     spec = job.spec
     assert spec is not None
     if job.held:
         return None  # held by its user or an admin (ours are in the journal): never ours to release
     now = job.gpus
     size = shape(spec, target, placement) if target > 0 else shape(spec, spec.min_gpus, {})
-    common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, shape=size, user=job.user)
+    place = placed_on(size, placement) if target > 0 and name_nodes else ()
+    common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, shape=size, user=job.user, place=place)
     if job.state is JobState.RUNNING:
         if on_dead_node(job, state):
             # Slurm requeues it itself when it marks the node down; it enters at step 3 then.
@@ -164,10 +169,31 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             if target == 0:
                 why += "; no room now, queued at its minimum"
             return Plan(entry=PlanEntry.PENDING, reason=why, forced=True, **common)
-        if target == 0 or (size.nodes, size.gpus_per_node) == (job.num_nodes, job.gpus_per_node):
-            return None
-        return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
+        if target == 0:
+            if not job.required_nodes:
+                return None
+            # An earlier plan's nodes, taken since: it would wait for them alone; at its size, anywhere
+            return Plan(entry=PlanEntry.PENDING, reason=f"queued job's nodes ({','.join(job.required_nodes)}) "
+                        "cleared: no room there now", **{**common, "to_gpus": now, "shape": shape(spec, now, {})})
+        if (size.nodes, size.gpus_per_node) != (job.num_nodes, job.gpus_per_node):
+            return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
+        if set(job.required_nodes) != set(place):
+            # Held and placed before any plan frees GPUs: unplaced, Slurm starts it on the first nodes that
+            # free up (another job's grow); and an earlier plan's nodes may be taken since
+            where = f"on {','.join(place)}" if place else "anywhere"
+            return Plan(entry=PlanEntry.PENDING, reason=f"queued job placed {where}", **common)
     return None
+
+
+def placed_on(size: RequestShape, placement: Mapping[str, int]) -> tuple[str, ...]:
+    """The nodes a plan starts the job on (its ReqNodeList): the solve's, where they are the shape (that
+    many nodes, as many GPUs on each); () leaves the choice to Slurm. Without them Slurm starts the jobs a
+    cycle released on the first nodes that fit, in priority order, and one job's grow found its nodes
+    taken by another job released beside it."""
+    used = [n for n, g in placement.items() if g > 0]
+    if len(used) != size.nodes or any(placement[n] != size.gpus_per_node for n in used):
+        return ()
+    return tuple(used)
 
 
 def nodes_kept(job: Job, target: int, placement: Mapping[str, int]) -> tuple[str, ...]:

@@ -372,7 +372,9 @@ class RequeueProtocol:
             if plan.entry is PlanEntry.RUNNING or plan.forced:
                 # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
                 self._requeued_at[plan_id] = self._clock()
-            self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True))
+            # with the solve's nodes (the plan's place; none: cleared, so no earlier plan's nodes hold it back)
+            self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True,
+                                                                         nodes=plan.place))
             if plan.exclude:
                 # For this job only: Slurm still counts the node as up (until SlurmdTimeout) and would
                 # otherwise start the job there again.
@@ -383,7 +385,8 @@ class RequeueProtocol:
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:
                 raise _Departed(why or "the job is gone from Slurm")
-            if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.shape.gpus_per_node:
+            if (job.state in (JobState.PENDING, JobState.REQUEUE_HOLD) and job.gpus_per_node == plan.shape.gpus_per_node
+                    and set(job.required_nodes) == set(plan.place)):
                 return
             log.info("job %d: update not in effect yet (%s, %d GPUs/node); again", plan.job_id,
                      job.state.value, job.gpus_per_node)

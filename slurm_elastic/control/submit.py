@@ -59,6 +59,8 @@ _NEEDS_SCRIPT = "elastic jobs need a batch script (the template waits for its re
 REFUSED = {
     "array": _ARRAYS,
     "nodes": "the node count is chosen by slurm-elastic from --gpus; drop {}",
+    "nodelist": "the nodes are chosen by slurm-elastic at every size (--exclude keeps it off nodes); drop {}",
+    "nodefile": "the nodes are chosen by slurm-elastic at every size (--exclude keeps it off nodes); drop {}",
     "gres": _GPUS + "; drop {}",
     _SBATCH_GPUS: _GPUS + " (sbatch's -G is not elastic)",
     "gpus-per-node": _GPUS + "; drop {}",

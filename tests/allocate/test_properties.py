@@ -67,7 +67,9 @@ def check_rules(problem: AllocationProblem, alloc) -> None:
         if g:
             assert job.min_gpus <= g <= job.max_gpus, (job, g)
             assert g % job.gpu_step == 0
-            assert placement_is_valid_shape(where, node_gpus, problem.policy.whole_nodes_when_spanning), where
+            # a job may stay exactly where it runs, whatever the shape rule says (allocate/instance.py `stays`)
+            assert (dict(where) == dict(job.current)
+                    or placement_is_valid_shape(where, node_gpus, problem.policy.whole_nodes_when_spanning)), where
         for n, v in where.items():
             assert v > 0 and node_gpus[n] > 0, f"{job.key} got GPUs on {n}, which gives none"
             used[n] += v * np.array([1, job.cpus_per_gpu, job.mem_per_gpu_mb], float)

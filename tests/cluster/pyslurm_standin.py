@@ -104,6 +104,8 @@ class RawJob:
     exit_code: int = 0   # job_info's raw wait status
     resv_name: str | None = None
     batch_host: str | None = None
+    req_nodes: str | None = None
+    exc_nodes: str | None = None
 
     @property
     def base(self) -> str:
@@ -139,7 +141,8 @@ def raw_job_from_capture(rec: dict) -> RawJob:
         submit_time=number(rec["submit_time"]) or 0, start_time=number(rec["start_time"]) or 0,
         memory_allocated=allocated, end_time=number(rec.get("end_time")) or 0,
         exit_code=_wait_status(rec.get("exit_code")), resv_name=rec.get("resv_name") or None,
-        batch_host=rec.get("batch_host") or None)
+        batch_host=rec.get("batch_host") or None, req_nodes=rec.get("required_nodes") or None,
+        exc_nodes=rec.get("excluded_nodes") or None)
 
 
 def _wait_status(ec: object) -> int:
@@ -190,6 +193,8 @@ class FakeJob:
     partition = property(lambda self: self._r.partition)
     reservation = property(lambda self: self._r.resv_name)   # job.pyx: cstr.to_unicode(ptr.resv_name)
     batch_host = property(lambda self: self._r.batch_host)   # job.pyx: cstr.to_unicode(ptr.batch_host)
+    required_nodes = property(lambda self: self._r.req_nodes)  # job.pyx: cstr.to_unicode(ptr.req_nodes)
+    excluded_nodes = property(lambda self: self._r.exc_nodes)  # job.pyx: cstr.to_unicode(ptr.exc_nodes)
     comment = property(lambda self: self._r.comment)
     submit_time = property(lambda self: self._r.submit_time or None)
     start_time = property(lambda self: self._r.start_time or None)

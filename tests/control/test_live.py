@@ -22,6 +22,7 @@ import pytest
 from slurm_elastic.cluster.cli_backend import CliBackend
 from slurm_elastic.cluster.model import JobState
 from slurm_elastic.control.journal import STEPS, Journal
+from slurm_elastic.control.plan import Plan
 from slurm_elastic.control.protocol import CRASH_ENV
 from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
 from slurm_elastic.spec import ElasticSpec
@@ -74,12 +75,16 @@ def _no_job_held(cluster) -> None:
 
 
 def _last_done_targets(journal_path: Path) -> dict[int, int]:
+    return {j: plan.shape.gpus for j, plan in _last_done_plans(journal_path).items()}
+
+
+def _last_done_plans(journal_path: Path) -> dict[int, Plan]:
     journal = Journal(journal_path)
     try:
-        out: dict[int, int] = {}
+        out: dict[int, Plan] = {}
         for rec in reversed(journal.plans(limit=1000)):
             if rec.status == "done":
-                out[rec.job_id] = rec.plan.shape.gpus
+                out[rec.job_id] = rec.plan
         assert journal.open_plans() == []
         return out
     finally:
@@ -140,6 +145,11 @@ def _lose_and_regain(cluster, ids: list[int], journal_path: Path) -> None:
                              120, 0.5, lambda: f"jobs grown back to 16 GPUs; last seen {LAST_SEEN}")
     assert sum(grown.values()) == 16
     _no_job_held(cluster)
+    # A plan that named nodes started its job there (Slurm's ReqNodeList), not where Slurm's own choice fell.
+    state = cluster.snapshot()
+    placed = {j: p.place for j, p in _last_done_plans(journal_path).items() if j in ids and p.place and grown[j]}
+    assert placed, "some plan named its nodes"
+    assert {j: set(state.job(j).nodes) for j in placed} == {j: set(n) for j, n in placed.items()}
     # The fake trainer logged each size it ran with: the last one is what Slurm gave after the resize.
     for job_id in [j for j in ids if grown[j]]:
         sizes = (cluster.root / "ckpt" / str(job_id) / "sizes.log").read_text().strip().splitlines()

@@ -62,6 +62,8 @@ SPELLINGS = [
     ("short-glued-value", ["-a0-2"], [], {}, "arrays are not supported"),
     ("short-bundle-nodes", ["-HN2"], [], {}, "node count is chosen"),
     ("prefix-no-requeue", ["--no-req"], [], {}, "requeueable"),
+    ("short-bundle-nodelist", ["-Hw", "n1"], [], {}, "nodes are chosen by slurm-elastic"),
+    ("sbatch-nodefile", [], ["#SBATCH --nodefile=hosts"], {}, "nodes are chosen by slurm-elastic"),
     ("prefix-mem-per-cpu", ["--mem-per-c=100"], [], {}, "memory is given per GPU"),
     ("prefix-cpus-per-task", ["--cpus-per-t=2"], [], {}, "CPUs are given per GPU"),
     ("prefix-comment", ["--comm=x"], [], {}, "carries the elastic spec"),
