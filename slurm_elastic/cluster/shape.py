@@ -23,7 +23,7 @@ class ShapeError(ElasticError):
 class RequestShape:
     """`nodes` x `gpus_per_node` GPUs, with CPUs and memory per GPU (Slurm's --gres is per node).
 
-    No node list: Slurm does the final placement, and no backend sends one with a resize.
+    No node list: a plan names the nodes beside it (control/plan.py `placed_on`, Backend.set_resources).
     """
 
     nodes: int

@@ -42,6 +42,11 @@ class Plan:
         return bool(self.exclude)
 
     @property
+    def waits(self) -> bool:
+        """A queued job held only while the cycle's other plans run (released last, unchanged)."""
+        return self.reason == WAITS_REASON
+
+    @property
     def shrinks(self) -> bool:
         return self.shape.gpus < self.from_gpus
 
@@ -121,8 +126,31 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
                          given_to_rigid=given_to_rigid, name_nodes=not given_to_rigid)
         if plan is not None:
             plans.append(plan)
-    plans.sort(key=lambda p: (not p.shrinks, p.job_id))
+    if any(p.entry is PlanEntry.RUNNING for p in plans):
+        plans += _held_while_planned(state, allocation, {p.job_id for p in plans}, shape, job_ids)
+    plans.sort(key=lambda p: (p.waits, not p.shrinks, p.job_id))
     return tuple(plans)
+
+
+def _held_while_planned(state: ClusterState, allocation: Allocation, planned: set[int], shape: ShapeFn,
+                        job_ids: frozenset[int] | None) -> list[Plan]:
+    """A queued elastic job the solve leaves waiting is held while the cycle's plans free GPUs, and released
+    after them: else Slurm starts it on the first GPUs a shrink frees, at its queued size, on the nodes a
+    grow was planned on."""
+    out = []
+    for job in state.elastic_jobs:
+        if (job.job_id in planned or (job_ids is not None and job.job_id not in job_ids) or job.held
+                or job.state is not JobState.PENDING or requeued_by_slurm(job)
+                or allocation.gpus.get(str(job.job_id), 0) or job.spec is None):
+            continue
+        queued = RequestShape(job.num_nodes, job.gpus_per_node, job.cpus_per_gpu or job.spec.cpus_per_gpu,
+                              job.mem_per_gpu_mb or job.spec.mem_per_gpu_mb)   # as it is: nothing changes
+        out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=queued,
+                        entry=PlanEntry.PENDING, user=job.user, reason=WAITS_REASON))
+    return out
+
+
+WAITS_REASON = "queued: held while this cycle's plans free GPUs the solve gives to others"
 
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,

@@ -578,7 +578,7 @@ class Reconciler:
                pinned: Mapping[int, str], stuck: Mapping[int, str], measuring: Mapping[int, str],
                now: float) -> dict[int, str]:
         """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
-        planned = {p.job_id for p in plans}
+        planned = {p.job_id for p in plans if not p.waits}   # a job held while others move still waits
         open_plans = {r.job_id: r for r in self.journal.open_plans()}
         node_gpus = [n.gpus for n in state.nodes if n.available]
         ack = self.config.protocol.ack_timeout_s

@@ -110,6 +110,31 @@ def test_in_a_cycle_that_keeps_nodes_for_a_rigid_job_slurm_chooses_every_plans_n
     assert [p.place for p in plans] == [(), ()]
 
 
+def test_a_queued_job_the_solve_leaves_waiting_does_not_take_the_gpus_a_cycle_frees_for_others(tmp_path):
+    """W (queued, 4 GPUs, of higher priority than B) would start on the first GPUs A's shrink frees, B's grow
+    with them: held while the plans run and released after them, it finds no room and waits."""
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    spec = ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt"))
+    a = slurm.add_job(spec, nodes=2, gpus_per_node=4, run=False)
+    w = slurm.add_job(spec, nodes=1, gpus_per_node=4, run=False)
+    b = slurm.add_job(spec, nodes=1, gpus_per_node=4, run=False)
+    _running(slurm, a, ("n1", "n2"))
+    _running(slurm, b, ("n3",))
+    allocation = _allocation({str(a): 4, str(w): 0, str(b): 8},
+                             {str(a): {"n1": 4}, str(w): {}, str(b): {"n2": 4, "n3": 4}})
+    plans = make_plans(slurm.snapshot(), allocation, _shape)
+    assert [(p.job_id, p.waits) for p in plans] == [(a, False), (b, False), (w, True)]   # released last
+    clock = FakeClock()
+    protocol = RequeueProtocol(slurm, Journal(tmp_path / "j.sqlite"),
+                               ProtocolSettings(ack_timeout_s=1.0, settle_timeout_s=1.0), clock=clock,
+                               sleep=clock.sleep)
+    assert [o.status for o in protocol.execute(plans, slurm.snapshot())] == ["done"] * 3
+    assert slurm.jobs[a].nodes == ("n1",) and set(slurm.jobs[b].nodes) == {"n2", "n3"}
+    assert slurm.jobs[w].state is JobState.PENDING and not slurm.jobs[w].held and slurm.jobs[w].gpus == 4
+    # a cycle that frees no GPUs holds nobody
+    assert make_plans(slurm.snapshot(), _allocation({str(w): 0}, {str(w): {}}), _shape) == ()
+
+
 def test_slurm_starts_a_job_only_on_all_its_required_nodes_and_never_on_excluded_ones():
     slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
     busy = slurm.add_job(None, nodes=1, gpus_per_node=4)
