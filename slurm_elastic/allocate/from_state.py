@@ -85,7 +85,8 @@ def with_partitions(requests: tuple[JobRequest, ...], state: ClusterState) -> tu
 
 
 def away_from_lost_nodes(requests: tuple[JobRequest, ...], state: ClusterState,
-                         lost: Mapping[int, frozenset[str]]) -> tuple[JobRequest, ...]:
+                         lost: Mapping[int, frozenset[str]],
+                         back: Mapping[int, frozenset[str]] | None = None) -> tuple[JobRequest, ...]:
     """Each job kept off the nodes its own ranks reported lost and those Slurm keeps it off (its
     ExcNodeList: its user's --exclude, lost nodes excluded by an earlier plan), but for those it runs on now.
 
@@ -93,14 +94,18 @@ def away_from_lost_nodes(requests: tuple[JobRequest, ...], state: ClusterState,
     job there again: shrunk in place off it, the job would be grown back onto it at the next cycle. Only
     the reporting job is kept off: its word does not change where others may run. An excluded node
     placed would be a plan Slurm cannot start (a plan names its nodes, control/plan.py `placed_on`). A
-    node it runs on now (Slurm started it there) is left to it: moving it off would be a restart.
+    node it runs on now (Slurm started it there) is left to it: moving it off would be a restart. `back`:
+    nodes a job reported lost that have come back; its next resize takes them out of its ExcNodeList
+    (control/protocol.py `_exclude_earlier_losses`), so the solve may place it there again.
     """
+    back = back or {}
     every = frozenset(n.name for n in state.nodes)
     excluded = {str(j.job_id): frozenset(j.excluded_nodes) for j in state.jobs if j.excluded_nodes}
     out = []
     for r in requests:
         off = lost.get(int(r.key), frozenset()) if r.key.isdigit() else frozenset()
-        off = (off | excluded.get(r.key, frozenset())) - frozenset(r.current)
+        readmitted = back.get(int(r.key), frozenset()) if r.key.isdigit() else frozenset()
+        off = (off | (excluded.get(r.key, frozenset()) - readmitted)) - frozenset(r.current)
         if off:
             r = dataclasses.replace(r, allowed_nodes=(every if r.allowed_nodes is None else r.allowed_nodes) - off)
         out.append(r)

@@ -169,6 +169,7 @@ class Job:
     reservation: str = ""              # the advance reservation it runs in or waits for ("": none)
     required_nodes: tuple[str, ...] = ()  # ReqNodeList: it starts only with all of these (the plan's placement)
     excluded_nodes: tuple[str, ...] = ()  # ExcNodeList: it never starts on these (its user's, lost nodes)
+    constraint: str = ""               # --constraint (node features): not modelled, so no plan names its nodes
     comment: str = ""
     user_id: int | None = None
     priority: int | None = None        # Slurm's priority (higher starts first); None where unread

@@ -144,6 +144,7 @@ def job_from_record(rec: Mapping[str, Any]) -> Job:
         reservation=str(rec.get("resv_name") or ""),
         required_nodes=expand_hostlist(str(rec.get("required_nodes") or "")),
         excluded_nodes=expand_hostlist(str(rec.get("excluded_nodes") or "")),
+        constraint=str(rec.get("features") or ""),
         submit_time=float(submit) if submit else None,
         start_time=float(start) if (start and ran) else None,
         end_time=float(end) if (end and state.finished) else None,

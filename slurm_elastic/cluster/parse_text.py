@@ -126,6 +126,7 @@ def job_from_text(rec: dict[str, str]) -> Job:
         reservation="" if rec.get("Reservation", "") in _NULL else rec["Reservation"],
         required_nodes=() if rec.get("ReqNodeList", "") in _NULL else expand_hostlist(rec["ReqNodeList"]),
         excluded_nodes=() if rec.get("ExcNodeList", "") in _NULL else expand_hostlist(rec["ExcNodeList"]),
+        constraint="" if rec.get("Features", "") in _NULL else rec["Features"],
         submit_time=_time(rec.get("SubmitTime")),
         start_time=_time(rec.get("StartTime")) if ran else None,
         end_time=_time(rec.get("EndTime")) if state.finished else None,

@@ -311,15 +311,16 @@ class PyslurmBackend:
             log.error("job %d: resize failed (%s) and the job cannot be read back to roll it back: %s",
                       job_id, cause, exc)
             return
-        if _shape(now) == _shape(before):
+        if _shape(now) == _shape(before) and now.required_nodes == before.required_nodes:
             log.warning("job %d: resize failed (%s: %s); the job is unchanged", job_id, type(cause).__name__, cause)
             return
         nodes, gpus, cpus, mem = _shape(before)
         if min(gpus, cpus or 0, mem or 0) >= 1:
             args = update_args(self._cli.version, job_id, RequestShape(nodes, gpus, cpus or 1, mem or 1),
-                               start_now=False)
-        else:  # no per-GPU request to restore: the node count is what this backend changed alone
-            args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes)]
+                               start_now=False, nodes=before.required_nodes)
+        else:  # no per-GPU request to restore: the node count and nodes are what this backend changed alone
+            args = ["scontrol", "update", f"JobId={int(job_id)}", *node_count_fields(nodes),
+                    *required_node_fields(before.required_nodes)]
         try:
             self._cli._run(args)
             restored = _shape(self._job(job_id))
@@ -522,6 +523,7 @@ def job_from_pyslurm(j: Any, per_gpu: tuple[int | None, int | None] | None = Non
         partition=str(j.partition or ""), comment=comment, user_id=j.user_id, reservation=str(j.reservation or ""),
         required_nodes=_node_names(getattr(j, "required_nodes", None)),
         excluded_nodes=_node_names(getattr(j, "excluded_nodes", None)),
+        constraint=str(getattr(j, "constraints", None) or ""),   # job.pyx: cstr.to_unicode(ptr.features)
         submit_time=float(j.submit_time) if j.submit_time else None,
         start_time=float(j.start_time) if (j.start_time and ran) else None,
         end_time=float(j.end_time) if (state.finished and getattr(j, "end_time", None)) else None,

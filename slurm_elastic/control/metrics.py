@@ -50,10 +50,8 @@ class ControllerMetrics:
         if report.allocation is not None:
             self.solve_seconds.observe(report.allocation.solve_s)
             self.mip_gap.set(report.allocation.mip_gap)
-        waiting = {p.job_id for p in report.plans if p.waits}   # held while others moved: not a resize
         for outcome in report.outcomes:
-            if outcome.job_id not in waiting:
-                self.plans.labels(outcome.status).inc()
+            self.plans.labels(outcome.status).inc()
         for plan in report.plans:
             if plan.entry.value == "running" and not report.dry_run:
                 self.restarts.labels(str(plan.job_id)).inc()

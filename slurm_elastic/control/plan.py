@@ -42,9 +42,9 @@ class Plan:
         return bool(self.exclude)
 
     @property
-    def waits(self) -> bool:
-        """A queued job held only while the cycle's other plans run (released last, unchanged)."""
-        return self.reason == WAITS_REASON
+    def leaves_queued(self) -> bool:
+        """It leaves its job queued, on no named nodes (back to the queue, or an earlier plan's nodes cleared)."""
+        return self.to_gpus == 0 or self.reason.startswith(CLEARED_REASON)
 
     @property
     def shrinks(self) -> bool:
@@ -126,31 +126,10 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
                          given_to_rigid=given_to_rigid, name_nodes=not given_to_rigid)
         if plan is not None:
             plans.append(plan)
-    if any(p.entry is PlanEntry.RUNNING for p in plans):
-        plans += _held_while_planned(state, allocation, {p.job_id for p in plans}, shape, job_ids)
-    plans.sort(key=lambda p: (p.waits, not p.shrinks, p.job_id))
+    # A plan that leaves its job queued with no nodes named is released after the rest: released first,
+    # Slurm starts it on the first GPUs free, the nodes a grow beside it was planned on.
+    plans.sort(key=lambda p: (p.leaves_queued, not p.shrinks, p.job_id))
     return tuple(plans)
-
-
-def _held_while_planned(state: ClusterState, allocation: Allocation, planned: set[int], shape: ShapeFn,
-                        job_ids: frozenset[int] | None) -> list[Plan]:
-    """A queued elastic job the solve leaves waiting is held while the cycle's plans free GPUs, and released
-    after them: else Slurm starts it on the first GPUs a shrink frees, at its queued size, on the nodes a
-    grow was planned on."""
-    out = []
-    for job in state.elastic_jobs:
-        if (job.job_id in planned or (job_ids is not None and job.job_id not in job_ids) or job.held
-                or job.state is not JobState.PENDING or requeued_by_slurm(job)
-                or allocation.gpus.get(str(job.job_id), 0) or job.spec is None):
-            continue
-        queued = RequestShape(job.num_nodes, job.gpus_per_node, job.cpus_per_gpu or job.spec.cpus_per_gpu,
-                              job.mem_per_gpu_mb or job.spec.mem_per_gpu_mb)   # as it is: nothing changes
-        out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=queued,
-                        entry=PlanEntry.PENDING, user=job.user, reason=WAITS_REASON))
-    return out
-
-
-WAITS_REASON = "queued: held while this cycle's plans free GPUs the solve gives to others"
 
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
@@ -162,7 +141,8 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
         return None  # held by its user or an admin (ours are in the journal): never ours to release
     now = job.gpus
     size = shape(spec, target, placement) if target > 0 else shape(spec, spec.min_gpus, {})
-    place = placed_on(size, placement) if target > 0 and name_nodes else ()
+    # A --constraint is not modelled: nodes named without its features would never start it (BadConstraints)
+    place = placed_on(size, placement) if target > 0 and name_nodes and not job.constraint else ()
     common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, shape=size, user=job.user, place=place)
     if job.state is JobState.RUNNING:
         if on_dead_node(job, state):
@@ -201,8 +181,8 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             if not job.required_nodes:
                 return None
             # An earlier plan's nodes, taken since: it would wait for them alone; at its size, anywhere
-            return Plan(entry=PlanEntry.PENDING, reason=f"queued job's nodes ({','.join(job.required_nodes)}) "
-                        "cleared: no room there now", **{**common, "to_gpus": now, "shape": shape(spec, now, {})})
+            return Plan(entry=PlanEntry.PENDING, reason=f"{CLEARED_REASON} ({','.join(job.required_nodes)}): no room "
+                        "there now", **{**common, "to_gpus": now, "shape": shape(spec, now, {})})
         if (size.nodes, size.gpus_per_node) != (job.num_nodes, job.gpus_per_node):
             return Plan(entry=PlanEntry.PENDING, reason="queued job resized to what fits now", **common)
         if set(job.required_nodes) != set(place):
@@ -211,6 +191,9 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
             where = f"on {','.join(place)}" if place else "anywhere"
             return Plan(entry=PlanEntry.PENDING, reason=f"queued job placed {where}", **common)
     return None
+
+
+CLEARED_REASON = "queued job's earlier nodes cleared"
 
 
 def placed_on(size: RequestShape, placement: Mapping[str, int]) -> tuple[str, ...]:

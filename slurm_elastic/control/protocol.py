@@ -311,9 +311,6 @@ class RequeueProtocol:
             if step == _STEPS[-1]:
                 self._in_place.discard(rec.plan_id)
             return None
-        if plan.waits and step == "resize":
-            self.journal.record(rec.plan_id, step, "not taken: it waits unchanged, held while the others move")
-            return None
         try:
             self.journal.record(rec.plan_id, step)
             if step == "hold":

@@ -522,7 +522,9 @@ class Reconciler:
             pinned[job_id], pins[job_id] = why, next(j.gpus for j in scoped.elastic_jobs if j.job_id == job_id)
         requests = with_reservations(with_partitions(requests, scoped), scoped, windows, scoped.taken_at)
         reported = self.journal.lost_nodes(j.job_id for j in scoped.elastic_jobs)
-        requests = away_from_lost_nodes(requests, scoped, {j: still_lost(r, scoped) for j, r in reported.items()})
+        lost_now = {j: still_lost(r, scoped) for j, r in reported.items()}
+        requests = away_from_lost_nodes(requests, scoped, lost_now,
+                                        back={j: frozenset(r) - lost_now[j] for j, r in reported.items()})
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
@@ -578,7 +580,7 @@ class Reconciler:
                pinned: Mapping[int, str], stuck: Mapping[int, str], measuring: Mapping[int, str],
                now: float) -> dict[int, str]:
         """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
-        planned = {p.job_id for p in plans if not p.waits}   # a job held while others move still waits
+        planned = {p.job_id for p in plans}
         open_plans = {r.job_id: r for r in self.journal.open_plans()}
         node_gpus = [n.gpus for n in state.nodes if n.available]
         ack = self.config.protocol.ack_timeout_s

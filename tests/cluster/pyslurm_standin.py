@@ -106,6 +106,7 @@ class RawJob:
     batch_host: str | None = None
     req_nodes: str | None = None
     exc_nodes: str | None = None
+    features: str | None = None
 
     @property
     def base(self) -> str:
@@ -142,7 +143,7 @@ def raw_job_from_capture(rec: dict) -> RawJob:
         memory_allocated=allocated, end_time=number(rec.get("end_time")) or 0,
         exit_code=_wait_status(rec.get("exit_code")), resv_name=rec.get("resv_name") or None,
         batch_host=rec.get("batch_host") or None, req_nodes=rec.get("required_nodes") or None,
-        exc_nodes=rec.get("excluded_nodes") or None)
+        exc_nodes=rec.get("excluded_nodes") or None, features=rec.get("features") or None)
 
 
 def _wait_status(ec: object) -> int:
@@ -195,6 +196,7 @@ class FakeJob:
     batch_host = property(lambda self: self._r.batch_host)   # job.pyx: cstr.to_unicode(ptr.batch_host)
     required_nodes = property(lambda self: self._r.req_nodes)  # job.pyx: cstr.to_unicode(ptr.req_nodes)
     excluded_nodes = property(lambda self: self._r.exc_nodes)  # job.pyx: cstr.to_unicode(ptr.exc_nodes)
+    constraints = property(lambda self: self._r.features)      # job.pyx: cstr.to_unicode(ptr.features)
     comment = property(lambda self: self._r.comment)
     submit_time = property(lambda self: self._r.submit_time or None)
     start_time = property(lambda self: self._r.start_time or None)

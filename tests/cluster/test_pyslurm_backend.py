@@ -135,7 +135,8 @@ def test_failed_node_count_rolls_the_gpus_back() -> None:
     rollback = [r for r in cli.runs if any(a.startswith("TresPerNode=") for a in r)]
     assert rollback == [["scontrol", "update", "JobId=1", "NumNodes=2-2", "NumTasks=2", "NumCPUs=4", "MinCPUsNode=2",
                          "TresPerNode=gres/gpu:2",
-                         "CpusPerTres=gres/gpu:1", "MemPerTres=gres/gpu:500"]]
+                         "CpusPerTres=gres/gpu:1", "MemPerTres=gres/gpu:500",
+                         "ReqNodeList="]]   # and the job's node list as it was (none): a resize may have set one
 
 
 def test_a_field_slurm_did_not_keep_fails_the_resize_and_rolls_back() -> None:

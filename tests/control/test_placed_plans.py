@@ -68,6 +68,9 @@ def test_a_plan_names_the_nodes_of_its_placement_and_none_where_they_are_not_its
     allocation = _allocation({str(a): 2, str(b): 8}, {str(a): {"n3": 2}, str(b): {"n1": 4, "n2": 4}})
     by_job = {p.job_id: p for p in make_plans(state, allocation, _shape)}
     assert by_job[a].place == ("n3",) and set(by_job[b].place) == {"n1", "n2"}
+    constrained = dataclasses.replace(state.job(b), constraint="a100")
+    state = dataclasses.replace(state, jobs=tuple(constrained if j.job_id == b else j for j in state.jobs))
+    assert {p.job_id: p.place for p in make_plans(state, allocation, _shape)}[b] == ()   # features not modelled
     uneven = _allocation({str(b): 6}, {str(b): {"n1": 4, "n2": 2}})
     [plan] = make_plans(state, uneven, _shape, job_ids=frozenset({b}))
     assert plan.place == ()   # 6 GPUs as 2 x 3 is not the solve's 4 + 2: Slurm chooses, as before
@@ -110,29 +113,24 @@ def test_in_a_cycle_that_keeps_nodes_for_a_rigid_job_slurm_chooses_every_plans_n
     assert [p.place for p in plans] == [(), ()]
 
 
-def test_a_queued_job_the_solve_leaves_waiting_does_not_take_the_gpus_a_cycle_frees_for_others(tmp_path):
-    """W (queued, 4 GPUs, of higher priority than B) would start on the first GPUs A's shrink frees, B's grow
-    with them: held while the plans run and released after them, it finds no room and waits."""
-    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+def test_a_job_a_plan_leaves_queued_is_released_after_the_jobs_placed_beside_it(tmp_path):
+    """A is sent back to the queue (no nodes named) and B grows onto A's nodes: released first, A (the higher
+    priority) restarted on the first GPUs free and B waited for its named nodes."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
     spec = ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt"))
-    a = slurm.add_job(spec, nodes=2, gpus_per_node=4, run=False)
-    w = slurm.add_job(spec, nodes=1, gpus_per_node=4, run=False)
+    a = slurm.add_job(spec, nodes=1, gpus_per_node=4, run=False)
     b = slurm.add_job(spec, nodes=1, gpus_per_node=4, run=False)
-    _running(slurm, a, ("n1", "n2"))
-    _running(slurm, b, ("n3",))
-    allocation = _allocation({str(a): 4, str(w): 0, str(b): 8},
-                             {str(a): {"n1": 4}, str(w): {}, str(b): {"n2": 4, "n3": 4}})
+    _running(slurm, a, ("n1",))
+    _running(slurm, b, ("n2",))
+    allocation = _allocation({str(a): 0, str(b): 8}, {str(a): {}, str(b): {"n1": 4, "n2": 4}})
     plans = make_plans(slurm.snapshot(), allocation, _shape)
-    assert [(p.job_id, p.waits) for p in plans] == [(a, False), (b, False), (w, True)]   # released last
+    assert [(p.job_id, p.leaves_queued) for p in plans] == [(b, False), (a, True)]
     clock = FakeClock()
     protocol = RequeueProtocol(slurm, Journal(tmp_path / "j.sqlite"),
                                ProtocolSettings(ack_timeout_s=1.0, settle_timeout_s=1.0), clock=clock,
                                sleep=clock.sleep)
-    assert [o.status for o in protocol.execute(plans, slurm.snapshot())] == ["done"] * 3
-    assert slurm.jobs[a].nodes == ("n1",) and set(slurm.jobs[b].nodes) == {"n2", "n3"}
-    assert slurm.jobs[w].state is JobState.PENDING and not slurm.jobs[w].held and slurm.jobs[w].gpus == 4
-    # a cycle that frees no GPUs holds nobody
-    assert make_plans(slurm.snapshot(), _allocation({str(w): 0}, {str(w): {}}), _shape) == ()
+    assert [o.status for o in protocol.execute(plans, slurm.snapshot())] == ["done", "done"]
+    assert set(slurm.jobs[b].nodes) == {"n1", "n2"} and slurm.jobs[a].state is JobState.PENDING
 
 
 def test_slurm_starts_a_job_only_on_all_its_required_nodes_and_never_on_excluded_ones():
