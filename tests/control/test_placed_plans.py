@@ -162,6 +162,9 @@ def test_the_solve_keeps_a_job_off_the_nodes_it_excludes_but_where_it_runs(tmp_p
     state = slurm.snapshot()
     [request] = away_from_lost_nodes((job_request(state.job(job)),), state, {})
     assert request.allowed_nodes == frozenset({"n1", "n2"})
+    # n3 was excluded by an earlier plan as lost and has come back: the job's next resize readmits it
+    [request] = away_from_lost_nodes((job_request(state.job(job)),), state, {}, back={job: frozenset({"n3"})})
+    assert request.allowed_nodes is None or request.allowed_nodes == frozenset({"n1", "n2", "n3"})
 
 
 def _allocation(gpus, placement) -> Allocation:
@@ -174,3 +177,27 @@ def _shape(spec: ElasticSpec, gpus: int, placement) -> RequestShape:
     if used and all(g == used[0] for g in used) and used[0] * len(used) == gpus:
         return RequestShape(len(used), used[0], spec.cpus_per_gpu or 1, spec.mem_per_gpu_mb or 1024)
     return RequestShape(1, gpus, spec.cpus_per_gpu or 1, spec.mem_per_gpu_mb or 1024)
+
+
+def test_a_plans_nodes_are_journaled_and_read_back(tmp_path):
+    journal = Journal(tmp_path / "j.sqlite")
+    plan = Plan(job_id=7, from_gpus=4, to_gpus=8, shape=RequestShape(2, 4, 1, 1024), entry=PlanEntry.RUNNING,
+                reason="grow", user="alice", place=("n2", "n3"))
+    plan_id = journal.open_plan(plan, restarts=0)
+    [record] = [r for r in journal.plans(limit=10) if r.plan_id == plan_id]
+    assert record.plan.place == ("n2", "n3") and record.to_json()["place"] == ["n2", "n3"]
+
+
+def test_slurms_node_lists_are_read_as_names_from_json_and_text():
+    from tests.cluster.captures import load
+    from slurm_elastic.cluster.parse_json import parse_jobs
+    from slurm_elastic.cluster.parse_text import jobs_from_text
+    doc = load("24.11", "squeue.json")
+    rec = dict(doc["jobs"][0], required_nodes="n[1-2],n4", excluded_nodes="n3", features="a100")
+    [job] = parse_jobs(dict(doc, jobs=[rec]))
+    assert job.required_nodes == ("n1", "n2", "n4") and job.excluded_nodes == ("n3",) and job.constraint == "a100"
+    text = ("JobId=5 JobName=x UserId=alice(1000) JobState=PENDING Reason=Priority NumNodes=2 NumCPUs=2 "
+            "Priority=10 Restarts=0 Requeue=1 Partition=gpu ReqNodeList=n[01-02] ExcNodeList=(null) "
+            "Features=(null) TresPerNode=gres:gpu:1")
+    [job] = jobs_from_text(text)
+    assert job.required_nodes == ("n01", "n02") and job.excluded_nodes == () and job.constraint == ""
