@@ -123,7 +123,7 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
             continue
         plan = _plan_for(job, int(target), allocation.placement.get(str(job.job_id), {}), shape, state,
                          ours=handled.get(job.job_id) == job.restarts, lost_nodes=peer_lost.get(job.job_id, ()),
-                         given_to_rigid=given_to_rigid, name_nodes=not given_to_rigid)
+                         given_to_rigid=given_to_rigid)
         if plan is not None:
             plans.append(plan)
     # A plan that leaves its job queued with no nodes named is released after the rest: released first,
@@ -134,15 +134,16 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
 
 def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeFn,
               state: ClusterState, *, ours: bool = False, lost_nodes: tuple[str, ...] = (),
-              given_to_rigid: frozenset[str] = frozenset(), name_nodes: bool = True) -> Plan | None:
+              given_to_rigid: frozenset[str] = frozenset()) -> Plan | None:
     spec = job.spec
     assert spec is not None
     if job.held:
         return None  # held by its user or an admin (ours are in the journal): never ours to release
     now = job.gpus
     size = shape(spec, target, placement) if target > 0 else shape(spec, spec.min_gpus, {})
-    # A --constraint is not modelled: nodes named without its features would never start it (BadConstraints)
-    place = placed_on(size, placement) if target > 0 and name_nodes and not job.constraint else ()
+    # No nodes named in a cycle that yields to a rigid job (make_plans' docstring), nor for a --constraint,
+    # which is not modelled: nodes named without its features would never start it (BadConstraints)
+    place = placed_on(size, placement) if target > 0 and not given_to_rigid and not job.constraint else ()
     common = dict(job_id=job.job_id, from_gpus=now, to_gpus=target, shape=size, user=job.user, place=place)
     if job.state is JobState.RUNNING:
         if on_dead_node(job, state):
