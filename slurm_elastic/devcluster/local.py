@@ -496,16 +496,28 @@ class LocalCluster:
         if pid is None:
             raise ClusterSetupError(f"node {name} is not running (its slurmd is not up); nothing to kill")
         stepds = processes.stepds_writing([layout.slurmd_log(name)])
-        # The slurmd's own children too: one it forked that is not a slurmstepd yet holds its listening
-        # socket, and outliving the slurmd it would keep the node's port from the next node-up.
-        victims = sorted({*stepds, *processes.descendants(stepds), *processes.descendants([pid])})
-        sig = signal.SIGSTOP if freeze else signal.SIGKILL
-        processes.send(pid, sig)
-        for victim in victims:
-            processes.send(victim, sig)
+
+        def running_here() -> list[int]:
+            # The slurmd's own children too: one it forked that is not a slurmstepd yet holds its listening
+            # socket, and outliving the slurmd it would keep the node's port from the next node-up.
+            return sorted({*stepds, *processes.descendants(stepds), *processes.descendants([pid])})
+        # A real node's processes end in the same instant. Killed one by one here, one that outlives another
+        # by a moment acts on its end: srun's shepherd (its forked child) answers srun's end by cancelling
+        # the step, and Slurm SIGKILLs its tasks on every node, the survivors on the others too (seen on 22.05
+        # under load: the survivor gone before its just-in-time commit). So all are stopped first, then
+        # killed children before parents: a stopped process whose parent dies is sent SIGHUP and SIGCONT by
+        # the kernel (its process group orphaned), and would run on, while one already sent SIGKILL cannot.
+        processes.send(pid, signal.SIGSTOP)
+        victims: list[int] = []
+        while new := [other for other in running_here() if other not in victims]:   # forked before its stop
+            for victim in new:
+                processes.send(victim, signal.SIGSTOP)
+            victims += new
         if freeze:
             log.info("node %s frozen: stopped slurmd %d and %d job processes", name, pid, len(victims))
             return pid
+        for victim in processes.children_first([pid, *victims]):
+            processes.send(victim, signal.SIGKILL)
         left = processes.wait_gone([pid, *victims], 5.0)
         if left:
             raise ClusterSetupError(f"node {name}: pids {left} survived SIGKILL")

@@ -152,6 +152,21 @@ def descendants(roots: Iterable[int]) -> list[int]:
     return found
 
 
+def children_first(pids: Iterable[int]) -> list[int]:
+    """pids ordered so that each comes before its parent (and every ancestor) among them."""
+    members = list(pids)
+    inside = set(members)
+
+    def depth(pid: int) -> int:
+        seen: set[int] = set()
+        parent = _ppid(pid)
+        while parent in inside and parent not in seen:
+            seen.add(parent)
+            parent = _ppid(parent)
+        return len(seen)
+    return sorted(members, key=depth, reverse=True)
+
+
 def _has_open(pid: int, paths: set[str]) -> bool:
     fd_dir = Path(f"/proc/{pid}/fd")
     try:

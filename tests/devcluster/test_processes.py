@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -106,3 +107,59 @@ def test_an_srun_that_outlived_its_batch_script_is_found_by_the_cluster_it_ran_a
         for p in (ours, other_cluster, not_srun):
             p.kill()
             p.wait()
+
+
+# A parent and a child in its own process group (same session) that, like srun's shepherd, acts on the
+# parent's end: it writes a mark when its pipe from the parent closes.
+_SHEPHERD = """
+import os, signal, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    os.close(w)
+    print(os.getpid(), flush=True)
+    os.read(r, 1)                      # EOF: the parent is gone
+    open(sys.argv[1], "w").write("acted")
+    os._exit(0)
+os.close(r)
+time.sleep(60)
+"""
+
+
+def _stopped_pair(tmp_path: Path, name: str) -> tuple[subprocess.Popen, int, Path]:
+    mark = tmp_path / name
+    parent = subprocess.Popen([sys.executable, "-c", _SHEPHERD, str(mark)], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)   # as the batch script: its session is its own
+    child = int(parent.stdout.readline())
+    for pid in (parent.pid, child):
+        processes.send(pid, signal.SIGSTOP)
+    return parent, child, mark
+
+
+def test_killed_children_first_a_stopped_child_never_acts_on_its_parents_end(tmp_path: Path) -> None:
+    """LocalCluster.node_down's order: killed parent first, the kernel sends the stopped child of an orphaned
+    process group SIGHUP and SIGCONT and it runs on (srun's shepherd cancelled the step, killing the other
+    nodes' ranks); killed children first, it never runs again."""
+    parent, child, mark = _stopped_pair(tmp_path, "parent-first")
+    try:
+        assert processes.children_first([parent.pid, child]) == [child, parent.pid]
+        assert processes.children_first([child, parent.pid]) == [child, parent.pid]
+        processes.send(parent.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), "the stopped child was not continued when its parent died (the premise)"
+    finally:
+        processes.send(child, signal.SIGKILL)
+        parent.wait()
+
+    parent, child, mark = _stopped_pair(tmp_path, "children-first")
+    try:
+        for pid in processes.children_first([parent.pid, child]):
+            processes.send(pid, signal.SIGKILL)
+        parent.wait()
+        assert processes.wait_gone([child], 10) == []
+        assert not mark.exists()
+    finally:
+        processes.send(child, signal.SIGKILL)
