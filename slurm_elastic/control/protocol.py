@@ -318,7 +318,7 @@ class RequeueProtocol:
                 if why is not None:
                     return self._abandon(rec, why, "at hold")
             elif step == "resize":
-                self._resize(plan, rec.plan_id)
+                self._resize(plan, rec.plan_id, ran_before=rec.restarts > 0)
                 log.info("job %d: resized to %s GPUs, StartTime=now", plan.job_id, plan.shape.describe())
             else:
                 self._credential_gap(rec.plan_id)
@@ -363,14 +363,17 @@ class RequeueProtocol:
         self._hold_action(rec.job_id, running=job.state is not JobState.PENDING, plan=rec.plan, plan_id=rec.plan_id)
         return None
 
-    def _resize(self, plan: Plan, plan_id: int) -> None:
+    def _resize(self, plan: Plan, plan_id: int, *, ran_before: bool = False) -> None:
         """set_resources(..., StartTime=now), checked: Slurm 22.05 silently drops an update made while the
         requeued job is still COMPLETING, and resets BeginTime when the requeue completes."""
         for _ in range(5):
             self._wait_until_requeued(plan, requeued=plan.entry is PlanEntry.RUNNING or plan.forced,
                                       plan_id=plan_id)
-            if plan.entry is PlanEntry.RUNNING or plan.forced:
-                # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now.
+            if plan.entry is PlanEntry.RUNNING or plan.forced or ran_before:
+                # The requeue (ours, or Slurm's after a node failure) has completed: revoked by now. A queued
+                # job that has run may have been requeued a moment ago by its owner or Slurm, and StartTime=now
+                # overrides the BeginTime Slurm set for that (seen on 22.05: placed 0.7 s after an owner's
+                # `scontrol requeue`, it was killed as non-startable, "Job credential revoked", and FAILED).
                 self._requeued_at[plan_id] = self._clock()
             # with the solve's nodes (the plan's place; none: cleared, so no earlier plan's nodes hold it back)
             self._settle(plan.job_id, lambda: self.backend.set_resources(plan.job_id, plan.shape, start_now=True,

@@ -267,6 +267,32 @@ def test_a_queued_job_that_started_before_its_hold_is_not_requeued(setup):
     assert slurm.jobs[queued].state is JobState.RUNNING and slurm.jobs[queued].restarts == 0
 
 
+@pytest.mark.parametrize("ran_before", [True, False])
+def test_a_queued_job_that_has_run_is_released_after_the_credential_gap(setup, ran_before):
+    """Requeued a moment ago by its owner or Slurm (restarts > 0), its credential may be revoked within this
+    second: released at once onto the same node it fails as non-startable (22.05). One that never ran has
+    no credential to wait out."""
+    slurm, job_id, journal = setup
+    slurm.schedule = lambda: None          # it stays queued: only the order of the calls matters here
+    queued = slurm.add_job(ElasticSpec(1, 4), nodes=1, gpus_per_node=4, run=False)
+    slurm.jobs[queued] = dataclasses.replace(slurm.jobs[queued], reason="None", restarts=1 if ran_before else 0)
+    proto = _protocol(slurm, journal)
+    at: dict[str, float] = {}
+    for verb in ("set_resources", "release"):
+        real = getattr(slurm, verb)
+
+        def spy(*args, _real=real, _verb=verb, **kwargs):
+            at[_verb] = proto._clock()
+            return _real(*args, **kwargs)
+        setattr(slurm, verb, spy)
+    plan = Plan(job_id=queued, from_gpus=4, to_gpus=4, shape=RequestShape(1, 4, 1, 1024), entry=PlanEntry.PENDING,
+                reason="queued job placed on n4", place=("n4",))
+    [out] = proto.execute([plan], slurm.snapshot())
+    assert out.status == DONE
+    waited = at["release"] - at["set_resources"]
+    assert waited >= ProtocolSettings().credential_gap_s if ran_before else waited < ProtocolSettings().credential_gap_s
+
+
 def test_may_act_stops_a_plan_before_its_first_step(setup):
     slurm, job_id, journal = setup
     proto = RequeueProtocol(slurm, journal, ProtocolSettings(ack_timeout_s=1.0),
