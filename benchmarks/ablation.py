@@ -78,6 +78,11 @@ VARIANTS = (
     Variant("quantised-weights", "", settings={"weight_quantum": 0.25}, adds="weights in 19 % steps"),
     Variant("explore-discount", "", settings={"explore_discount": 0.25},
             adds="a predicted gain past the sizes measured counts 75 %"),
+    Variant("no-asked-size", "the asked size credited linear until measured", drop=(R.AskedSize,)),
+    Variant("weights-sqrt", "the weights' full span (H / remaining square-rooted: 20x, not 400x)",
+            settings={"weight_exponent": 0.5}),
+    Variant("weights-narrow", "the weights' full span (clamped to 0.25-4, not 0.05-20)",
+            settings={"weight_range": (0.25, 4.0)}),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 

@@ -242,6 +242,9 @@ class StepTimeModel:
     measured: tuple[MeasuredPoint, ...]
     kind: Literal["steps", "samples"] = "steps"
     eta: float = 0.25                 # the share of a predicted gain beyond the largest size measured not credited
+    # counts credited at the bound (linear from the nearest size measured, on as many nodes) until measured:
+    # the size a job asked for is worth one try whatever a fit over other sizes predicts (rules.AskedSize)
+    optimistic: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.measured:
@@ -277,6 +280,8 @@ class StepTimeModel:
         # A fit with no compute left (rows all on many nodes, explained by the all-reduce alone) can give a
         # step time of 0 at a size far from the rows: the caps below bound what that is credited.
         ratio = theirs / mine if mine > 0 else (math.inf if theirs > 0 else 1.0)
+        if gpus in self.optimistic and gpus > anchor.gpus and nodes <= anchor.nodes:
+            ratio = gpus / anchor.gpus
         if gpus > self.largest_measured and ratio > 1.0:
             ratio = 1.0 + (1.0 - self.eta) * (ratio - 1.0)
         if gpus > anchor.gpus:

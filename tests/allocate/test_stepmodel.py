@@ -3,6 +3,7 @@ and predictions never credit more than the job's own physics and its measurement
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -91,6 +92,20 @@ def test_a_gain_beyond_the_largest_size_measured_is_credited_at_one_minus_eta():
     s2 = full.speed(2, 1)
     assert discounted.speed(4, 1) - s2 == pytest.approx(0.75 * (full.speed(4, 1) - s2))
     assert discounted.speed(1, 1) == full.speed(1, 1)        # smaller sizes: no discount
+
+
+def test_an_optimistic_count_is_credited_linear_from_the_nearest_size_measured_until_measured():
+    # a dip at 3 GPUs (its batch splits badly there): the fit through it predicts 4 little faster than 3
+    pts = [(1, 1, None, 0.386, 8), (2, 1, None, 0.752, 8), (3, 1, None, 0.890, 8)]
+    fitted = step_time_model(pts, kind="steps", eta=0.0)
+    hopeful = dataclasses.replace(fitted, optimistic=frozenset({4}))
+    assert fitted.speed(4, 1) < 0.890 * 4 / 3 * 0.9
+    assert hopeful.speed(4, 1) == pytest.approx(0.890 * 4 / 3)
+    assert hopeful.speed(4, 2) == fitted.speed(4, 2)          # on more nodes than measured: the fit's word
+    assert hopeful.speed(3, 1) == fitted.speed(3, 1) and hopeful.speed(6, 2) == fitted.speed(6, 2)
+    measured = dataclasses.replace(step_time_model(pts + [(4, 1, None, 1.133, 8)], kind="steps", eta=0.0),
+                                   optimistic=frozenset({4}))
+    assert measured.speed(4, 1) == pytest.approx(1.133)       # once measured, the measurement
 
 
 def test_no_super_linear_credit_and_a_curve_that_never_falls():

@@ -343,6 +343,43 @@ def test_the_size_asked_for_is_the_size_submitted_not_the_size_it_was_started_at
 
 
 
+def test_the_size_asked_for_is_tried_once_whatever_a_fit_through_an_unlucky_size_predicts(tmp_path):
+    """A job submitted at 4 GPUs, run at 1, 2 and 3, where 3 splits its batch badly (yolov3 in the Pollux
+    workloads: 0.89 steps/s at 3, 1.13 at 4; here 0.78 at 3): the fit through 3 predicts 4 hardly faster, and without the
+    asked-size rule it was never grown to 4, beside idle GPUs, for the rest of its run."""
+    from slurm_elastic.control.requests import rules as R
+
+    ckpt = str(tmp_path / "ckpt")
+    slurm = InMemorySlurm(nodes=2)                       # 8 GPUs, all taken by a job outside the controller
+    other = slurm.add_job(None, nodes=2, gpus_per_node=4, user=ME)
+    a = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    with_rule, without = MeasuredRequests(), MeasuredRequests(rules=tuple(r for r in R.RULES
+                                                                          if not isinstance(r, R.AskedSize)))
+    for src in (with_rule, without):
+        src.requests(slurm.snapshot(), slurm.now, Policy())   # seen pending at 4 GPUs
+    slurm.finish(other)
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 1, 0.386, total=100_000), _row(20, 100, 2, 0.752),
+                                            _row(30, 200, 3, 0.780)])
+    for src in (with_rule, without):
+        ran_at(slurm, src, a, (1, 1), (2, 1), (3, 1))
+
+    def request(src):
+        got = src.requests(slurm.snapshot(), slurm.now, Policy())
+        return next(r for r in got if r.key == str(a)), got.basis[str(a)]
+
+    req, basis = request(with_rule)
+    assert 4 in req.allowed_gpus and req.throughput(4, 1) == pytest.approx(0.780 * 4 / 3)
+    assert "asked 4 GPUs, never run there" in basis
+    plain, _ = request(without)                          # hardly faster than 3: no gain worth a restart
+    assert plain.throughput(4, 1) < 1.05 * 0.780
+    # once it ran at 4, the measurement decides
+    _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 1, 0.386, total=100_000), _row(20, 100, 2, 0.752),
+                                            _row(30, 200, 3, 0.780), _row(40, 300, 4, 1.133)])
+    ran_at(slurm, with_rule, a, (4, 1))
+    req, basis = request(with_rule)
+    assert req.throughput(4, 1) == pytest.approx(1.133) and "never run there" not in basis
+
+
 def test_a_deeply_nested_line_in_a_metrics_file_is_one_bad_line(two):
     """#25 item 1: `print('['*100000)` appended to a job's own metrics file raised RecursionError in the daemon."""
     slurm, ckpt, a, _ = two

@@ -16,6 +16,8 @@ The rules, stated:
   (`allocate.throughput.GoodputThroughput`); remaining time is always from steps/s at the batch measured.
 - geometry (`BatchGeometry`): only sizes the job's global batch splits over; a job whose ranks exited 87
   at its size is re-planned at once.
+- asked-size (`AskedSize`): the size a job asked for, until measured, is credited linear from the nearest
+  smaller size measured, not what a fit through the other sizes predicts.
 - speed-frontier (`SpeedFrontier`): a size measured no faster than a smaller one is not allowed, where
   faster means each added GPU gains at least `min_marginal_gain` of what a GPU gives at the smaller size.
 - measure-first (`MeasureFirst`): a job just started keeps its size until its first rows exist
@@ -165,6 +167,28 @@ class BatchGeometry:
         return ctx.with_(self, *notes, counts=fits or counts, fits=fits, bad_geometry=bad)
 
 
+class AskedSize:
+    """The size a job asked for is worth one try: until measured there, it is credited linear from the
+    nearest smaller size measured (on as many nodes), not what a fit over other sizes predicts. A fit
+    through an unlucky size (3 GPUs that split the batch badly) otherwise kept a job below its request
+    for good, beside idle GPUs, since the size that would show the fit wrong was never run."""
+
+    name = "asked-size"
+
+    def apply(self, ctx: JobContext) -> JobContext:
+        asked, m = ctx.asked, ctx.measured.metrics
+        if not (ctx.measured_speed and asked is not None and isinstance(ctx.model, MeasuredThroughput)
+                and ctx.model is ctx.steps_model and ctx.model.predicted is not None):
+            return ctx
+        ran = {p.gpus for p in ctx.model.predicted.measured}
+        if asked in ran or asked < min(ran):
+            return ctx
+        predicted = dataclasses.replace(ctx.model.predicted, optimistic=frozenset({asked}))
+        model = dataclasses.replace(ctx.model, predicted=predicted)
+        return ctx.with_(self, f"asked {asked} GPUs, never run there: credited linear from the nearest size "
+                               f"measured until it is", model=model, steps_model=model)
+
+
 class SpeedFrontier:
     name = "speed-frontier"
 
@@ -277,7 +301,8 @@ class RemainingWork:
             return ctx.with_(self, "remaining work unknown (no total_steps)", weight=1.0)
         left_s = max(m.total_steps - m.step, 0) / best
         lo, hi = s.weight_range
-        weight = quantised(min(hi, max(lo, s.weight_horizon_s / max(left_s, 1e-9))), s.weight_quantum)
+        weight = quantised(min(hi, max(lo, (s.weight_horizon_s / max(left_s, 1e-9)) ** s.weight_exponent)),
+                           s.weight_quantum)
         return ctx.with_(self, f"{m.total_steps - m.step} of {m.total_steps} steps left, ~{left_s:.0f}s at its best",
                          weight=weight)
 
@@ -328,6 +353,7 @@ class RestartCharge:
 RULES: tuple[Rule, ...] = (
     SpeedModel(),
     BatchGeometry(),
+    AskedSize(),
     SpeedFrontier(),
     MeasureFirst(),
     ShareFloor(),

@@ -23,6 +23,7 @@ class RequestSettings:
     default_in_place_cost_s: float = DEFAULT_IN_PLACE_COST_S
     weight_horizon_s: float = 3600.0          # remaining H seconds => weight 1
     weight_range: tuple[float, float] = (0.05, 20.0)
+    weight_exponent: float = 1.0              # w = clamp((H / remaining)^e): below 1 the span narrows (ablation)
     weight_quantum: float = 0.0               # >0: weights in steps of 2^quantum (rules.quantised; for the ablation)
     hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
