@@ -342,7 +342,7 @@ class RestartCharge:
         charge_w = ctx.own_weight * max(ctx.weight, 1.0)
         # The hold is at least measure_first_s: a restarted job keeps its new size until it has measured
         # there, and a charge spread over a hysteresis of 0 s would be infinite (no resize, ever).
-        hold = max(s.hold_s, s.measure_first_s)
+        hold = max(s.hold_s if s.charge_horizon_s is None else s.charge_horizon_s, s.measure_first_s)
         per_second = charge_w / (policy.beta * hold * spec.max_gpus) if policy.beta > 0 else 1.0
         own = f" (--weight {spec.weight:g}: {ctx.own_weight:.3g} among its user's jobs)" if spec.weight != 1 else ""
         return ctx.with_(self, f"weight {total_w:.3g}{own}",

@@ -26,6 +26,7 @@ class RequestSettings:
     weight_exponent: float = 1.0              # w = clamp((H / remaining)^e): below 1 the span narrows (ablation)
     weight_quantum: float = 0.0               # >0: weights in steps of 2^quantum (rules.quantised; for the ablation)
     hold_s: float = HYSTERESIS.default        # a new size is kept at least this long (the controller's hysteresis)
+    charge_horizon_s: float | None = None     # the restart charge spread over this long (None: the hold; ablation)
     starve_after_s: float = 1800.0            # waiting longer without GPUs => must run
     share_floor: bool = True                  # a running job keeps min(asked, fair share, current) (rules.ShareFloor)
     max_restart_cost_s: float = 600.0         # a longer gap between rows was a wait in the queue, not a restart
