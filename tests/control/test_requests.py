@@ -372,6 +372,11 @@ def test_the_size_asked_for_is_tried_once_whatever_a_fit_through_an_unlucky_size
     assert "asked 4 GPUs, never run there" in basis
     plain, _ = request(without)                          # hardly faster than 3: no gain worth a restart
     assert plain.throughput(4, 1) < 1.05 * 0.780
+    # a source that never saw it pending has only the job's own first row for what it asked: no credit
+    unseen = MeasuredRequests()
+    ran_at(slurm, unseen, a, (1, 1), (2, 1), (3, 1))
+    blind, basis = request(unseen)
+    assert blind.throughput(4, 1) == plain.throughput(4, 1) and "never run there" not in basis
     # once it ran at 4, the measurement decides
     _rows(shim.metrics_path(ckpt, str(a)), [_row(10, 0, 1, 0.386, total=100_000), _row(20, 100, 2, 0.752),
                                             _row(30, 200, 3, 0.780), _row(40, 300, 4, 1.133)])

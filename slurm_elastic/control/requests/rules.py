@@ -74,6 +74,7 @@ class JobContext:
     asked: int | None                         # the GPUs it was submitted at (None: not known)
     waiting_s: float                          # how long it has waited without GPUs
     yielding: bool = False                    # GPUs go back to a rigid job this cycle: no rule keeps a size
+    submitted: int | None = None              # the GPUs Slurm showed it pending at (None: not seen pending)
     model: SpeedModelType | None = None       # what the allocator maximises (steps/s or goodput)
     steps_model: MeasuredThroughput | LinearThroughput | None = None   # steps/s, for remaining time
     counts: tuple[int, ...] = ()              # the sizes its spec and its batch allow
@@ -168,15 +169,17 @@ class BatchGeometry:
 
 
 class AskedSize:
-    """The size a job asked for is worth one try: until measured there, it is credited linear from the
-    nearest smaller size measured (on as many nodes), not what a fit over other sizes predicts. A fit
+    """The size a job asked for (the GPUs Slurm showed it pending at) is worth one try: until measured
+    there, it is credited linear from the nearest smaller size measured (on as many nodes), not what a fit
+    over other sizes predicts. A fit
     through an unlucky size (3 GPUs that split the batch badly) otherwise kept a job below its request
     for good, beside idle GPUs, since the size that would show the fit wrong was never run."""
 
     name = "asked-size"
 
     def apply(self, ctx: JobContext) -> JobContext:
-        asked, m = ctx.asked, ctx.measured.metrics
+        # Slurm's word only: a job first seen running "asked" for its first row's size, which its own file says
+        asked = ctx.submitted
         if not (ctx.measured_speed and asked is not None and isinstance(ctx.model, MeasuredThroughput)
                 and ctx.model is ctx.steps_model and ctx.model.predicted is not None):
             return ctx
