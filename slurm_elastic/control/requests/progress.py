@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from slurm_elastic.cluster.model import JobState
-from slurm_elastic.control.requests.rules import (BatchGeometry, GoodputNote, JobContext, MeasureFirst, RestartCost,
-                                                  Rule, SpeedFrontier, SpeedModel)
+from slurm_elastic.control.requests.rules import (AskedSize, BatchGeometry, GoodputNote, JobContext, MeasureFirst,
+                                                  RestartCost, Rule, SpeedFrontier, SpeedModel)
 
 # The legacy rules kept on this path: they say what the job can run at and what it measured; what the
 # objective does with that is below. (The weight, restart charge and floor rules are not among them.)
-PROGRESS_RULES: tuple[Rule, ...] = (SpeedModel(), BatchGeometry(), SpeedFrontier(), MeasureFirst(), GoodputNote(),
-                                    RestartCost())
+PROGRESS_RULES: tuple[Rule, ...] = (SpeedModel(), BatchGeometry(), AskedSize(), SpeedFrontier(), MeasureFirst(),
+                                    GoodputNote(), RestartCost())
 
 DEFAULT_ELASTICITY = 0.5          # p while fewer than two jobs have a fair share above one GPU
 ELASTICITY_RANGE = (0.2, 0.9)     # p is clipped here: p -> 1 makes the rank weights flat, p -> 0 all-or-nothing
