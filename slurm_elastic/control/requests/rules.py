@@ -16,8 +16,8 @@ The rules, stated:
   (`allocate.throughput.GoodputThroughput`); remaining time is always from steps/s at the batch measured.
 - geometry (`BatchGeometry`): only sizes the job's global batch splits over; a job whose ranks exited 87
   at its size is re-planned at once.
-- asked-size (`AskedSize`): the size a job asked for, until measured, is credited linear from the nearest
-  smaller size measured, not what a fit through the other sizes predicts.
+- asked-size (`AskedSize`): the size Slurm saw a job submitted at, until run there, is credited linear from
+  the nearest smaller size measured, not what a fit through the other sizes predicts.
 - speed-frontier (`SpeedFrontier`): a size measured no faster than a smaller one is not allowed, where
   faster means each added GPU gains at least `min_marginal_gain` of what a GPU gives at the smaller size.
 - measure-first (`MeasureFirst`): a job just started keeps its size until its first rows exist
@@ -171,9 +171,9 @@ class BatchGeometry:
 class AskedSize:
     """The size a job asked for (the GPUs Slurm showed it pending at) is worth one try: until measured
     there, it is credited linear from the nearest smaller size measured (on as many nodes), not what a fit
-    over other sizes predicts. A fit
-    through an unlucky size (3 GPUs that split the batch badly) otherwise kept a job below its request
-    for good, beside idle GPUs, since the size that would show the fit wrong was never run."""
+    over other sizes predicts. A fit through an unlucky size (3 GPUs that split the batch badly) otherwise
+    kept a job below its request for good, beside idle GPUs: the size that would show the fit wrong was
+    never run."""
 
     name = "asked-size"
 
