@@ -314,16 +314,19 @@ def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float
 class GoodputThroughput:
     """An adaptive-batch job's speed at g GPUs: its goodput at the best batch for g (`slurm_elastic.goodput`).
 
-    The rule for batches it never ran at (no optimism beyond what was measured):
-    `samples` is its samples/s per GPU count, each at the batch per GPU it was
-    measured at (a MeasuredThroughput, with that model's rule for counts never
-    run); at a larger batch per GPU the per-GPU compute time grows in
-    proportion (samples/s no higher than measured); at a smaller one a step
-    takes no less time than measured (steps/s no higher than measured: the
-    all-reduce and the optimizer step do not shrink with the batch). So
-    samples/s(g, M) = samples(g) * min(1, M / (b * g)), b the batch per GPU
-    measured at the measured count nearest g, and the speed is
-    max over M in [min_batch, max_batch] of samples/s(g, M) * efficiency(M).
+    `samples` is its samples/s per GPU count, each at the batch per GPU it was measured at (a
+    MeasuredThroughput, with that model's rule for counts never run); b is the batch per GPU measured at
+    the measured count nearest g. At another global batch M, samples/s(g, M) = samples(g) * r(M):
+    - at a smaller batch (M < b g), a step takes no less time than measured (steps/s no higher than
+      measured: the all-reduce and the optimizer step do not shrink with the batch): r = M / (b g);
+    - at a larger one, the job's fitted step-time model (`samples.predicted`, as the request source
+      always gives) once its rows span two batches per GPU (so its cost per sample is its own, not the
+      prior's): r is the model's ratio of samples/s at M to samples/s at b g, within 1 and M / (b g) (a
+      sample takes no more time in a larger batch, a step no less). Pollux's throughput model predicts
+      every batch so; held to the samples/s measured (r = 1, the rule before, and still the rule
+      without a fitted model or with one batch per GPU), a count run once at a small batch per GPU,
+      where fixed per-step costs dominate, scored below smaller counts run at larger batches for good.
+    The speed is max over M in [min_batch, max_batch] of samples/s(g, M) * efficiency(M).
     """
 
     samples: MeasuredThroughput
@@ -341,8 +344,17 @@ class GoodputThroughput:
         near = min(self.local_batch_at, key=lambda gb: (abs(gb[0] - gpus), gb[0]))
         measured_batch = near[1] * gpus
 
+        model = self.samples.predicted
+        if model is not None and len({p.batch / p.gpus for p in model.measured}) < 2:
+            model = None      # one batch per GPU measured: its cost per sample would be the prior's, not its own
+
         def samples_per_s(batch: int) -> float:
-            return full * min(1.0, batch / measured_batch)
+            linear = batch / measured_batch
+            if model is None or linear <= 1.0:
+                return full * min(1.0, linear)
+            at, there = model.params.step_time(gpus, nodes, batch), model.params.step_time(gpus, nodes, measured_batch)
+            ratio = linear * there / at if at > 0 and there > 0 else 1.0
+            return full * min(max(ratio, 1.0), linear)
 
         return best_batch(self._candidates(measured_batch), samples_per_s, self.base_batch, self.noise)
 

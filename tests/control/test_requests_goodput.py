@@ -3,6 +3,7 @@ change nothing but the one job's own model (issue 18, point 3)."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import json
 import math
@@ -108,6 +109,36 @@ def test_no_optimism_beyond_the_batch_measured():
     steps = GoodputThroughput(samples, ((4, 32.0),), 32, 1024, 128, no_noise)
     batch, value = steps.batch_for(4)
     assert batch == 32 and value == pytest.approx(128.0)                 # 1 step/s at most, whatever the batch
+
+
+def test_a_count_measured_at_a_small_batch_is_credited_the_larger_batches_its_step_time_model_predicts():
+    """Pollux's throughput model predicts every batch: a step costs a fixed time plus a time per sample. A
+    job measured at 4 GPUs with 8 samples per GPU (the fixed cost dominates) and at 1 and 2 GPUs with 64:
+    at 4 GPUs and a larger batch its fitted model says what it does, not the batch it happened to run at,
+    within the bounds a step obeys (no more than linear in the batch)."""
+    from slurm_elastic.allocate.stepmodel import StepTimeParams, step_time_model
+
+    truth = StepTimeParams(alpha_c=0.3, beta_c=0.002, alpha_r=0.01, beta_r=0.0, alpha_n=0.0, beta_n=0.0)
+    sizes = [(1, 1, 64.0), (2, 1, 128.0), (4, 1, 32.0)]
+    steps = {g: 1.0 / truth.step_time(g, n, b) for g, n, b in sizes}
+    predicted = step_time_model([(g, n, b, steps[g], 8) for g, n, b in sizes], kind="samples", eta=0.0)
+    samples = {g: steps[g] * b for g, _, b in sizes}
+    measured = MeasuredThroughput(concave_hull(samples.items()), ((1, 1), (2, 1), (4, 1)), 4.0, predicted=predicted)
+    every_batch = goodput.GradientNoise(grad_sqr=0.0, grad_var=1.0)   # every batch equally efficient per sample
+    local = ((1, 64.0), (2, 64.0), (4, 8.0))
+    fitted = GoodputThroughput(measured, local, 32, 256, 32, every_batch)
+    capped = GoodputThroughput(dataclasses.replace(measured, predicted=None), local, 32, 256, 32, every_batch)
+    held = capped.batch_for(4)[1]       # the capped rule: the hull's samples/s at 4 (2 GPUs' 292), any batch
+    batch, value = fitted.batch_for(4)
+    assert batch == 256
+    true = 256 / truth.step_time(4, 1, 256)
+    assert abs(value - true) < abs(held - true)                     # nearer the truth (584/s) than held (292/s)
+    assert samples[4] < value <= samples[4] * 256 / 32
+    # rows at one batch per GPU only: the cost per sample would be the prior's, so the lower bound holds
+    one = step_time_model([(4, 1, 32.0, steps[4], 8)], kind="samples", eta=0.0)
+    alone = GoodputThroughput(MeasuredThroughput(concave_hull([(4, samples[4])]), ((4, 1),), 4.0, predicted=one),
+                              ((4, 8.0),), 32, 256, 32, every_batch)
+    assert alone.batch_for(4)[1] == pytest.approx(samples[4])
 
 
 def test_fixed_batch_jobs_keep_plain_speed_beside_an_adaptive_one(cluster):
