@@ -348,11 +348,13 @@ class GoodputThroughput:
         if model is not None and len({p.batch / p.gpus for p in model.measured}) < 2:
             model = None      # one batch per GPU measured: its cost per sample would be the prior's, not its own
 
+        there = model.params.step_time(gpus, nodes, measured_batch) if model is not None else 0.0
+
         def samples_per_s(batch: int) -> float:
             linear = batch / measured_batch
             if model is None or linear <= 1.0:
                 return full * min(1.0, linear)
-            at, there = model.params.step_time(gpus, nodes, batch), model.params.step_time(gpus, nodes, measured_batch)
+            at = model.params.step_time(gpus, nodes, batch)
             ratio = linear * there / at if at > 0 and there > 0 else 1.0
             return full * min(max(ratio, 1.0), linear)
 
