@@ -21,6 +21,7 @@ from slurm_elastic.control.requests import (BATCH_FILE, MeasuredRequests, Reques
                                             validate_row)
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic import jobfiles as shim
+from tests.control.test_requests import ran_at
 
 ME = getpass.getuser()
 RANGE = {"min": 32, "max": 1024, "base": 128}
@@ -139,6 +140,43 @@ def test_a_count_measured_at_a_small_batch_is_credited_the_larger_batches_its_st
     alone = GoodputThroughput(MeasuredThroughput(concave_hull([(4, samples[4])]), ((4, 1),), 4.0, predicted=one),
                               ((4, 8.0),), 32, 256, 32, every_batch)
     assert alone.batch_for(4)[1] == pytest.approx(samples[4])
+
+
+def test_an_adaptive_job_has_the_same_work_left_whichever_size_and_batch_it_last_ran_at(tmp_path):
+    """Its rows count steps at the batch it ran at: many small steps at 2 GPUs (batch 64), fewer large ones at
+    6 (batch 384). Two jobs with the same rows at both sizes and the same statistical work left, one last
+    seen at 2 GPUs and one at 6, are equally far from their end: the same remaining-work weight. Counted as
+    steps left over the fastest steps/s measured (2 GPUs' small steps), the one last at 6 looked 4.6x nearer
+    its end, and a long job's weight swung with every resize (a job shrunk looked longer, and stayed small)."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=8)
+    ckpt = str(tmp_path / "ckpt")
+    spec = ElasticSpec(2, 6, gpu_step=2, ckpt_dir=ckpt)
+    a, b = (slurm.add_job(spec, nodes=1, gpus_per_node=4, user=ME) for _ in range(2))
+    noise = {"grad_sqr": 1.0, "grad_var": 1000.0}
+    sizes = {2: (64, 2.0), 6: (384, 0.9)}                  # gpus: (global batch, steps/s)
+    work = 6.4e6                                            # samples of the base batch (128) left
+
+    def rows(order: tuple[int, int]) -> list[dict]:
+        out, step = [], 0
+        for i, gpus in enumerate(g for g in order for _ in range(4)):
+            batch, sps = sizes[gpus]
+            step += 20
+            eff = goodput.efficiency(batch, RANGE["base"], goodput.GradientNoise(**noise))
+            left = round(work / (batch * eff))
+            out.append({"step": step, "time": 10.0 * (i + 1), "gpus": gpus, "nodes": 1, "steps_per_s": sps,
+                        "samples_per_s": sps * batch, "batch": batch, "total_steps": step + left, **noise})
+        return out
+
+    src = MeasuredRequests()
+    ran_at(slurm, src, a, (6, 1), (2, 1))
+    ran_at(slurm, src, b, (2, 1), (6, 1))
+    _write(ckpt, a, rows((6, 2)), RANGE)                    # last ran at 2 GPUs: many steps left
+    _write(ckpt, b, rows((2, 6)), RANGE)                    # last ran at 6 GPUs: few (larger) steps left
+    _, got, reqs = _requests(slurm, src)
+    assert isinstance(reqs[str(a)].throughput, GoodputThroughput)
+    lo, hi = RequestSettings().weight_range
+    assert lo < reqs[str(a)].weight < hi                    # not clamped: the weights say the work left
+    assert reqs[str(a)].weight == pytest.approx(reqs[str(b)].weight, rel=0.01)
 
 
 def test_fixed_batch_jobs_keep_plain_speed_beside_an_adaptive_one(cluster):

@@ -60,6 +60,7 @@ class JobMeasurements:
     in_place_costs_s: tuple[float, ...] = ()                # the ranks went on in their processes
     step: int | None = None
     total_steps: int | None = None
+    batch: int | None = None                                # the newest row's global batch (its steps' unit)
     rows: int = 0
     first_gpus: int | None = None                           # the size of its first row: the size it asked for
     problem: str = ""                         # why the file was not used ("" = used, or absent)
@@ -212,9 +213,10 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
         return tuple(c for c, size in lost
                      if least <= c <= settings.max_restart_cost_s and (ran is None or size in ran))
     costs, in_place_costs = believed(tail.lost_s, settings.restart_min_s), believed(tail.in_place_s, 0.0)
-    total = tail.last.get("total_steps")
+    total, batch = tail.last.get("total_steps"), tail.last.get("batch")
     return JobMeasurements(model=model, speeds=tuple(sorted(medians.items())), samples=samples, local_batch_at=local,
                            noise=noise, restart_costs_s=costs, in_place_costs_s=in_place_costs, step=int(tail.last["step"]), total_steps=int(total) if total is not None else None,
+                           batch=int(batch) if batch is not None else None,
                            rows=tail.count, first_gpus=tail.first_gpus, ignored=ignored)
 
 

@@ -67,8 +67,9 @@ def speedup_curve(model: Callable[..., float], counts: Sequence[int],
 
 
 def progress_terms(ctx: JobContext, attained_s: float) -> ProgressTerms:
-    """S_j over the counts the rules allow and X_j: remaining steps / steps per second at one GPU when the
-    job declared its total and measured its speed, else LAS (attained 1-GPU-seconds, at least a minute)."""
+    """S_j over the counts the rules allow and X_j: its remaining work's seconds at one GPU
+    (`JobContext.seconds_left`) when the job declared its total and measured its speed, else LAS (attained
+    1-GPU-seconds, at least a minute)."""
     assert ctx.model is not None and ctx.steps_model is not None
     counts = [g for g in (ctx.allowed if ctx.allowed is not None else ctx.counts) if ctx.placeable(g)]
     curve = speedup_curve(ctx.model, counts, ctx.nodes_for)
@@ -78,15 +79,11 @@ def progress_terms(ctx: JobContext, attained_s: float) -> ProgressTerms:
         return ProgressTerms(curve, las, False, None, f"LAS {las:.0f}s (speed not measured)")
     if m.total_steps is None or m.step is None:
         return ProgressTerms(curve, las, False, None, f"LAS {las:.0f}s (no total_steps)")
-    one = float(ctx.steps_model(1, 1))
-    if not one > 0:
+    work = ctx.seconds_left(1)
+    if work is None:
         return ProgressTerms(curve, las, False, None, f"LAS {las:.0f}s (no speed at one GPU)")
     left_steps = max(m.total_steps - m.step, 0)
-    left_s = None
-    if ctx.job.state is JobState.RUNNING and ctx.job.gpus > 0:
-        rate = float(ctx.steps_model(ctx.job.gpus, ctx.nodes_for(ctx.job.gpus)))
-        left_s = left_steps / rate if rate > 0 else None
-    work = left_steps / one
+    left_s = ctx.seconds_left(ctx.job.gpus) if ctx.job.state is JobState.RUNNING else None
     return ProgressTerms(curve, work, True, left_s, f"X {work:.0f} 1-GPU-s ({left_steps} of {m.total_steps} steps)")
 
 

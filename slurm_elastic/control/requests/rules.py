@@ -55,6 +55,7 @@ from slurm_elastic.allocate.throughput import GoodputThroughput, LinearThroughpu
 from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic.control.requests.measuring import Measurement
 from slurm_elastic.control.requests.settings import RequestSettings
+from slurm_elastic.goodput import efficiency
 
 SpeedModelType = MeasuredThroughput | LinearThroughput | GoodputThroughput
 
@@ -102,6 +103,26 @@ class JobContext:
     def placeable(self, gpus: int) -> bool:
         return gpus <= self.biggest or bool(spanning_widths(gpus, self.node_sizes,
                                                             self.policy.whole_nodes_when_spanning))
+
+    def seconds_left(self, gpus: int) -> float | None:
+        """The seconds its remaining work takes at `gpus` GPUs (None: no declared total, or no speed there).
+
+        Its rows count steps at the batch it last ran at. At a fixed batch that is steps left / steps/s.
+        An adaptive job's steps/s differ with the batch each size ran at (a small batch: many short
+        steps), so its work left is counted in its goodput model's unit, samples of its base batch
+        (steps left x the newest row's batch x that batch's statistical efficiency), over its goodput at
+        `gpus`: whichever size and batch it runs at now, the same work is left.
+        """
+        m, model = self.measured.metrics, self.model
+        if m.total_steps is None or m.step is None or self.steps_model is None or gpus <= 0:
+            return None
+        steps = max(m.total_steps - m.step, 0)
+        if isinstance(model, GoodputThroughput) and m.batch is not None:
+            work, rate = steps * m.batch * efficiency(m.batch, model.base_batch, model.noise), model
+        else:
+            work, rate = float(steps), self.steps_model
+        speed = float(rate(gpus, self.nodes_for(gpus)))
+        return work / speed if speed > 0 and math.isfinite(speed) else None
 
     @property
     def measured_speed(self) -> bool:
@@ -295,14 +316,12 @@ class RemainingWork:
     name = "remaining-work"
 
     def apply(self, ctx: JobContext) -> JobContext:
-        s, m, steps = ctx.settings, ctx.measured.metrics, ctx.steps_model
-        assert steps is not None
-        # remaining time from steps/s at the batch measured, whatever the speed model is in
-        best = max((steps(g, ctx.nodes_for(g)) for g in (ctx.allowed or ctx.counts) if ctx.placeable(g)),
-                   default=0.0)
-        if m.total_steps is None or m.step is None or best <= 0:
+        s, m = ctx.settings, ctx.measured.metrics
+        left = [t for g in (ctx.allowed or ctx.counts) if ctx.placeable(g)
+                for t in (ctx.seconds_left(g),) if t is not None]
+        if m.total_steps is None or m.step is None or not left:
             return ctx.with_(self, "remaining work unknown (no total_steps)", weight=1.0)
-        left_s = max(m.total_steps - m.step, 0) / best
+        left_s = min(left)
         lo, hi = s.weight_range
         weight = quantised(min(hi, max(lo, (s.weight_horizon_s / max(left_s, 1e-9)) ** s.weight_exponent)),
                            s.weight_quantum)
