@@ -72,7 +72,6 @@ class JobContext:
     node_sizes: frozenset[int]
     share: int                                # its fair share of the GPUs elastic work can use
     own_weight: float                         # its weight among its user's jobs (source.own_weights)
-    asked: int | None                         # the GPUs it was submitted at (None: not known)
     waiting_s: float                          # how long it has waited without GPUs
     yielding: bool = False                    # GPUs go back to a rigid job this cycle: no rule keeps a size
     submitted: int | None = None              # the GPUs Slurm showed it pending at (None: not seen pending)
@@ -92,6 +91,12 @@ class JobContext:
     restart_charge_s: float = 0.0             # kappa: what the solver charges per GPU changed
     in_place_charge_s: float = 0.0            # the same for a shrink that keeps its processes
     notes: tuple[str, ...] = ()               # the explanation, each part ending in its rule's name
+
+    @property
+    def asked(self) -> int | None:
+        """The GPUs it asked for, for its share floor: Slurm's word (`submitted`), else, for a job first seen
+        running, its metrics file's first row (None: neither)."""
+        return self.submitted if self.submitted is not None else self.measured.metrics.first_gpus
 
     @property
     def biggest(self) -> int:

@@ -113,7 +113,6 @@ class MeasuredRequests:
         measured = self.files.measure(job)
         ctx = JobContext(job=job, now=now, policy=policy, settings=self.settings, measured=measured,
                          node_sizes=node_sizes, share=share, own_weight=own_weight,
-                         asked=self._asked.get(job.job_id, measured.metrics.first_gpus),
                          waiting_s=now - self._waiting_since.get(job.job_id, now), yielding=yielding,
                          submitted=self._asked.get(job.job_id))
         return apply_rules(ctx, self.rules)
