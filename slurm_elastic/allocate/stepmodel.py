@@ -116,10 +116,15 @@ def identified(rows: Iterable[StepTimeRow]) -> tuple[bool, ...]:
     growth needs two distinct (g-2)+ values among the rows of its kind.
     """
     rows = list(rows)
-    per_gpu_batch = {r.batch / r.gpus for r in rows}
+    per_gpu_batch = _batches_per_gpu(rows)
     one_node = {max(r.gpus - 2, 0) for r in rows if r.nodes == 1 and r.gpus > 1}
     spans = {max(r.gpus - 2, 0) for r in rows if r.nodes > 1}
     return (len(per_gpu_batch) >= 2, bool(rows), bool(one_node), len(one_node) >= 2, bool(spans), len(spans) >= 2)
+
+
+def _batches_per_gpu(points: Iterable[StepTimeRow | MeasuredPoint]) -> set[float]:
+    """The batches per GPU the points were measured at: two or more tell the cost per sample from the fixed one."""
+    return {p.batch / p.gpus for p in points}
 
 
 def fit_step_time(rows: Iterable[StepTimeRow], prior: StepTimeParams | None = None, *,
@@ -251,6 +256,11 @@ class StepTimeModel:
             raise AllocationError("a step-time model needs at least one measured point")
         if not 0.0 <= self.eta <= 1.0:
             raise AllocationError(f"eta must be in [0, 1], got {self.eta!r}")
+
+    @property
+    def fits_cost_per_sample(self) -> bool:
+        """Its points span two batches per GPU: its cost per sample is its own (`identified`), not the prior's."""
+        return len(_batches_per_gpu(self.measured)) >= 2
 
     @property
     def largest_measured(self) -> int:

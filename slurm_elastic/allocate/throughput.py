@@ -345,7 +345,7 @@ class GoodputThroughput:
         measured_batch = near[1] * gpus
 
         model = self.samples.predicted
-        if model is not None and len({p.batch / p.gpus for p in model.measured}) < 2:
+        if model is not None and not model.fits_cost_per_sample:
             model = None      # one batch per GPU measured: its cost per sample would be the prior's, not its own
 
         there = model.params.step_time(gpus, nodes, measured_batch) if model is not None else 0.0
