@@ -147,8 +147,11 @@ class JournalError(ElasticError):
 class Journal:
     """Plans and their steps in one SQLite file (WAL, synchronous=FULL: a step is on disk before it runs)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lifelong: bool = True) -> None:
+        """`lifelong` False: a one-shot view's empty journal, which has seen no job's earlier sizes
+        (measuring.SizesRan)."""
         self.path = Path(path)
+        self.lifelong = lifelong
         if str(path) != ":memory:":
             _secure(self.path)
         try:

@@ -489,6 +489,37 @@ def test_speed_rows_at_sizes_never_run_are_ignored_and_win_no_gpus(tmp_path, cap
     assert got[str(liar)].throughput(8, 2) == pytest.approx(2.0)
 
 
+def test_a_one_shot_view_without_the_controllers_journal_does_not_call_its_rows_lies(tmp_path, caplog):
+    """`status` as a user cannot read the daemon's journal (the sizes Slurm ran each job at): it saw the job
+    only at its current size, so rows at an earlier size are left out of its view (as the controller would
+    without its record) with a note, not a warning that Slurm never ran the job there (found converting
+    pytorch/examples' multinode.py: every `status` after a resize warned)."""
+    from slurm_elastic.control.journal import Journal
+
+    slurm = InMemorySlurm(nodes=2)
+    ckpt = str(tmp_path / "ckpt")
+    job = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user=ME)
+    # it ran at 2 GPUs on 1 node before its grow to 8 on 2 nodes
+    _rows(shim.metrics_path(ckpt, str(job)), [_row(100, 0, 2, 1.0, total=20_000),
+                                              _row(200, 100, 8, 3.0, nodes=2, total=20_000)])
+    views = {}
+    for lifelong in (True, False):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            got = MeasuredRequests(sizes=Journal(":memory:", lifelong=lifelong)).requests(slurm.snapshot(), 0.0,
+                                                                                        Policy())
+        views[lifelong] = got.jobs[0]
+        said = [(r.levelname, r.getMessage()) for r in caplog.records if "2 GPUs on 1 node" in r.getMessage()]
+        assert len(said) == 1, said
+        if lifelong:
+            assert said[0][0] == "WARNING" and "never ran it at" in said[0][1]
+        else:
+            assert said[0][0] == "INFO" and "left out of this view" in said[0][1] and "never" not in said[0][1]
+    # the same model either way: the view decides as the controller would without its record
+    for g in range(1, 9):
+        assert views[True].throughput(g, (g + 3) // 4) == views[False].throughput(g, (g + 3) // 4)
+
+
 def test_sizes_seen_running_are_remembered_in_the_journal_for_a_dry_run_and_a_restarted_daemon(tmp_path):
     """The sizes Slurm ran a job at live in the controller's journal: `admin rebalance --dry-run` (a fresh
     process on the daemon's journal) and a restarted daemon believe the same speed rows as the daemon did."""

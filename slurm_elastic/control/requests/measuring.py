@@ -257,7 +257,12 @@ class Measurement:
 
 
 class SizesRan(Protocol):
-    """Where the sizes Slurm ran each job at are remembered (the controller's Journal, or `SizesInMemory`)."""
+    """Where the sizes Slurm ran each job at are remembered (the controller's Journal, or `SizesInMemory`).
+
+    `lifelong`: recorded by a controller over each job's life; False for a one-shot view (`status`, a
+    dry run) that cannot read the controller's journal and saw only the job's current size."""
+
+    lifelong: bool
 
     def record_ran_at(self, job_id: int, size: tuple[int, int]) -> None: ...
 
@@ -266,6 +271,8 @@ class SizesRan(Protocol):
 
 class SizesInMemory:
     """SizesRan for one process's lifetime (tests and sources built without a journal)."""
+
+    lifelong = True
 
     def __init__(self) -> None:
         self._ran: dict[int, frozenset[tuple[int, int]]] = {}
@@ -341,12 +348,18 @@ class JobFiles:
         return result
 
     def _report_ignored(self, job: Job, path: str, ignored: tuple[tuple[int, int], ...]) -> None:
-        """One log line per job (not per cycle) for speed rows at sizes Slurm never ran it at."""
+        """One log line per job (not per cycle) for speed rows at sizes Slurm never ran it at; a one-shot
+        view that cannot read the controller's record of them says so instead, not as a warning."""
         key = -job.job_id - (2 << 40)          # its own slot in the once-per-problem memory
         if key not in self._reported:
             sizes = ", ".join(f"{g} GPUs on {n} node{'s' if n > 1 else ''}" for g, n in ignored)
-            log.warning("job %d: %s has speed rows at sizes Slurm never ran it at (%s); those rows are ignored",
-                        job.job_id, path, sizes)
+            if self.sizes.lifelong:
+                log.warning("job %d: %s has speed rows at sizes Slurm never ran it at (%s); those rows are "
+                            "ignored", job.job_id, path, sizes)
+            else:
+                log.info("job %d: speed rows at %s left out of this view: it saw Slurm run the job only at its "
+                         "current size (the controller's journal, which records every size, is not readable "
+                         "here)", job.job_id, sizes)
             self._reported[key] = sizes
 
     def batch(self, job: Job) -> tuple[BatchRange | None, str]:
