@@ -272,6 +272,10 @@ def native_stdout_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
+# The request rules whose notes say why a job's allowed counts stop below its max (control/requests/rules.py).
+CAPPING_RULES = ("[speed-frontier]", "[geometry]")
+
+
 def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
              must_run: frozenset[int] = frozenset()) -> AllocationProblem:
     """Fix the GPU count of each pinned job (job id -> GPUs); make `must_run` jobs run if anything fits.
@@ -612,11 +616,17 @@ class Reconciler:
             elif job.state is JobState.PENDING and not job.held:
                 out[job.job_id] = f"waiting for Slurm to start it at {target} GPUs (Slurm: {job.reason or 'pending'})"
             elif (job.state is JobState.RUNNING and not job.held and target == job.gpus < spec.max_gpus
-                  and (d := decided.get(str(job.job_id))) is not None and d.cause != "max"):
+                  and (d := decided.get(str(job.job_id))) is not None):
                 # The solve's own reason a running job below its max is not grown (said once per size:
-                # the text before " (" is what the log compares).
+                # the text before " (" is what the log compares); at the largest count its request allows,
+                # the request rule that stopped the counts there.
                 reason = d.reason.removeprefix(f"{d.cause}: ")
-                out[job.job_id] = f"stays at {job.gpus} GPUs ({d.cause}): {reason}"
+                if d.cause == "max":
+                    capped = [note for note in allocation.basis.get(str(job.job_id), "").split("; ")
+                              if note.endswith(CAPPING_RULES)]
+                    out[job.job_id] = f"stays at {job.gpus} GPUs (largest allowed): {'; '.join(capped) or reason}"
+                else:
+                    out[job.job_id] = f"stays at {job.gpus} GPUs ({d.cause}): {reason}"
         return out
 
     def _say_waits(self, waits: Mapping[int, str]) -> None:

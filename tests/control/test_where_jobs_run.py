@@ -213,3 +213,30 @@ def test_a_running_job_below_its_max_says_why_the_solve_does_not_grow_it(tmp_pat
     slurm.cancel(b)
     report = rec.cycle()
     assert report.target(a) == 8 and a not in report.waits     # grown: nothing to explain
+
+
+def test_a_job_its_own_speeds_keep_below_its_max_says_so_beside_a_free_node(tmp_path):
+    """Seen converting pytorch/examples' ImageNet script: 4 ranks on a 2-core machine measured slower than 2,
+    the job stayed at 2 GPUs after its node returned, and `status` said nothing (the solve's cause is "max":
+    the request rules allowed no more). The note names the rule that stopped its counts."""
+    from slurm_elastic import jobfiles as shim
+    from slurm_elastic.control.requests import MeasuredRequests
+    from tests.control.test_requests import ME, _row, _rows, ran_at
+
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=2)
+    ckpt = str(tmp_path / "ckpt")
+    job = slurm.add_job(ElasticSpec(2, 4, gpu_step=2, ckpt_dir=ckpt), nodes=2, gpus_per_node=2, user=ME)
+    src = MeasuredRequests()
+    ran_at(slurm, src, job, (4, 2), (2, 1))
+    _rows(shim.metrics_path(ckpt, str(job)), [_row(100, 0, 4, 9.75, nodes=2, total=100_000),
+                                              _row(200, 100, 4, 9.75, nodes=2, total=100_000),
+                                              _row(300, 200, 2, 11.6, total=100_000),
+                                              _row(400, 300, 2, 11.6, total=100_000)])
+    clock = Clock()
+    config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0), node_confirm_s=0,
+                              min_resize_interval_s=0)
+    report = Reconciler(slurm, Journal(tmp_path / "j.sqlite"), config, clock=clock, sleep=clock.sleep,
+                        requests=src).cycle(dry_run=True)
+    assert slurm.jobs[job].gpus == 2 and report.target(job) == 2
+    assert report.waits[job].startswith("stays at 2 GPUs (largest allowed): allowed up to 2 GPUs: no larger count "
+                                        "is faster in its measured speed model"), report.waits[job]
