@@ -9,6 +9,13 @@ every pending or running elastic job and renames an entry that is not the job's 
 (another owner, or not a directory) to `<job id>.moved-aside-<owner uid>-<time>` beside it, with
 one log line; the job's shim then creates a fresh one. Nothing in the entry is opened or read.
 A user-mode controller cannot (the rename is refused) and does not try.
+
+Only where that is the squat it undoes: the root is a shared sticky one (world-writable, sticky bit:
+the job's user can create the name but not take it back), as the directory the rename happens in
+is (checked on the opened directory, not its path), and the entry is another user's (not root's).
+The root comes from the job's comment, which its user writes: anywhere else (a root-owned
+directory, another user's private one) the daemon would rename, as root, whatever the user's job
+id names there (seen: `--ckpt-dir /home/bob/private`, a comment naming `/etc/postgresql`).
 """
 
 from __future__ import annotations
@@ -44,33 +51,56 @@ class JobDirGuard:
                 continue
             try:
                 path = shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id))
-                st = os.lstat(path)
-            except (ValueError, OSError):
-                continue            # no entry yet (the usual case), or a root we cannot look into
-            if st.st_uid == uid and stat.S_ISDIR(st.st_mode):
+            except ValueError:
                 continue
             parent, name = os.path.split(path)
-            aside = f"{name}.moved-aside-{st.st_uid}-{int(now)}"
             try:
                 pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
-                continue
+                continue            # a root we cannot look into
             try:
-                os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)   # the entry itself, never a link's target
-            except OSError as exc:
-                key = (path, st.st_ino)
-                if key not in self._said:
-                    self._said.add(key)
-                    log.error("job %d: %s belongs to uid %d, not to the job's user %s, and cannot be moved aside "
-                              "(%s): the job will refuse it at start", job.job_id, path, st.st_uid, job.user,
-                              exc.strerror)
-                continue
+                try:
+                    st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                except OSError:
+                    continue        # no entry yet (the usual case)
+                if st.st_uid == uid and stat.S_ISDIR(st.st_mode):
+                    continue
+                why = _not_a_squat(os.fstat(pfd), st)
+                if why:
+                    self._once(path, st, f"job {job.job_id}: {path} is not its user's own directory and is left as "
+                                         f"it is ({why}): the job will refuse it at start")
+                    continue
+                aside = f"{name}.moved-aside-{st.st_uid}-{int(now)}"
+                try:
+                    os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)   # the entry itself, never a link's target
+                except OSError as exc:
+                    self._once(path, st, f"job {job.job_id}: {path} belongs to uid {st.st_uid}, not to the job's "
+                                         f"user {job.user}, and cannot be moved aside ({exc.strerror}): the job will "
+                                         f"refuse it at start")
+                    continue
             finally:
                 os.close(pfd)
             log.warning("job %d: %s was made by uid %d, not by the job's user %s: moved aside to %s; the job "
                         "creates a fresh one", job.job_id, path, st.st_uid, job.user, aside)
             moved.append(path)
         return tuple(moved)
+
+
+    def _once(self, path: str, st: os.stat_result, line: str) -> None:
+        key = (path, st.st_ino)
+        if key not in self._said:
+            self._said.add(key)
+            log.error("%s", line)
+
+
+def _not_a_squat(root: os.stat_result, entry: os.stat_result) -> str:
+    """Why an entry at a job's directory name is not the squat the guard undoes ("" when it is): only in a
+    shared sticky root (world-writable, sticky) and only another user's entry, never root's."""
+    if not (root.st_mode & stat.S_ISVTX and root.st_mode & stat.S_IWOTH):
+        return "its checkpoint root is not a shared sticky directory, where another user's entry could squat it"
+    if entry.st_uid == 0:
+        return "it is root's"
+    return ""
 
 
 def _uid_of(user: str) -> int | None:
