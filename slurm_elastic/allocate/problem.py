@@ -87,6 +87,9 @@ class JobRequest:
     # that factor moves GPUs among the user's own jobs only (allocate/users.py).
     user: str = ""
     own_weight: float = 1.0
+    # Where it stands in the neutral solve (allocate/users.py): the placement that solve gave it last
+    # cycle, where its user's claims placed it otherwise (None: `current`).
+    neutral_current: Mapping[str, int] | None = None
 
     def neutral(self) -> JobRequest:
         """This request as if its user had given every job the same weight."""
@@ -312,3 +315,5 @@ class Allocation:
     notes: tuple[str, ...] = ()
     # job key -> what its request was decided from (set by the controller's request source)
     basis: Mapping[str, str] = field(default_factory=dict)
+    # job key -> its placement in the neutral solve, where the allocation was solved by user (allocate/users.py)
+    neutral: Mapping[str, Mapping[str, int]] = field(default_factory=dict)

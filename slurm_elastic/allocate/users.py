@@ -8,12 +8,19 @@ Slurm's view and the jobs' measured speeds only); with one user, its `--weight` 
 each user's jobs hold on each node. Then, for each user whose jobs carry claims, those GPUs (and the CPUs
 and memory no other user's job was given there) are divided again among that user's own jobs at their
 claims. Every other user's allocation is the neutral one, exactly.
+
+The neutral solve of one cycle starts from where the neutral solve of the last one left each job
+(`JobRequest.neutral_current`, `with_neutral_places`), not from where the claims put it: from the real
+placement, a job its user's claims had left queued asked the next neutral solve for GPUs again, which
+took them from another user, and the claims handed them on (seen: a `--weight 1000000` job grew from 8
+to 12 of 16 GPUs over a few cycles while the other user's job went from 8 to 2). The neutral world then
+moves as if no claim was ever made.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Collection, Mapping
+from typing import Callable, Collection, Mapping, Sequence
 
 from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobRequest, NodeCapacity
 
@@ -39,9 +46,9 @@ def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
     """`solve` with every job neutral, then each claiming user's slice divided at their jobs' claims."""
     several = _several_users(problem)
     neutral = solve(dataclasses.replace(problem, jobs=tuple(
-        dataclasses.replace(j, weight=1.0, values=None, own_weight=1.0) if several else j.neutral()
-        for j in problem.jobs)))
-    answer = neutral
+        _in_neutral_place(dataclasses.replace(j, weight=1.0, values=None, own_weight=1.0) if several
+                          else j.neutral()) for j in problem.jobs)))
+    answer = dataclasses.replace(neutral, neutral=neutral.placement)
     for user in claiming_users(problem):
         mine = tuple(dataclasses.replace(j, own_weight=1.0) for j in problem.jobs if j.user == user)
         if len(mine) == 1 and several:
@@ -51,6 +58,38 @@ def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
         divided = solve(AllocationProblem(mine, nodes, problem.policy))
         answer = _merge(answer, divided, keys, user)
     return answer
+
+
+def _in_neutral_place(job: JobRequest) -> JobRequest:
+    if job.neutral_current is None:
+        return job
+    # where it stands only in the neutral world: no processes there to keep by a shrink in place
+    return dataclasses.replace(job, current=job.neutral_current, neutral_current=None, batch_node=None,
+                               in_place_cost_s=None)
+
+
+def with_neutral_places(jobs: Sequence[JobRequest],
+                        remembered: Mapping[str, Mapping[str, int]]) -> tuple[JobRequest, ...]:
+    """`jobs`, each of a user whose GPUs the last cycle's claims divided starting the neutral solve where the
+    last neutral solve placed it (`remembered`: Allocation.neutral). Only where that user's jobs hold, node by
+    node, what they held there in the neutral solve (its plans carried out); else from where they are."""
+    def per_node(places: Sequence[Mapping[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for place in places:
+            for node, g in place.items():
+                out[node] = out.get(node, 0) + g
+        return {n: g for n, g in out.items() if g}
+
+    out = []
+    for user in dict.fromkeys(j.user for j in jobs):
+        mine = [j for j in jobs if j.user == user]
+        moved = any(dict(remembered.get(j.key, {})) != dict(j.current) for j in mine)
+        if (moved and all(j.key in remembered or not j.current for j in mine)
+                and per_node([remembered.get(j.key, {}) for j in mine]) == per_node([j.current for j in mine])):
+            mine = [dataclasses.replace(j, neutral_current=dict(remembered.get(j.key, {}))) for j in mine]
+        out.extend(mine)
+    order = {j.key: i for i, j in enumerate(jobs)}
+    return tuple(sorted(out, key=lambda j: order[j.key]))
 
 
 def _slice(problem: AllocationProblem, placement: Mapping[str, Mapping[str, int]],

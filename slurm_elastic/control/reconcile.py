@@ -28,6 +28,7 @@ from slurm_elastic.allocate.from_state import (RigidDemand, RigidPolicy, away_fr
 from slurm_elastic.allocate.problem import (Allocation, AllocationProblem, JobDecision, JobRequest, NodeCapacity,
                                             Policy)
 from slurm_elastic.allocate.shapes import never_placeable, request_shape, shape_of, spanning_widths
+from slurm_elastic.allocate.users import with_neutral_places
 from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
 from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, JobState, NodeFlag, NodeState,
                                          Resources)
@@ -393,6 +394,7 @@ class Reconciler:
         self._reported_malformed: set[int] = set()
         self._said_no_reservations = False
         self._last_solved: tuple[AllocationProblem | None, Allocation | None] = (None, None)
+        self._neutral: Mapping[str, Mapping[str, int]] = {}   # the last neutral solve's places (allocate/users.py)
         self._said: dict[int, str] = {}
         self.peer_losses = PeerLossReader(clock=clock)
         self.reviver = Reviver(backend, journal)
@@ -529,6 +531,7 @@ class Reconciler:
         lost_now = {j: still_lost(r, scoped) for j, r in reported.items()}
         requests = away_from_lost_nodes(requests, scoped, lost_now,
                                         back={j: frozenset(r) - lost_now[j] for j, r in reported.items()})
+        requests = with_neutral_places(requests, self._neutral)
         problem = pin_jobs(AllocationProblem(requests, capacity, policy), pins, hit)
         # A pinned job stays where it is: its current placement is always an answer for it, even one
         # the shape rule would not choose now (a spanning job whose nodes gained or lost other users'
@@ -541,6 +544,7 @@ class Reconciler:
             with native_stdout_silenced():
                 allocation = self.allocator(solved)
             self._last_solved = (solved, allocation)
+            self._neutral = allocation.neutral
         allocation = with_kept_jobs(allocation, kept, pinned)
         allocation = with_basis(allocation, decided.basis)
         node_sizes = {n.gpus for n in scoped.nodes}

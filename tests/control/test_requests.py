@@ -568,6 +568,39 @@ def test_a_users_weight_moves_gpus_only_among_that_users_own_jobs(objective):
     assert heavy["alice-heavy"] + heavy["alice-light"] <= fair["alice-heavy"] + fair["alice-light"], (fair, heavy)
 
 
+def test_a_users_weight_takes_nothing_from_another_user_over_many_cycles():
+    """The same property cycle after cycle, as a daemon runs (found by an adversarial probe on the live
+    cluster): a job alice's `--weight 1000000` left queued asked the next cycle's neutral solve for GPUs
+    again, from its real place; they came from bob's job, and the weight handed them to her heavy job:
+    bob went 8 -> 4 -> 2 of 16 GPUs. The neutral solve now starts where the last one left each job."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.protocol import ProtocolSettings
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+    from tests.control.test_rigid_neighbours import Clock
+
+    def bobs_gpus(weight: float) -> list[int]:
+        slurm = InMemorySlurm(nodes=4)                                  # 16 GPUs
+        bob = slurm.add_job(ElasticSpec(2, 16, gpu_step=2), nodes=4, gpus_per_node=4, user="bob")
+        clock = Clock()
+        config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0),
+                                  node_confirm_s=0, min_resize_interval_s=0, restart_budget_per_hour=100)
+        rec = Reconciler(slurm, Journal(":memory:"), config, clock=clock, sleep=clock.sleep)
+        rec.cycle()
+        slurm.add_job(ElasticSpec(2, 16, gpu_step=2, weight=weight), nodes=1, gpus_per_node=2, user="alice",
+                      run=False)
+        slurm.add_job(ElasticSpec(2, 16, gpu_step=2), nodes=1, gpus_per_node=2, user="alice", run=False)
+        out = []
+        for _ in range(8):
+            rec.cycle()
+            clock.sleep(2)
+            out.append(slurm.jobs[bob].gpus if slurm.jobs[bob].state is JobState.RUNNING else 0)
+        return out
+
+    fair, heavy = bobs_gpus(1.0), bobs_gpus(1_000_000.0)
+    assert fair == [8] * 8, fair
+    assert heavy == fair, heavy
+
+
 LIES = {
     "honest": lambda: [_row(100, 0, 4, 1.0, total=20_000), _row(400, 300, 4, 1.0, total=20_000)],
     "almost done (total_steps = step + 1)": lambda: [_row(100, 0, 4, 1.0, total=101), _row(400, 300, 4, 1.0, total=401)],
