@@ -85,7 +85,6 @@ class JobDirGuard:
             moved.append(path)
         return tuple(moved)
 
-
     def _once(self, path: str, st: os.stat_result, line: str) -> None:
         key = (path, st.st_ino)
         if key not in self._said:

@@ -40,6 +40,7 @@ from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_n
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
                                             with_basis)
+from slurm_elastic.control.requests.rules import BatchGeometry, SpeedFrontier
 from slurm_elastic.control.revive import Reviver
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.settings import (ACK_TIMEOUT, DRAIN_EXPIRY, DRAIN_ON_PEER_LOSS, HYSTERESIS, NODE_CONFIRM_S,
@@ -273,8 +274,8 @@ def native_stdout_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
-# The request rules whose notes say why a job's allowed counts stop below its max (control/requests/rules.py).
-CAPPING_RULES = ("[speed-frontier]", "[geometry]")
+# The request rules whose notes say why a job's allowed counts stop below its max (each note ends in its name).
+CAPPING_RULES = tuple(f"[{rule.name}]" for rule in (SpeedFrontier, BatchGeometry))
 
 
 def pin_jobs(problem: AllocationProblem, pins: Mapping[int, int],
