@@ -177,6 +177,7 @@ def parse_command_line(args: list[str] | tuple[str, ...],
     spec = spec_from_options(options)
     if spec.ckpt_dir is None:
         spec = dataclasses.replace(spec, ckpt_dir=_site_ckpt_dir(environ))
+    _check_ckpt_root(spec.ckpt_dir)
     env = {shim.CKPT_DIR_ENV: spec.ckpt_dir} if spec.ckpt_dir else {}
     env[settings.MIN_GPUS.env or ""] = str(spec.min_gpus)   # survivors below it do not go on in place
     if spec.batch is not None:
@@ -213,6 +214,15 @@ def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
         raise SpecError("an elastic job needs --ckpt-dir PATH (on the command line or an #ELASTIC line; "
                         f"or set {settings.CKPT_DIR.env}): its checkpoints live there")
     return site
+
+
+def _check_ckpt_root(root: str) -> None:
+    """A checkpoint root the submitting user cannot create their job's directory in would fail the job at its
+    first start: refused now, in one line (one that does not exist yet is left to the job to create)."""
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise SpecError(f"--ckpt-dir {root}: not a directory")
+    if os.path.isdir(root) and not os.access(root, os.W_OK | os.X_OK):
+        raise SpecError(f"--ckpt-dir {root}: you cannot create your job's directory there (not writable by you)")
 
 
 def _refuse_job_key(environ: Mapping[str, str], user_export: str | None, script_text: str) -> None:

@@ -75,3 +75,50 @@ def test_a_job_key_of_the_users_choosing_is_refused_naming_what_to_do(tmp_path: 
 def test_a_script_that_only_mentions_the_job_key_in_a_comment_is_submitted(tmp_path: Path) -> None:
     script = _script(tmp_path, "#ELASTIC --gpus 2-8", "# we no longer set SLURM_ELASTIC_JOB_KEY=1234 here")
     assert parse_command_line([script], environ=SITE).spec.ckpt_dir == SITE["SLURM_ELASTIC_CKPT_DIR"]
+
+
+def test_a_checkpoint_root_that_is_not_a_directory_is_refused(tmp_path: Path) -> None:
+    plain = tmp_path / "ckpt"
+    plain.write_text("x")
+    with pytest.raises(SpecError, match="not a directory"):
+        parse_command_line(["--gpus=2-8", "--ckpt-dir", str(plain), _script(tmp_path)], environ={})
+
+
+def test_a_checkpoint_root_the_submitting_user_cannot_write_is_refused_before_anything_is_submitted() -> None:
+    """Found by an adversarial probe: `--ckpt-dir /home/bob/private` was accepted from alice (the job could
+    never create its directory there). A real unprivileged user submits; the wrapper refuses in one line."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import users as user_tools  # tests/users.py
+
+    why = user_tools.runnable_as_user()
+    if why:
+        pytest.skip(why)
+    base = Path(tempfile.mkdtemp(prefix="se-ckptroot-", dir="/var/tmp"))
+    made = None
+    try:
+        os.chmod(base, 0o755)
+        closed = base / "not-yours"
+        closed.mkdir(mode=0o755)                       # root's, readable, not writable by others
+        script = base / "job.sbatch"
+        script.write_text("#!/bin/bash\nsrun true\n")
+        os.chmod(script, 0o644)
+        made = user_tools.user_python("se-ckptroot-user")
+        code = ("import sys; from slurm_elastic.control.submit import parse_command_line; "
+                "from slurm_elastic.errors import SpecError\n"
+                "try:\n    parse_command_line(['--gpus=2-8', '--ckpt-dir', sys.argv[1], sys.argv[2]], environ={})\n"
+                "    print('accepted')\n"
+                "except SpecError as exc:\n    print('refused:', exc)")
+        out = subprocess.run(made.argv(code, str(closed), str(script)), capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == (f"refused: --ckpt-dir {closed}: you cannot create your job's directory there "
+                                      f"(not writable by you)"), (out.stdout, out.stderr)
+    finally:
+        if made is not None:
+            made.close()
+        for path in sorted(base.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        base.rmdir()
