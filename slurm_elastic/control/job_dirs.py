@@ -80,8 +80,10 @@ class JobDirGuard:
                     continue
             finally:
                 os.close(pfd)
-            log.warning("job %d: %s was made by uid %d, not by the job's user %s: moved aside to %s; the job "
-                        "creates a fresh one", job.job_id, path, st.st_uid, job.user, aside)
+            what = (f"is its user's own {'link' if stat.S_ISLNK(st.st_mode) else 'file'}, not a directory"
+                    if st.st_uid == uid else f"was made by uid {st.st_uid}, not by the job's user {job.user}")
+            log.warning("job %d: %s %s: moved aside to %s; the job creates a fresh one", job.job_id, path, what,
+                        aside)
             moved.append(path)
         return tuple(moved)
 

@@ -561,6 +561,9 @@ class Reconciler:
                            lambda spec, g, placement: request_shape(spec, g, placement, node_sizes), job_ids=job_ids,
                            handled=handled, peer_lost={j: x.lost_nodes for j, x in acting.items()},
                            given_to_rigid=given)
+        # Ranks that exited 87 on a bad geometry are gone: such a job's shrink is a requeue, never in place
+        # (seen: kept in place, nothing ran on, and Slurm ended the job FAILED).
+        plans = tuple(dataclasses.replace(p, keep=()) if p.job_id in stuck and p.keep else p for p in plans)
         waits = self._waits(scoped, allocation, plans, pinned, stuck, decided.waits, now)
         for job_id, loss in losses.items():
             if job_id not in acting:
@@ -655,7 +658,9 @@ class Reconciler:
         """--drain-on-peer-loss (admin mode only): drain the nodes a finished peer-loss plan excluded.
 
         A job's word is its user's: each user's reports drain at most DRAINS_PER_USER_PER_HOUR nodes
-        an hour (journaled), and only nodes the job ran on (checked when the report was read).
+        an hour (journaled), and only nodes the job ran on (checked when the report was read) where no
+        other job runs when the drain would be made (Slurm reads afresh: the plan's requeue took seconds,
+        and another user's job started there meanwhile was then moved off the drained node).
         Draining stops new jobs there; the ones running go on.
         """
         if not self.config.drain_on_peer_loss or self.config.user is not None:
@@ -664,10 +669,23 @@ class Reconciler:
         by_job = {o.job_id: o.plan_id for o in outcomes}
         drained: list[str] = []
         now = self._clock()
+        running: dict[str, set[int]] | None = None
         for plan in plans:
             if not plan.peer_lost or by_job.get(plan.job_id) not in done:
                 continue
+            if running is None:
+                running = {}
+                for job in self.backend.snapshot().jobs:
+                    if job.state.active:
+                        for name in job.nodes:
+                            running.setdefault(name, set()).add(job.job_id)
             for node in plan.exclude:
+                others = sorted(running.get(node, set()) - {plan.job_id})
+                if others:
+                    log.warning("job %d: not draining %s on its report: job%s %s run%s there now", plan.job_id,
+                                node, "s" if len(others) > 1 else "", ",".join(map(str, others)),
+                                "" if len(others) > 1 else "s")
+                    continue
                 if self.journal.drains_since(plan.user, now - HOUR_S) >= DRAINS_PER_USER_PER_HOUR:
                     log.warning("job %d: not draining %s: %s's jobs drained %d nodes in the last hour already",
                                 plan.job_id, node, plan.user, DRAINS_PER_USER_PER_HOUR)

@@ -203,6 +203,19 @@ def test_a_bad_geometry_is_replanned_at_once_at_a_valid_size(cluster):
     assert slurm.jobs[job].gpus in (1, 2, 4, 8)
 
 
+def test_a_bad_geometry_shrink_is_a_requeue_never_in_place(cluster):
+    """Its ranks exited 87: none are left to go on in their processes. Found by an adversarial probe: a job
+    at 8 GPUs on two nodes, whose batch splits over 2, 4 or 6 ranks only, was shrunk in place to its first
+    node, nothing ran on, and Slurm ended it FAILED."""
+    slurm, clock, tmp = cluster
+    ckpt = str(tmp / "ckpt")
+    job = slurm.add_job(ElasticSpec(2, 8, gpu_step=2, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user=ME)
+    _geometry(ckpt, job, 8, [2, 4, 6])
+    dry = _reconciler(slurm, clock, tmp).cycle(dry_run=True)
+    [plan] = dry.plans
+    assert plan.job_id == job and plan.to_gpus in (2, 4, 6) and plan.keep == (), plan
+
+
 def test_a_bad_geometry_says_why_while_no_valid_size_fits(cluster):
     slurm, _, tmp = cluster
     ckpt = str(tmp / "ckpt")

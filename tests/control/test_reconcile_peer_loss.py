@@ -739,3 +739,31 @@ def test_the_phases_of_a_loss_whose_survivors_kept_their_processes_end_at_their_
     assert phases.phases() == [("detected -> ranks stopped", 0.1), ("ranks stopped -> checkpoint committed", 4.9),
                                ("committed -> group re-formed", 0.1), ("group re-formed -> first step", 0.9)]
     assert phases.total_s() == 6.0
+
+
+def test_a_node_another_job_started_on_meanwhile_is_not_drained_on_a_report(tmp_path, caplog):
+    """The drain comes after the reporting job's requeue, seconds after the report was read. Found by an
+    adversarial probe: Slurm had started bob's job on the node alice's report named meanwhile, the drain
+    landed under it, and the controller then moved bob's job off the drained node."""
+    slurm = ExcludingSlurm(nodes=3)
+    ckpt = tmp_path / "ckpt"
+    a = slurm.add_job(ElasticSpec(8, 8, gpu_step=4, ckpt_dir=str(ckpt)), nodes=2, gpus_per_node=4, user="alice")
+    assert slurm.jobs[a].nodes == ("n1", "n2")
+    rec, _ = _reconciler(slurm, tmp_path, drain_on_peer_loss=True)
+    rec.cycle()
+    _write(ckpt, a, _report(a))                           # n2 lost, n1 alive
+    bob: list[int] = []
+    execute = rec.protocol.execute
+
+    def and_then_bob_starts(*args, **kwargs):
+        out = execute(*args, **kwargs)
+        bob.append(slurm.add_job(None, nodes=1, gpus_per_node=4, user="bob"))   # only n2 is free now
+        return out
+
+    rec.protocol.execute = and_then_bob_starts            # type: ignore[method-assign]
+    report = rec.cycle()
+    assert slurm.jobs[a].restarts == 1 and "n2" not in slurm.jobs[a].nodes
+    assert slurm.jobs[bob[0]].nodes == ("n2",) and slurm.jobs[bob[0]].state is JobState.RUNNING
+    assert report.drained == () and NodeFlag.DRAIN not in slurm.nodes["n2"].flags
+    assert any(f"not draining n2 on its report: job {bob[0]} runs there now" in r.getMessage()
+               for r in caplog.records)
