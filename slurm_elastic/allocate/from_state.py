@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Sequence, Union
 
 from slurm_elastic.allocate.problem import AllocationProblem, JobRequest, NodeCapacity, Policy
 from slurm_elastic.cluster.backfill import free_now, reserve
-from slurm_elastic.cluster.model import ClusterState, Job, JobState, Resources, queue_order
+from slurm_elastic.cluster.model import ClusterState, Job, JobState, NodeFlag, Resources, queue_order
 from slurm_elastic.cluster.reservations import AdvanceReservation, blocking, open_nodes
 
 log = logging.getLogger(__name__)
@@ -118,18 +118,28 @@ def capacity_from_state(state: ClusterState) -> tuple[NodeCapacity, ...]:
     Unavailable nodes stay in the problem so the jobs on them show as losing GPUs.
     """
     used: dict[str, Resources] = {}
+    held: dict[str, int] = {}
     for job in state.jobs:
-        if job.elastic or not job.state.active:
+        if not job.state.active:
             continue
         for name in job.nodes:
-            used[name] = used.get(name, Resources()) + job.uses_per_node
+            if job.elastic:
+                held[name] = held.get(name, 0) + job.gpus_per_node
+            else:
+                used[name] = used.get(name, Resources()) + job.uses_per_node
     nodes = []
     for node in state.nodes:
         if not node.available:
             nodes.append(NodeCapacity(node.name, 0, 0, 0))
             continue
         free = (node.total - used.get(node.name, Resources())).clamp()
-        nodes.append(NodeCapacity(node.name, free.gpus, free.cpus, free.mem_mb))
+        gpus = free.gpus
+        if NodeFlag.COMPLETING in node.flags:
+            # Slurm starts nothing there until the completion ends, and one was seen stuck IDLE+COMPLETING
+            # with no job left after a slurmctld restart: a job placed there anew waited for good. The
+            # elastic jobs on it keep theirs; none is placed there anew until the flag is gone.
+            gpus = min(gpus, held.get(node.name, 0))
+        nodes.append(NodeCapacity(node.name, gpus, free.cpus, free.mem_mb))
     return tuple(nodes)
 
 

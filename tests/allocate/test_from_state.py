@@ -66,3 +66,21 @@ def test_solving_a_snapshot_keeps_jobs_off_unavailable_nodes():
     d3 = next(d for d in alloc.decisions if d.key == "3")
     assert d3.gpus_before == 4
     assert "gpu3 gives nothing now" in d3.reason
+
+
+def test_a_completing_node_takes_no_new_placement_and_keeps_the_elastic_jobs_on_it():
+    """Slurm starts nothing on a COMPLETING node. Found by a fault probe: after a slurmctld restart one node
+    stayed IDLE+COMPLETING with no job on it, the controller kept naming it in pending jobs' node lists,
+    and they waited until an admin restarted its slurmd."""
+    from slurm_elastic.allocate.from_state import capacity_from_state
+
+    nodes = (Node("a", NodeState.IDLE, flags=frozenset({NodeFlag.COMPLETING}), cpus=8, mem_mb=8000, gpus=4),
+             Node("b", NodeState.MIXED, flags=frozenset({NodeFlag.COMPLETING}), cpus=8, mem_mb=8000, gpus=4,
+                  gpus_alloc=2),
+             Node("c", NodeState.IDLE, cpus=8, mem_mb=8000, gpus=4))
+    jobs = (Job(1, "u", "el", JobState.RUNNING, nodes=("b",), gpus_per_node=2, spec=ElasticSpec(1, 4)),
+            Job(2, "u", "queued", JobState.PENDING, spec=ElasticSpec(4, 4)))
+    cap = {n.name: n.gpus for n in capacity_from_state(ClusterState(nodes, jobs, taken_at=0.0))}
+    assert cap == {"a": 0, "b": 2, "c": 4}
+    answer = solve(problem_from_state(ClusterState(nodes, jobs, taken_at=0.0), Policy()))
+    assert answer.placement["2"] == {"c": 4} and answer.gpus["1"] >= 2 and set(answer.placement["1"]) <= {"b", "c"}
