@@ -172,8 +172,11 @@ def restart_phases(job: Job, rec: PlanRecord, steps: Sequence[tuple[str, float, 
         detected = at.get("open")
         stopped = at.get("signal")
         committed = owned_mtime(os.path.join(directory, shim.ack_file_name(job.job_id, rec.restarts)), owner_uid)
-    running = job.start_time if job.restarts > rec.restarts and job.start_time is not None else None
+    # The start of the incarnation the plan released, not of a later one (a requeue of Slurm's own since)
+    running = job.start_time if job.restarts == rec.restarts + 1 and job.start_time is not None else None
     relaunched = at.get("done", at.get("release"))
+    if running is not None and relaunched is not None and relaunched - 1 < running < relaunched:
+        running = relaunched      # Slurm's start time is in whole seconds
     if in_place:
         # The same incarnation goes on: its batch script relaunched the ranks as the next srun step,
         # whose rank 0 writes the step's rendezvous file once at start (the "requeued" mark is the shrink).

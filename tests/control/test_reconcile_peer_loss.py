@@ -688,6 +688,15 @@ def test_the_phases_of_a_peer_loss_restart_come_from_the_marks_already_written(t
     # Another user's file in the job's directory is no mark of the job's.
     foreign = last_restart(job, journal, owner_uid=os.getuid() + 1)
     assert foreign is not None and foreign.detected is None and foreign.first_step is None
+    # Requeued by Slurm once more since (no plan of ours): that incarnation's start is not this restart's (a
+    # fault probe saw "relaunched -> running 383.9s" for a restart of about 8 s).
+    later = dataclasses.replace(job, restarts=2, start_time=t + 400)
+    phases = last_restart(later, journal, owner_uid=os.getuid())
+    assert phases is not None and phases.running is None and phases.first_step is None
+    assert all(name != "relaunched -> running" for name, _ in phases.phases())
+    # Slurm's start time is whole seconds: one less than a second before the release is the release
+    phases = last_restart(dataclasses.replace(job, start_time=t + 7.9), journal, owner_uid=os.getuid())
+    assert phases is not None and dict(phases.phases())["relaunched -> running"] == 0.0
 
 
 def test_a_first_step_is_not_guessed_when_the_rows_since_the_restart_outgrew_the_tail_read(tmp_path):
