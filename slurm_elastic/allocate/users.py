@@ -80,16 +80,17 @@ def with_neutral_places(jobs: Sequence[JobRequest],
                 out[node] = out.get(node, 0) + g
         return {n: g for n, g in out.items() if g}
 
-    out = []
-    for user in dict.fromkeys(j.user for j in jobs):
-        mine = [j for j in jobs if j.user == user]
+    by_user: dict[str, list[JobRequest]] = {}
+    for j in jobs:
+        by_user.setdefault(j.user, []).append(j)
+    placed: dict[str, JobRequest] = {}
+    for mine in by_user.values():
         moved = any(dict(remembered.get(j.key, {})) != dict(j.current) for j in mine)
         if (moved and all(j.key in remembered or not j.current for j in mine)
                 and per_node([remembered.get(j.key, {}) for j in mine]) == per_node([j.current for j in mine])):
-            mine = [dataclasses.replace(j, neutral_current=dict(remembered.get(j.key, {}))) for j in mine]
-        out.extend(mine)
-    order = {j.key: i for i, j in enumerate(jobs)}
-    return tuple(sorted(out, key=lambda j: order[j.key]))
+            placed.update((j.key, dataclasses.replace(j, neutral_current=dict(remembered.get(j.key, {}))))
+                          for j in mine)
+    return tuple(placed.get(j.key, j) for j in jobs)
 
 
 def _slice(problem: AllocationProblem, placement: Mapping[str, Mapping[str, int]],
