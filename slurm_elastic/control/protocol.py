@@ -56,7 +56,7 @@ class ProtocolSettings:
     ack_poll_s: float = 0.2
     settle_timeout_s: float = 30.0   # a requeued job passes through COMPLETING before Slurm lets it be updated
     settle_poll_s: float = 0.25
-    credential_gap_s: float = 1.5    # no release sooner after the requeue (see RequeueProtocol._credential_gap)
+    credential_gap_s: float = 1.05   # no release sooner after the requeue (see RequeueProtocol._credential_gap)
     observe_every_s: float = 2.0     # during the ACK wait, look at the jobs this often (a cancel ends the wait)
     launcher_wait_s: float = 3.0     # how long a peer-lost plan waits for the batch script's launcher-stopped word
 
@@ -423,8 +423,12 @@ class RequeueProtocol:
         A requeue revokes the job's credential on its nodes, and slurmd refuses a new launch whose
         credential is not newer than the revocation, at one-second resolution: a job released
         within the same second lands on the same node, fails with "Job credential revoked" and
-        ends FAILED (seen live on 22.05). Slurm's own ~120 s BeginTime exists for this; a second
-        and a half is enough.
+        ends FAILED (seen live on 22.05). Slurm's own ~120 s BeginTime exists for this. Both times
+        are slurmctld's: the revocation is stamped when it processes the requeue, before we see the
+        job requeued (`_requeued_at`), and the new credential when it launches the job, after our
+        release. A second between the two on our clock therefore puts them in different whole
+        seconds of slurmctld's, whatever the offset between the clocks; the 0.05 s is for a rate
+        difference between them.
         """
         since = self._requeued_at.pop(plan_id, None)
         until = self._old_srun_until.pop(plan_id, None)

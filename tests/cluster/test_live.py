@@ -24,6 +24,7 @@ from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.cluster.watch import (JobRequeuedBySlurm, NodeGained, NodeLost, WakeFile, Watcher,
                                          clear_triggers, install_wake_triggers, watch)
+from slurm_elastic.control.protocol import ProtocolSettings
 from slurm_elastic.errors import SlurmError, UnknownJob
 from slurm_elastic.spec import ElasticSpec
 
@@ -232,7 +233,7 @@ def test_resize_protocol_steps(slurm_cluster, tmp_path: Path) -> None:
         # Slurm refuses a launch within the second of the requeue that revoked the job's credential
         # ("Job credential revoked", the job ends FAILED); the controller keeps the same gap
         # (RequeueProtocol._credential_gap).
-        time.sleep(max(0.0, requeued_at + 1.5 - time.monotonic()))
+        time.sleep(max(0.0, requeued_at + ProtocolSettings().credential_gap_s - time.monotonic()))
         backend.release(jid)
         job = wait_for_job(slurm_cluster, job_now, lambda j: j.state is JobState.RUNNING, "running again", 30)
         assert (len(job.nodes), job.num_nodes, job.gpus_per_node, job.restarts) == (1, 1, 3, 1)
@@ -277,7 +278,7 @@ def test_a_job_grown_past_its_submitted_cpus_starts_a_task_per_gpu(slurm_cluster
         wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.PENDING and j.held, "held")
         requeued_at = time.monotonic()
         backend.set_resources(jid, RequestShape(1, 3, 1, 500))
-        time.sleep(max(0.0, requeued_at + 1.5 - time.monotonic()))   # as test_resize_protocol_steps
+        time.sleep(max(0.0, requeued_at + ProtocolSettings().credential_gap_s - time.monotonic()))   # as test_resize_protocol_steps
         backend.release(jid)
         job = wait_job(slurm_cluster, backend, jid, lambda j: j.state is JobState.RUNNING, "running again", 30)
         assert (job.gpus_per_node, job.cpus_per_node) == (3, 3), (job.gpus_per_node, job.cpus_per_node)
