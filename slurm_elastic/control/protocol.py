@@ -190,7 +190,9 @@ class RequeueProtocol:
         for step in _STEPS:
             if step != "hold":
                 self._recheck(records, finished, held, before=step)
-            for rec in records:
+            # Releases in the order their waits run out: one waiting out an old srun (KillWait) holds
+            # back no job whose own gap is over.
+            for rec in sorted(records, key=self._release_not_before) if step == "release" else records:
                 if rec.plan_id in finished or (step == "hold" and rec.plan.entry is PlanEntry.PENDING):
                     continue
                 outcome = self._step(rec, step, crash=True)
@@ -441,6 +443,12 @@ class RequeueProtocol:
         left = since + self.settings.credential_gap_s - self._clock()
         if left > 0:
             self._sleep(left)
+
+    def _release_not_before(self, rec: PlanRecord) -> float:
+        """When `_credential_gap` lets the plan's job be released (on this protocol's clock)."""
+        since = self._requeued_at.get(rec.plan_id)
+        return max(self._old_srun_until.get(rec.plan_id, float("-inf")),
+                   since + self.settings.credential_gap_s if since is not None else float("-inf"))
 
     def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True, plan_id: int = 0) -> None:
         """Until a requeued job has finished COMPLETING.

@@ -19,7 +19,8 @@ from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import Journal
 from slurm_elastic.control.peer_loss import PeerLossReader
-from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings
+from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.spec import ElasticSpec
@@ -171,6 +172,37 @@ def test_a_batch_script_that_stopped_the_old_srun_is_released_without_the_killwa
         assert clock.skipped < 30.0    # the credential gap only, not KillWait + 3 s
     else:
         assert clock.skipped >= 33.0   # the marker's wait (3 s), then KillWait + 3 s
+
+
+def test_a_job_waiting_out_an_old_srun_holds_back_no_other_jobs_release(tmp_path):
+    """Two plans in one cycle: a lost node's job whose batch script said nothing of its old srun waits
+    KillWait + 3 s before its release; the other job, shrunk in the same cycle, is released once its own
+    credential gap is over, not after that wait."""
+    slurm = ExcludingSlurm()
+    ckpt = str(tmp_path / "ckpt")
+    a = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user="alice")
+    b = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=2, gpus_per_node=4, user="bob")
+    clock = Clock()
+    released: dict[int, float] = {}
+    requeued: dict[int, float] = {}
+    for verb, seen in (("release", released), ("requeue_hold", requeued)):
+        real = getattr(slurm, verb)
+
+        def spy(job_id, _real=real, _seen=seen):
+            _seen[job_id] = clock()
+            return _real(job_id)
+        setattr(slurm, verb, spy)
+    proto = RequeueProtocol(slurm, Journal(tmp_path / "j.sqlite"),
+                            ProtocolSettings(ack_timeout_s=0, settle_timeout_s=1.0), clock=clock, sleep=clock.sleep)
+    lost = Plan(job_id=a, from_gpus=8, to_gpus=4, shape=RequestShape(1, 4, 1, 1024), entry=PlanEntry.RUNNING,
+                reason="lost node n2", forced=True, user="alice", exclude=(slurm.jobs[a].nodes[1],))
+    shrink = Plan(job_id=b, from_gpus=8, to_gpus=4, shape=RequestShape(1, 4, 1, 1024), entry=PlanEntry.RUNNING,
+                  reason="shrink", user="bob")
+    outcomes = proto.execute([lost, shrink], slurm.snapshot(), launcher_stopped=lambda job_id: "")
+    assert [o.status for o in outcomes] == ["done", "done"]
+    assert released[a] - requeued[a] >= 32.0           # KillWait (30 s) + 3 s for the old srun, from the hold
+    assert released[b] < released[a]
+    assert released[b] - requeued[b] < 30.0             # its own gap, not the other job's wait
 
 
 def _crowded(tmp_path: Path):
