@@ -41,6 +41,7 @@ _STEPS = ("hold", "resize", "release")   # steps 3-5, after signal and ACK
 IN_PLACE = shim.RELAUNCHES_IN_PLACE      # the job's batch script relaunches the ranks in place
 KEPT = shim.RANKS_KEPT                   # its survivors went on in their processes (the srun still runs)
 STOPPED = "stopped"                      # its batch script SIGKILLed the step's srun (jobfiles LauncherStopped)
+WAITING = "waiting"                      # an Outcome whose plan stays open (see _NotYet)
 IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)"
 KEPT_SHRINK_NOTE = "shrunk in place on its healthy nodes (its ranks kept)"
 NOT_SIGNALLED_NOTE = "not sent: shrunk in place, its ranks go on in their processes"
@@ -65,7 +66,7 @@ class ProtocolSettings:
 class Outcome:
     plan_id: int
     job_id: int
-    status: str          # done | rolled_back | abandoned
+    status: str          # done | rolled_back | abandoned | waiting (open: a later cycle goes on with it)
     note: str = ""
     acked: bool | None = None
 
@@ -314,7 +315,8 @@ class RequeueProtocol:
                 self._in_place.discard(rec.plan_id)
             return None
         try:
-            self.journal.record(rec.plan_id, step)
+            if rec.step != step:   # a plan recovery takes up again at the step it waits in is journaled once
+                self.journal.record(rec.plan_id, step)
             if step == "hold":
                 why = self._hold(rec, fresh=crash)
                 if why is not None:
@@ -330,6 +332,8 @@ class RequeueProtocol:
                 self._maybe_crash(step)
         except _Departed as gone:
             return self._abandon(rec, str(gone), f"at {step}")
+        except _NotYet as wait:
+            return Outcome(rec.plan_id, rec.job_id, WAITING, str(wait))
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")
         except Exception as exc:
@@ -456,24 +460,33 @@ class RequeueProtocol:
         Slurm sets BeginTime = now + ~120 s again when the requeue completes (batch_requeue_fini),
         so StartTime=now given earlier would be overwritten. A job held for Slurm's own requeue (its
         batch host lost) is waited for until Slurm has marked the node down, and requeued by us only
-        if that never comes (the node answered after all).
+        if that never comes (the node answered after all). That wait is not made inside the cycle: while
+        it lasts the step raises _NotYet, the plan stays open, and each later cycle's recovery looks again
+        (a report naming a batch host that is alive would otherwise hold every other job's plans, and the
+        whole controller, for SlurmdTimeout and more).
         """
         job_id = plan.job_id
-        slurms = self._slurm_requeues.pop(plan_id, None)
+        slurms = self._slurm_requeues.get(plan_id)
         if slurms is None and plan.exclude and self._batch_host_lost(job_id, plan.exclude):
             # Resumed after a restart of the controller: the job it held still waits for Slurm's requeue.
-            slurms = self._clock() + self._slurm_requeue_wait_s()
+            slurms = self._slurm_requeues[plan_id] = self._clock() + self._slurm_requeue_wait_s()
         deadline = slurms if slurms is not None else self._clock() + self.settings.settle_timeout_s
         while True:
             job = self._observe(job_id)
             why = departed(plan, job, restarts=0, held_by_us=True)
             if why is not None or job is None:
+                self._slurm_requeues.pop(plan_id, None)
                 raise _Departed(why or "the job is gone from Slurm")
             if job.state in (JobState.PENDING, JobState.REQUEUE_HOLD):
+                self._slurm_requeues.pop(plan_id, None)
                 return
-            if slurms is not None and self._clock() >= deadline:
+            if slurms is not None and self._clock() < deadline:
+                raise _NotYet(f"held for Slurm's own requeue (its batch host was reported lost); requeued by the "
+                              f"controller in {deadline - self._clock():.0f} s unless Slurm does it first")
+            if slurms is not None:
                 log.warning("job %d: Slurm has not requeued it since its batch host was reported lost; "
                             "requeuing it now", job_id)
+                self._slurm_requeues.pop(plan_id, None)
                 self.backend.requeue_hold(job_id)
                 slurms, deadline = None, self._clock() + self.settings.settle_timeout_s
                 continue
@@ -786,6 +799,11 @@ class RequeueProtocol:
 
 class _Departed(Exception):
     """The job moved on under a step (ended, cancelled, a new owner): the plan is abandoned, not rolled back."""
+
+
+class _NotYet(Exception):
+    """The step waits for Slurm (a requeue of its own) longer than a cycle should: the plan stays open and a
+    later cycle's recovery takes the step again."""
 
 
 def _sigkill_self() -> None:

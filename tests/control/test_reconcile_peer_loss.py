@@ -401,18 +401,58 @@ def _lose_batch_host(slurm: BatchHostSlurm, job_id: int, ckpt: Path) -> None:
     _write(ckpt, job_id, _report(job_id, lost=("n1",), surviving=("n2",)))
 
 
+def _cycles_until_recovered(rec: Reconciler, clock: Clock, *, every_s: float = 2.0, most: int = 200) -> list:
+    """Cycle every `every_s` (the clock skipped ahead) until a recovered plan is no longer waiting; the reports."""
+    reports = []
+    for _ in range(most):
+        clock.sleep(every_s)
+        reports.append(rec.cycle())
+        if reports[-1].recovered and reports[-1].recovered[0].status != "waiting":
+            return reports
+    raise AssertionError("the plan never finished")
+
+
 def test_a_job_whose_batch_host_is_lost_is_requeued_by_slurm_not_by_us(tmp_path):
     """Slurm never takes the batch host from a running job, and a job we requeue while its dead batch host
     holds it restarts without its GPUs (22.05.8; the GPUs of its new node stay counted as used): the job
-    is held instead, Slurm requeues it when it marks the node DOWN, and the plan goes on from there."""
+    is held instead, Slurm requeues it when it marks the node DOWN, and the plan goes on from there, in
+    the first cycle after it (no cycle waits for it)."""
     slurm, a, rec, clock = _running_on_two_nodes(tmp_path)
     _lose_batch_host(slurm, a, tmp_path / "ckpt")
+    before = clock.skipped
     report = rec.cycle()
-    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 4)] and report.outcomes[0].status == "done"
+    assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 4)] and report.outcomes[0].status == "waiting"
+    assert clock.skipped - before < 5.0 and slurm.jobs[a].held and rec.journal.open_plans()
+    reports = _cycles_until_recovered(rec, clock)
+    assert [o.status for o in reports[-1].recovered] == ["done"] and not rec.journal.open_plans()
+    assert all(r.cycle_s < 5.0 for r in reports) and clock.skipped - before < slurm.slurmd_timeout_s() + 30
     assert slurm.requeued_on_dead_host == []
     assert slurm.nodes["n1"].state is NodeState.DOWN                  # the plan waited for Slurm's own requeue
     job = slurm.jobs[a]
     assert job.state is JobState.RUNNING and "n1" not in job.nodes and job.restarts == 1 and not job.held
+
+
+def test_a_report_naming_a_batch_host_that_is_alive_holds_up_no_cycle_and_no_other_job(tmp_path):
+    """A job's report names its own batch host lost, which answers Slurm all along (a lie, or a network
+    split between the ranks only): the job is held for Slurm's requeue that never comes, the cycles go on
+    at their pace meanwhile, another user's job is resized in them, and once Slurm's wait is over the
+    controller requeues the job itself."""
+    slurm, a, rec, clock = _running_on_two_nodes(tmp_path)
+    # bob's job asks 3 nodes, 2 are free: it waits for the controller to start it smaller
+    b = slurm.add_job(ElasticSpec(4, 12, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt")), nodes=3, gpus_per_node=4,
+                      user="bob", run=False)
+    _write(tmp_path / "ckpt", a, _report(a, lost=("n1",), surviving=("n2",)))   # n1 is not dead
+    before = clock.skipped
+    report = rec.cycle()
+    assert {o.job_id: o.status for o in report.outcomes} == {a: "waiting", b: "done"}
+    assert clock.skipped - before < 5.0 and slurm.jobs[b].state is JobState.RUNNING
+    reports = _cycles_until_recovered(rec, clock, every_s=10.0)
+    assert all(r.cycle_s < 5.0 and r.allocation is not None for r in reports)   # each cycle decided, at its pace
+    assert [o.status for o in reports[-1].recovered] == ["done"]
+    waited = clock.skipped - before
+    assert slurm.slurmd_timeout_s() * 4 / 3 + 15 <= waited < slurm.slurmd_timeout_s() * 4 / 3 + 15 + 30
+    job = slurm.jobs[a]
+    assert job.restarts == 1 and job.state is JobState.RUNNING and not job.held
 
 
 def test_a_controller_that_dies_while_a_lost_batch_host_holds_the_job_waits_for_slurm_on_recovery(tmp_path):
@@ -434,7 +474,8 @@ def test_a_controller_that_dies_while_a_lost_batch_host_holds_the_job_waits_for_
         rec.cycle()
     assert slurm.jobs[a].state is JobState.RUNNING and slurm.jobs[a].held and rec.journal.open_plans()
     rec2, _ = _reconciler(slurm, tmp_path, clock=clock)     # a new controller, the same journal
-    report = rec2.cycle()
+    assert [o.status for o in rec2.cycle().recovered] == ["waiting"] and rec2.journal.open_plans()
+    report = _cycles_until_recovered(rec2, clock)[-1]
     assert [o.status for o in report.recovered] == ["done"] and not rec2.journal.open_plans()
     assert slurm.requeued_on_dead_host == [] and slurm.nodes["n1"].state is NodeState.DOWN
     job = slurm.jobs[a]
