@@ -226,14 +226,39 @@ def _launcher_said(marker: str, owner_uid: int) -> str:
     return KEPT if said.srun_running else IN_PLACE if said.in_place else STOPPED
 
 
+KILL_RETRY_S = 90.0
+"""How long a node that came back may still deliver a kill Slurm queued for it while it was gone: slurmctld
+retries an undelivered RPC about once a minute (agent_retry, RPC_RETRY_INTERVAL 60 s), and the attempt
+itself takes up to MessageTimeout (10 s by default); the rest is margin. The kill names the job's id and
+step, which the job's next incarnation uses again (seen converting a real script on 22.05: the job grown
+back onto the node that returned had its ranks there killed 31-53 s after their launch, by the kill of
+the step it had been given up from; one run hung in its rendezvous and ended FAILED)."""
+
+
 def still_lost(reported: Mapping[str, float], state: ClusterState) -> frozenset[str]:
     """Of the nodes a job's ranks reported lost ({node: when}), those it must still stay off: all but the
-    ones whose slurmd has started since (the node came back: rebooted, or its slurmd restarted). Slurm
-    may never have marked such a node DOWN (it came back within SlurmdTimeout), so its state says nothing;
-    a node Slurm does not say the start time of stays lost."""
+    ones whose slurmd started since (the node came back: rebooted, or its slurmd restarted) at least
+    KILL_RETRY_S before `state` was taken. Slurm may never have marked such a node DOWN (it came back
+    within SlurmdTimeout), so its state says nothing; a node Slurm does not say the start time of stays
+    lost."""
     started = {n.name: n.slurmd_started_at for n in state.nodes}
     return frozenset(node for node, at in reported.items()
-                     if (since := started.get(node)) is None or since <= at)
+                     if (since := started.get(node)) is None or since <= at or state.taken_at - since < KILL_RETRY_S)
+
+
+def readmission(reported: Mapping[str, float], state: ClusterState) -> dict[str, str]:
+    """For each node in `still_lost`, when the job may use it again, in words."""
+    started = {n.name: n.slurmd_started_at for n in state.nodes}
+    out = {}
+    for node in sorted(still_lost(reported, state)):
+        since = started.get(node)
+        if since is not None and since > reported[node]:
+            out[node] = (f"{node} (back since {state.taken_at - since:.0f} s; used again in "
+                         f"{KILL_RETRY_S - (state.taken_at - since):.0f} s, once a kill Slurm queued for it "
+                         f"while it was gone can no longer come)")
+        else:
+            out[node] = f"{node} (its ranks reported it lost; used again once its slurmd starts again)"
+    return out
 
 
 def ready(losses: Mapping[int, PeerLoss], now: float, pending_timeout_s: float) -> dict[int, PeerLoss]:

@@ -35,7 +35,7 @@ from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, J
 from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
 from slurm_elastic.control.journal import DONE, OPEN, Journal
-from slurm_elastic.control.peer_loss import KEPT, PeerLoss, PeerLossReader, ready, still_lost
+from slurm_elastic.control.peer_loss import KEPT, PeerLoss, PeerLossReader, readmission, ready, still_lost
 from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
 from slurm_elastic.control.requests import (RequestSettings, Requests, RequestSource, default_request_source,
@@ -565,6 +565,9 @@ class Reconciler:
         # (seen: kept in place, nothing ran on, and Slurm ended the job FAILED).
         plans = tuple(dataclasses.replace(p, keep=()) if p.job_id in stuck and p.keep else p for p in plans)
         waits = self._waits(scoped, allocation, plans, pinned, stuck, decided.waits, now)
+        for job_id, lost in lost_now.items():
+            if lost and waits.get(job_id, "").startswith("stays at"):
+                waits[job_id] += "; kept off " + ", ".join(readmission(reported[job_id], scoped).values())
         for job_id, loss in losses.items():
             if job_id not in acting:
                 left = max(self.config.protocol.ack_timeout_s - (now - loss.seen_at), 0.0)

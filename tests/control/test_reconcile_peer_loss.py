@@ -18,7 +18,7 @@ from slurm_elastic.cluster.memory import InMemorySlurm
 from slurm_elastic.cluster.model import JobState, NodeFlag, NodeState
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import Journal
-from slurm_elastic.control.peer_loss import PeerLossReader
+from slurm_elastic.control.peer_loss import KILL_RETRY_S, PeerLossReader
 from slurm_elastic.control.plan import Plan, PlanEntry
 from slurm_elastic.control.protocol import IN_PLACE_NOTE, ProtocolSettings, RequeueProtocol
 from slurm_elastic.control.reconcile import DRAINS_PER_USER_PER_HOUR, ControllerConfig, Reconciler
@@ -302,6 +302,12 @@ def test_a_lost_node_whose_slurmd_starts_again_is_the_jobs_again(tmp_path, slurm
     if slurm_class is ExcludingSlurm:
         slurm.excluded[a] = {"n2", "n9"}       # set while it ran; n9: excluded at submission
     slurm.node_up("n2")                       # its slurmd starts again: Slurm never marked it DOWN
+    # Not at once: a kill Slurm queued for n2 while it was gone (the given-up step's, J.0) may still come
+    # and would hit the grown job's ranks there.
+    report = rec.cycle()
+    assert report.plans == () and slurm.jobs[a].nodes == ("n1",)
+    assert "kept off n2 (back since 0 s; used again in 90 s" in report.waits[a], report.waits
+    clock.skipped += KILL_RETRY_S
     report = rec.cycle()
     assert [(p.job_id, p.to_gpus) for p in report.plans] == [(a, 8)] and report.outcomes[0].status == "done"
     job = slurm.jobs[a]
@@ -329,6 +335,7 @@ def _kept_then_grown(tmp_path, word_at_grow: str | None = None) -> float:
     assert slurm.jobs[a].nodes == ("n1",) and slurm.jobs[a].restarts == 0
     clock.skipped += 3600
     slurm.node_up("n2")
+    clock.skipped += KILL_RETRY_S             # no kill queued while n2 was gone can come now
     if word_at_grow is not None:
         _in_place(ckpt, a, word_at_grow)
     before = clock.skipped
