@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from slurm_elastic.errors import ElasticError
 
 if TYPE_CHECKING:
+    from slurm_elastic.control.metrics_http import BoundedServer
     from slurm_elastic.control.reconcile import CycleReport
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,13 @@ class ControllerMetrics:
         for state in ("RUNNING", "PENDING"):
             self.elastic_jobs.labels(state).set(counts.get(state, 0))
 
-    def serve(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> None:
-        """Serve /metrics on addr:port; loopback unless the admin names another address."""
-        from prometheus_client import start_http_server
+    def serve(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> "BoundedServer":
+        """Serve /metrics on addr:port (control/metrics_http.py); loopback unless the admin names another address."""
+        from slurm_elastic.control import metrics_http
 
         try:
-            start_http_server(port, addr=addr, registry=self.registry)
+            server = metrics_http.serve(self.registry, port, addr)
         except (OSError, ValueError) as exc:   # socket.gaierror is an OSError
             raise ElasticError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
         log.info("metrics on http://%s:%d/metrics", addr, port)
+        return server
