@@ -40,7 +40,8 @@ def check_elastic_ids(state: ClusterState, job_ids: frozenset[int], *, user: str
 
 def _read_only_journal(fallback: Path | None = None) -> Any:
     """The daemon's journal when readable (hysteresis shows true), else `fallback`'s (a user's own watch
-    journal), else an empty one in memory, which knows no job's earlier sizes."""
+    journal, which saw the jobs only while a watch ran: not lifelong), else an empty one in memory, which
+    knows no job's earlier sizes."""
     import os
 
     from slurm_elastic.control.journal import Journal
@@ -51,7 +52,7 @@ def _read_only_journal(fallback: Path | None = None) -> Any:
             continue
         path = directory / JOURNAL_FILE
         if path.exists() and os.access(path, os.R_OK | os.W_OK) and os.access(path.parent, os.W_OK):
-            return Journal(path)
+            return Journal(path, lifelong=directory != fallback)
     return Journal(":memory:", lifelong=False)
 
 

@@ -665,3 +665,21 @@ def test_what_a_job_writes_moves_gpus_only_among_its_own_users_jobs(tmp_path):
         assert got["bob-honest"] + got["bob-liar"] <= honest["bob-honest"] + honest["bob-liar"], (lie, honest, got)
         moved += got["bob-liar"] != honest["bob-liar"]
     assert moved >= 1, "no lie moved GPUs among bob's own jobs"
+
+
+def test_a_users_own_watch_journal_read_for_a_one_shot_view_is_not_lifelong(tmp_path, monkeypatch):
+    """`status` without the daemon's journal falls back to the user's own watch journal, which saw the jobs
+    only while a watch ran: its view leaves rows at other sizes out with a note, it does not call them lies
+    (found by a docs probe: a user who had once run `watch` got the false warning); the daemon's own
+    journal, read by root, is the controller's record."""
+    from slurm_elastic.cli.admin import _read_only_journal
+    from slurm_elastic.control.journal import Journal
+
+    daemon, watch = tmp_path / "daemon", tmp_path / "watch"
+    watch.mkdir()
+    Journal(watch / "journal.sqlite")
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(daemon))     # no daemon journal there
+    assert _read_only_journal(watch).lifelong is False
+    daemon.mkdir()
+    Journal(daemon / "journal.sqlite")
+    assert _read_only_journal(watch).lifelong is True
