@@ -218,11 +218,21 @@ def _site_ckpt_dir(environ: Mapping[str, str]) -> str:
 
 def _check_ckpt_root(root: str) -> None:
     """A checkpoint root the submitting user cannot create their job's directory in would fail the job at its
-    first start: refused now, in one line (one that does not exist yet is left to the job to create)."""
+    first start: refused now, in one line. One that does not exist yet is left to the job to create, where
+    its nearest existing parent lets the user create it (`/root/ckpt` for a user is refused here, not by a
+    traceback from every rank)."""
     if os.path.lexists(root) and not os.path.isdir(root):
         raise SpecError(f"--ckpt-dir {root}: not a directory")
-    if os.path.isdir(root) and not os.access(root, os.W_OK | os.X_OK):
-        raise SpecError(f"--ckpt-dir {root}: you cannot create your job's directory there (not writable by you)")
+    if os.path.isdir(root):
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise SpecError(f"--ckpt-dir {root}: you cannot create your job's directory there (not writable by you)")
+        return
+    parent = os.path.dirname(os.path.normpath(root))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError(f"--ckpt-dir {root}: it does not exist and you cannot create it ({parent} is not a "
+                        f"directory writable by you)")
 
 
 def _refuse_job_key(environ: Mapping[str, str], user_export: str | None, script_text: str) -> None:

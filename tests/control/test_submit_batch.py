@@ -108,14 +108,24 @@ def test_a_checkpoint_root_the_submitting_user_cannot_write_is_refused_before_an
         script.write_text("#!/bin/bash\nsrun true\n")
         os.chmod(script, 0o644)
         made = user_tools.user_python("se-ckptroot-user")
+        shared = base / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o1777)                       # a shared scratch: anyone may create entries
         code = ("import sys; from slurm_elastic.control.submit import parse_command_line; "
                 "from slurm_elastic.errors import SpecError\n"
-                "try:\n    parse_command_line(['--gpus=2-8', '--ckpt-dir', sys.argv[1], sys.argv[2]], environ={})\n"
-                "    print('accepted')\n"
-                "except SpecError as exc:\n    print('refused:', exc)")
-        out = subprocess.run(made.argv(code, str(closed), str(script)), capture_output=True, text=True, timeout=120)
-        assert out.stdout.strip() == (f"refused: --ckpt-dir {closed}: you cannot create your job's directory there "
-                                      f"(not writable by you)"), (out.stdout, out.stderr)
+                "for root in sys.argv[2:]:\n"
+                "    try:\n        parse_command_line(['--gpus=2-8', '--ckpt-dir', root, sys.argv[1]], environ={})\n"
+                "        print('accepted')\n"
+                "    except SpecError as exc:\n        print('refused:', exc)")
+        # not yet there, under a directory the user cannot write (a docs probe: `/root/ckpt` was accepted and
+        # every rank failed with a traceback); and not yet there in a shared scratch: the job creates it
+        out = subprocess.run(made.argv(code, str(script), str(closed), str(closed / "a" / "ckpt"),
+                                       str(shared / "new" / "ckpt")), capture_output=True, text=True, timeout=120)
+        assert out.stdout.splitlines() == [
+            f"refused: --ckpt-dir {closed}: you cannot create your job's directory there (not writable by you)",
+            f"refused: --ckpt-dir {closed / 'a' / 'ckpt'}: it does not exist and you cannot create it ({closed} "
+            f"is not a directory writable by you)",
+            "accepted"], (out.stdout, out.stderr)
     finally:
         if made is not None:
             made.close()
