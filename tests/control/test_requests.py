@@ -683,3 +683,24 @@ def test_a_users_own_watch_journal_read_for_a_one_shot_view_is_not_lifelong(tmp_
     daemon.mkdir()
     Journal(daemon / "journal.sqlite")
     assert _read_only_journal(watch).lifelong is True
+
+
+def test_a_problem_with_another_users_files_is_a_note_in_a_users_view_and_a_warning_to_the_controller(
+        tmp_path, caplog, monkeypatch):
+    """`status` run by alice cannot read bob's job files: that is no warning of hers to act on (an adversarial
+    probe saw a WARNING per job of bob's, naming his paths); the controller (root) and bob himself are warned."""
+    from slurm_elastic.control.requests import measuring
+
+    slurm = InMemorySlurm(nodes=1)
+    ckpt = str(tmp_path / "ckpt")
+    job = slurm.add_job(ElasticSpec(1, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user=ME)
+    path = shim.metrics_path(ckpt, str(job))
+    os.makedirs(path)                                  # not a regular file: refused, reported
+    owner = os.getuid()
+    for viewer, level in ((0, "WARNING"), (owner, "WARNING"), (owner + 4242, "INFO")):
+        monkeypatch.setattr(measuring.os, "geteuid", lambda viewer=viewer: viewer)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            MeasuredRequests().requests(slurm.snapshot(), 0.0, Policy())
+        said = [r for r in caplog.records if path in r.getMessage()]
+        assert [r.levelname for r in said] == [level], [(r.levelname, r.getMessage()) for r in caplog.records]

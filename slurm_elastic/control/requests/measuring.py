@@ -372,10 +372,8 @@ class JobFiles:
         path = os.path.join(shim.job_dir(spec.ckpt_dir, shim.job_key(job.job_id)), BATCH_FILE)
         batch, problem = read_batch_range(path, owner_uid=uid, max_bytes=self.settings.batch_max_bytes)
         if problem:
-            key = -job.job_id - (1 << 40)      # its own slot in the once-per-problem memory
-            if self._reported.get(key) != problem:
-                log.warning("job %d: %s %s; allocated by plain speed", job.job_id, path, problem)
-                self._reported[key] = problem
+            # its own slot in the once-per-problem memory
+            self._say(job, -job.job_id - (1 << 40), f"{path} {problem}; allocated by plain speed")
             return None, problem
         return batch, ""
 
@@ -393,18 +391,25 @@ class JobFiles:
             return None     # owner unknown here: the file cannot be checked, so it is not read
         geometry, problem = read_job_geometry(path, owner_uid=uid, max_bytes=self.settings.geometry_max_bytes)
         if problem:
-            key = -job.job_id   # its own slot in the once-per-problem memory (metrics use the job id)
-            if self._reported.get(key) != problem:
-                log.warning("job %d: %s %s; ignored", job.job_id, path, problem)
-                self._reported[key] = problem
+            # its own slot in the once-per-problem memory (metrics use the job id)
+            self._say(job, -job.job_id, f"{path} {problem}; ignored")
         return geometry
 
     def report(self, job: Job, path: str, problem: str) -> JobMeasurements:
         """Log a job's problem once (until it changes); what such a file gives: nothing measured."""
-        if self._reported.get(job.job_id) != problem:
-            log.warning("job %d: %s %s; deciding with the default model", job.job_id, path, problem)
-            self._reported[job.job_id] = problem
+        self._say(job, job.job_id, f"{path} {problem}; deciding with the default model")
         return JobMeasurements(problem=problem)
+
+    def _say(self, job: Job, key: int, line: str) -> None:
+        """`line` about `job`'s files, once per `key` until it changes: a warning to the controller (root) and to
+        the job's owner, a note in another user's view (their `status` cannot read that job's files, and the
+        problem is not theirs to fix)."""
+        if self._reported.get(key) == line:
+            return
+        self._reported[key] = line
+        viewer = os.geteuid()
+        level = logging.WARNING if viewer == 0 or viewer == owner_uid(job) else logging.INFO
+        log.log(level, "job %d: %s", job.job_id, line)
 
 
 def owner_uid(job: Job) -> int | None:
