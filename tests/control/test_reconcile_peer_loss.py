@@ -220,6 +220,30 @@ def _in_place(ckpt: Path, job_id: int, word: str = shim.RELAUNCHES_IN_PLACE) -> 
     (ckpt / str(job_id) / shim.launcher_stopped_file_name(job_id, 0, 0)).write_text(word + "\n")
 
 
+def _not_responding(slurm: ExcludingSlurm, node: str) -> None:
+    slurm.nodes[node] = dataclasses.replace(slurm.nodes[node], flags=slurm.nodes[node].flags | {NodeFlag.NOT_RESPONDING})
+
+
+def test_a_job_whose_lost_node_slurm_already_flags_not_responding_is_still_shrunk_in_place(tmp_path):
+    """Slurm flags the killed node NOT_RESPONDING before the controller reads the job's report (seen in the demo:
+    0.4 s after the kill): the job still gives that node up in place on its ranks' word, not left to Slurm's
+    node failure (every cycle dropped its plan, and Slurm requeued it at the node timeout: a docs probe's demo
+    run failed). A job on a flagged node its ranks did not report is still left to Slurm."""
+    slurm, a, others, ckpt = _crowded(tmp_path)
+    rec, clock = _reconciler(slurm, tmp_path)
+    assert rec.cycle().plans == ()
+    _not_responding(slurm, "n2")
+    _write(ckpt, a, _report(a))
+    _in_place(ckpt, a, shim.RANKS_KEPT)
+    report = rec.cycle()
+    assert [p.job_id for p in report.plans] == [a]
+    job = slurm.jobs[a]
+    assert job.state is JobState.RUNNING and job.nodes == ("n1",) and job.restarts == 0
+    # bob's job on n3: Slurm flags n3, no report from it: Slurm's requeue, not a plan of ours
+    _not_responding(slurm, slurm.jobs[others[0]].nodes[0])
+    assert all(p.job_id != others[0] for p in rec.cycle().plans)
+
+
 @pytest.mark.parametrize("word", [shim.RELAUNCHES_IN_PLACE, shim.RANKS_KEPT])
 def test_a_job_whose_survivors_hold_all_it_can_get_is_shrunk_in_place_not_requeued(tmp_path, word):
     """"in-place": the batch script relaunches the ranks; "kept": the survivors went on in their processes."""
