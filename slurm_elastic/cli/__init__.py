@@ -54,7 +54,7 @@ def main(verbose: int, backend: str | None) -> None:
     \b
     Examples:
       slurm-elastic cluster up                 # a real 4-node Slurm on loopback
-      slurm-elastic sbatch --gpus 2-8 train.sbatch
+      slurm-elastic sbatch --gpus 2-8 --ckpt-dir /scratch/$USER/ckpt train.sbatch
       slurm-elastic admin rebalance --dry-run --explain
       slurm-elastic demo
     """

@@ -329,7 +329,7 @@ class Demo:
         self.started.killed = node
         at = self.recorder.now()   # recovery counts from the kill, not from when node_down returns
         self.cluster.node_down(node, mark_down=self.options.mark_down)
-        how = " and marked it DOWN" if self.options.mark_down else "; Slurm notices in about 30 s"
+        how = " and marked it DOWN" if self.options.mark_down else "; Slurm notices once its SlurmdTimeout (10 s) is up"
         self.recorder.action(NODE_LOST, subject=node, text=f"node {node} lost: killed its slurmd and "
                                                            f"training processes{how}", t=at)
 

@@ -27,7 +27,7 @@ _RUNTIME_ROOT = Path("/run/slurm-elastic")
 # (SlurmdSpoolDir=.../%n), ',' and '=' separate AuthInfo's fields. A state directory outside
 # this set would be written into slurm.conf and kill slurmctld at start, so it is refused.
 _SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@-]*")
-# Slurm's SlurmdTimeout default is 300 s; 10 s makes a killed node DOWN within ~30 s on this
+# Slurm's SlurmdTimeout default is 300 s; 10 s makes a killed node DOWN within 13-30 s on this
 # loopback cluster, which is what `node-down` and the demo show. Under heavy load a healthy
 # slurmd can miss 10 s, so tests that kill no node ask for a long one.
 DEFAULT_SLURMD_TIMEOUT_S = 10

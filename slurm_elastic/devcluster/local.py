@@ -482,8 +482,8 @@ class LocalCluster:
                   reason: str = "slurm-elastic cluster node-down") -> int:
         """SIGKILL the node's slurmd and everything it runs (a real node failure); return the slurmd pid.
 
-        Slurm notices by itself: the node becomes DOWN+NOT_RESPONDING about
-        30 s later (SlurmdTimeout=10) and its `--requeue` jobs go back to PENDING.
+        Slurm notices by itself: the node becomes DOWN+NOT_RESPONDING 13-30 s
+        later (SlurmdTimeout=10, then a ping round) and its `--requeue` jobs go back to PENDING.
         With mark_down, also set it DOWN at once (`scontrol update State=DOWN`),
         as an administrator would; Slurm then requeues its jobs immediately.
         With freeze, SIGSTOP them instead (a hung node: its connections stay open and nothing
