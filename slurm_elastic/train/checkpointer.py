@@ -168,9 +168,9 @@ class _SnapshotSource(TensorSource):
 
 
 class _Hook:
-    """A hook of this checkpointer on the user's model or optimizer. Pickled or deep-copied with them
-    (`torch.save(model)`, an EMA's `copy.deepcopy(model)`), it becomes a hook that does nothing: the
-    copy is not the model this checkpointer saves, and a closure could not be pickled at all."""
+    """A hook of this checkpointer on the user's optimizer. Pickled or deep-copied with it, it becomes a
+    hook that does nothing: the copy is not the optimizer this checkpointer saves, and a closure could
+    not be pickled at all."""
 
     __slots__ = ("fn",)
 
@@ -185,7 +185,7 @@ class _Hook:
 
 
 class _DetachedHook:
-    """What a _Hook becomes in a saved or copied model: nothing."""
+    """What a _Hook becomes in a saved or copied optimizer: nothing."""
 
     def __call__(self, *args: Any) -> None:
         return None
@@ -239,9 +239,16 @@ class LayerCheckpointer:
         self._boundary_event: Any = None
         self._writer = threading.Thread(target=self._write_loop, name="ckpt-writer", daemon=True)
         self._writer.start()
-        module_of = {s.index: _slot_module(self.model, s) for s in self.slots}
-        self._handles = [module_of[s.index].register_forward_pre_hook(self._make_hook(s.index))
-                         for s in self.slots if s.index in self._mine and module_of[s.index] is not None]
+        # One process-wide forward pre-hook, not one on each layer: a hook on the module is pickled with
+        # it, and `torch.load` of a `torch.save(model)` (weights_only, torch's default) refuses any class
+        # it does not know, ours included (seen converting word_language_model: its final test crashed).
+        self._slots_of: dict[int, tuple[nn.Module, list[int]]] = {}
+        for s in self.slots:
+            module = _slot_module(self.model, s)
+            if s.index in self._mine and module is not None:
+                self._slots_of.setdefault(id(module), (module, []))[1].append(s.index)
+        self._handles = [nn.modules.module.register_module_forward_pre_hook(self._forward_pre_hook)] \
+            if self._slots_of else []
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(_Hook(lambda *_: self.wait_for_copies())))
 
@@ -425,14 +432,17 @@ class LayerCheckpointer:
             self._writer.join()
 
     # -- capture ---------------------------------------------------------------------------
-    def _make_hook(self, slot: int) -> Callable[..., None]:
-        def hook(_module: nn.Module, _args: Any) -> None:
-            snap = self._snap
-            if snap is not None and slot in snap.pending:
+    def _forward_pre_hook(self, module: nn.Module, _args: Any) -> None:
+        """Called before every module's forward in the process: takes the state of this model's layers."""
+        mine = self._slots_of.get(id(module))
+        snap = self._snap
+        if mine is None or mine[0] is not module or snap is None:
+            return
+        for slot in mine[1]:
+            if slot in snap.pending:
                 t0 = time.monotonic()
                 self._capture(snap, slot)
                 snap.stall_s += time.monotonic() - t0
-        return _Hook(hook)
 
     def _capture(self, snap: _Snapshot, slot_index: int) -> None:
         snap.pending.discard(slot_index)
