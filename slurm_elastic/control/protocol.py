@@ -46,6 +46,12 @@ IN_PLACE_NOTE = "shrunk in place (the lost nodes given up, the job kept running)
 KEPT_SHRINK_NOTE = "shrunk in place on its healthy nodes (its ranks kept)"
 NOT_SIGNALLED_NOTE = "not sent: shrunk in place, its ranks go on in their processes"
 
+IGNORED_SIGNAL_WAIT_S = 5.0
+"""The ACK wait for a job that did not acknowledge its last signal: the whole timeout once, then this. The wait
+holds the cycle, and every other plan of it, so a job that never answers (a script without the shim, or a
+user who ignores the signal on purpose: an adversarial probe held every cycle it was planned in for 60 s)
+costs only its own steps since its last periodic checkpoint."""
+
 CRASH_ENV = CRASH_AFTER.env
 """Test hook: SIGKILL this process right after the named step (open, signal, ack, hold, resize, release)."""
 
@@ -746,18 +752,31 @@ class RequeueProtocol:
         acked = {pid: False for pid in paths}
         moved_on: set[int] = set()   # jobs no longer as planned (cancelled...): not waited for
         moved_on |= self._geometry_exits(running, state)
-        deadline = self._clock() + self.settings.ack_timeout_s
+        start = self._clock()
+        deadline = {rec.plan_id: start + (self.settings.ack_timeout_s if not self._ignored_last_signal(rec)
+                                          else min(self.settings.ack_timeout_s, IGNORED_SIGNAL_WAIT_S))
+                    for rec in running}
         next_look = self._clock() + self.settings.observe_every_s
         while True:
             for pid, path in paths.items():
                 if not acked[pid] and path is not None and os.path.exists(path):
                     acked[pid] = True
-            if all(acked[pid] or pid in moved_on for pid in acked) or self._clock() >= deadline:
+            if all(acked[pid] or pid in moved_on or self._clock() >= deadline[pid] for pid in acked):
                 return {**acked, **lost}
             if self._clock() >= next_look:
                 moved_on |= self._moved_on([r for r in running if not acked[r.plan_id]])
                 next_look = self._clock() + self.settings.observe_every_s
             self._sleep(self.settings.ack_poll_s)
+
+    def _ignored_last_signal(self, rec: PlanRecord) -> bool:
+        """The job's last signalled plan before this one got no ACK within the timeout."""
+        for earlier in self.journal.plans(rec.job_id, limit=8):
+            if earlier.plan_id >= rec.plan_id:
+                continue
+            notes = [note for step, _, note in self.journal.steps(earlier.plan_id) if step == "ack"]
+            if notes and (notes[0] == "acked" or notes[0].startswith("no ACK within")):
+                return notes[0] != "acked"
+        return False
 
     def _geometry_exits(self, records: Sequence[PlanRecord], state: ClusterState) -> set[int]:
         """Plans whose job's ranks exited 87 at this start: they are gone, so no ACK will come."""

@@ -375,3 +375,39 @@ def test_a_queued_job_that_started_under_its_hold_is_released_so_no_later_requeu
     [out] = _protocol(slurm, journal).execute([plan], slurm.snapshot())
     assert out.status in (ABANDONED, ROLLED_BACK) and "started before it could be held" in out.note
     assert slurm.jobs[queued].state is JobState.RUNNING and queued not in slurm.carried
+
+
+def test_a_job_that_ignored_its_last_signal_holds_the_next_cycle_for_a_short_wait_only(tmp_path):
+    """A job that never acknowledges (an adversarial probe: alice's script ignores the signal) held every cycle
+    it was planned in, and every other job's plan of that cycle, for the whole ACK timeout. Once is its due;
+    after that its wait is IGNORED_SIGNAL_WAIT_S, and an honest job planned beside it is requeued soon after
+    its own ACK."""
+    from slurm_elastic.control.protocol import IGNORED_SIGNAL_WAIT_S
+
+    slurm = FakeSlurm(nodes=4)
+    spec = ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt"))
+    alice = slurm.add_job(spec, nodes=2, gpus_per_node=4, user="alice")
+    bob = slurm.add_job(spec, nodes=2, gpus_per_node=4, user="bob")
+    real_signal = slurm.signal
+
+    def signal(job_id, name):
+        if job_id != alice:            # alice's script ignores the signal: no ACK, ever
+            real_signal(job_id, name)
+    slurm.signal = signal
+    journal = Journal(tmp_path / "journal.sqlite")
+    proto = _protocol(slurm, journal, ack_timeout_s=60.0)
+
+    def shrink(job_id):
+        job = slurm.jobs[job_id]
+        return Plan(job_id=job_id, from_gpus=job.gpus, to_gpus=4, shape=RequestShape(1, 4, 1, 1024),
+                    entry=PlanEntry.RUNNING, reason="shrink", user=job.user)
+
+    t0 = proto._clock()
+    [first] = proto.execute([shrink(alice)], slurm.snapshot())
+    assert first.acked is False and proto._clock() - t0 >= 60.0          # the whole timeout, once
+    grow = Plan(job_id=alice, from_gpus=slurm.jobs[alice].gpus, to_gpus=8, shape=RequestShape(2, 4, 1, 1024),
+                entry=PlanEntry.RUNNING, reason="grow", user="alice")
+    t1 = proto._clock()
+    outcomes = proto.execute([grow, shrink(bob)], slurm.snapshot())
+    assert {o.job_id: o.acked for o in outcomes} == {alice: False, bob: True}
+    assert proto._clock() - t1 < IGNORED_SIGNAL_WAIT_S + 5.0            # not another 60 s for bob's plan
