@@ -339,6 +339,8 @@ class RequeueProtocol:
         except _Departed as gone:
             return self._abandon(rec, str(gone), f"at {step}")
         except _NotYet as wait:
+            if rec.step != step:     # said once, for `status` (what the open plan waits for)
+                self.journal.record(rec.plan_id, step, str(wait))
             return Outcome(rec.plan_id, rec.job_id, WAITING, str(wait))
         except SlurmError as exc:
             return self._roll_back(rec, f"{exc}")

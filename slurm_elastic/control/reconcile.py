@@ -34,7 +34,7 @@ from slurm_elastic.cluster.model import (UNAVAILABLE_FLAGS, ClusterState, Job, J
                                          Resources)
 from slurm_elastic.cluster.reservations import AdvanceReservation, ReservationReader, blocking, open_nodes
 from slurm_elastic.control.job_dirs import JobDirGuard
-from slurm_elastic.control.journal import DONE, OPEN, Journal
+from slurm_elastic.control.journal import DONE, OPEN, Journal, PlanRecord
 from slurm_elastic.control.peer_loss import KEPT, PeerLoss, PeerLossReader, readmission, ready, still_lost
 from slurm_elastic.control.plan import Plan, PlanEntry, keep_first_nodes, lost_node, make_plans, requeued_by_slurm
 from slurm_elastic.control.protocol import Outcome, ProtocolSettings, RequeueProtocol, keeps_ranks
@@ -461,7 +461,7 @@ class Reconciler:
                     self.journal.mark(outcome.plan_id, name, at)
         drained = self._drain_lost(plans, outcomes) if not dry_run else ()
         resumed = self._expire_drains(state) if not dry_run else ()
-        elastic = decision.scoped.elastic_jobs
+        elastic = scope_state(state, self.config.user)[0].elastic_jobs   # with those whose plan is still open
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
         report = CycleReport(
@@ -483,6 +483,14 @@ class Reconciler:
         applied, exactly as in `cycle()`.
         """
         scoped, malformed = scope_state(state, self.config.user)
+        # A job with a plan still open (one that waits across cycles for Slurm, or, in a dry run, the
+        # daemon's plan under way) is that plan's: it counts as usage of what it holds, and gets no
+        # other plan until that one ends (seen: a plan waiting for Slurm's own requeue was opened again
+        # in every cycle, and the duplicates requeued the job's next incarnation).
+        open_plans = {r.job_id: r for r in self.journal.open_plans()}
+        scoped = dataclasses.replace(scoped, jobs=tuple(  # type: ignore[arg-type]
+            dataclasses.replace(j, spec=None) if j.job_id in open_plans and j.spec is not None else j
+            for j in scoped.jobs))
         for job_id, err in malformed.items():
             if job_id not in self._reported_malformed:
                 log.error("job %d: comment claims an elastic spec but it is malformed (%s); never touched",
@@ -565,6 +573,8 @@ class Reconciler:
         # (seen: kept in place, nothing ran on, and Slurm ended the job FAILED).
         plans = tuple(dataclasses.replace(p, keep=()) if p.job_id in stuck and p.keep else p for p in plans)
         waits = self._waits(scoped, allocation, plans, pinned, stuck, decided.waits, now)
+        for job_id, record in open_plans.items():
+            waits[job_id] = self._open_plan_wait(record, now)
         for job_id, lost in lost_now.items():
             if lost and waits.get(job_id, "").startswith("stays at"):
                 waits[job_id] += "; kept off " + ", ".join(readmission(reported[job_id], scoped).values())
@@ -596,22 +606,14 @@ class Reconciler:
                now: float) -> dict[int, str]:
         """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
         planned = {p.job_id for p in plans}
-        open_plans = {r.job_id: r for r in self.journal.open_plans()}
         node_gpus = [n.gpus for n in state.nodes if n.available]
-        ack = self.config.protocol.ack_timeout_s
         decided = {d.key: d for d in allocation.decisions}
         out: dict[int, str] = {}
         for job in state.elastic_jobs:
             spec = job.spec
             assert spec is not None
             target = allocation.gpus.get(str(job.job_id))
-            record = open_plans.get(job.job_id)
-            if record is not None:
-                left = max(ack - (now - record.created_at), 0.0)
-                out[job.job_id] = (f"waiting for its checkpoint ACK (plan {record.plan_id}, "
-                                   f"{record.plan.from_gpus}->{record.plan.to_gpus} GPUs, step {record.step}; "
-                                   f"requeued anyway in {left:.0f}s)")
-            elif job.job_id in planned:
+            if job.job_id in planned:
                 continue
             elif job.job_id in stuck:
                 out[job.job_id] = stuck[job.job_id] + (" (no valid size fits now)" if not target else "")
@@ -639,6 +641,16 @@ class Reconciler:
                 else:
                     out[job.job_id] = f"stays at {job.gpus} GPUs ({d.cause}): {reason}"
         return out
+
+    def _open_plan_wait(self, record: PlanRecord, now: float) -> str:
+        """What a job with an open plan waits for: its checkpoint ACK, or (a plan taken up again by each cycle's
+        recovery) what its last step said it waits for."""
+        what = f"plan {record.plan_id}, {record.plan.from_gpus}->{record.plan.to_gpus} GPUs, step {record.step}"
+        if record.step in ("open", "signal", "ack"):
+            left = max(self.config.protocol.ack_timeout_s - (now - record.created_at), 0.0)
+            return f"waiting for its checkpoint ACK ({what}; requeued anyway in {left:.0f}s)"
+        said = [note for step, _, note in self.journal.steps(record.plan_id) if step == record.step and note]
+        return f"{said[-1]} ({what})" if said else f"being resized ({what})"
 
     def _say_waits(self, waits: Mapping[int, str]) -> None:
         """Log each job's reason when it changes (the daemon's and the watch's log), not every cycle."""

@@ -399,8 +399,9 @@ class BatchHostSlurm(ExcludingSlurm):
     def snapshot(self):
         self._mark_down()
         state = super().snapshot()
-        jobs = tuple(dataclasses.replace(j, batch_host=j.nodes[0]) if j.state is JobState.RUNNING and j.nodes else j
-                     for j in state.jobs)
+        # A running job held by `scontrol hold` reads as not held, as Slurm shows it (slurm_values.job_held).
+        jobs = tuple(dataclasses.replace(j, batch_host=j.nodes[0], held=False)
+                     if j.state is JobState.RUNNING and j.nodes else j for j in state.jobs)
         return dataclasses.replace(state, jobs=jobs)
 
     def keep_nodes(self, job_id: int, nodes: tuple[str, ...]) -> None:
@@ -479,6 +480,10 @@ def test_a_report_naming_a_batch_host_that_is_alive_holds_up_no_cycle_and_no_oth
     assert clock.skipped - before < 5.0 and slurm.jobs[b].state is JobState.RUNNING
     reports = _cycles_until_recovered(rec, clock, every_s=10.0)
     assert all(r.cycle_s < 5.0 and r.allocation is not None for r in reports)   # each cycle decided, at its pace
+    # one plan for alice's job, never opened again while it waited (duplicates requeued its next incarnation)
+    assert [len([p for p in r.plans if p.job_id == a]) for r in reports] == [0] * len(reports)
+    assert len(rec.journal.plans(a)) == 1
+    assert "held for Slurm's own requeue" in reports[0].waits[a], reports[0].waits
     assert [o.status for o in reports[-1].recovered] == ["done"]
     waited = clock.skipped - before
     assert slurm.slurmd_timeout_s() * 4 / 3 + 15 <= waited < slurm.slurmd_timeout_s() * 4 / 3 + 15 + 30
