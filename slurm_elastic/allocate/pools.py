@@ -19,15 +19,28 @@ from slurm_elastic.allocate.problem import Allocation, AllocationProblem, JobReq
 Solve = Callable[[AllocationProblem], Allocation]
 
 
+def _usable(problem: AllocationProblem) -> set[str]:
+    """The nodes with GPUs to give: keeping a job off one without any (a DOWN node) restricts nothing."""
+    return {n.name for n in problem.nodes if n.gpus > 0}
+
+
 def restricted(problem: AllocationProblem) -> bool:
-    """Some job may not use every node of the problem."""
-    names = {n.name for n in problem.nodes}
+    """Some job may not use every node of the problem that has GPUs."""
+    names = _usable(problem)
     return any(j.allowed_nodes is not None and not names <= j.allowed_nodes for j in problem.jobs)
 
 
 def solve_by_pool(problem: AllocationProblem, solve: Solve) -> Allocation:
-    """`solve` once per group of jobs with the same nodes, the smallest group of nodes first."""
-    names = {n.name for n in problem.nodes}
+    """`solve` once per group of jobs with the same nodes, the smallest group of nodes first.
+
+    A group's nodes are not its to take: every job of a later group that runs only on those nodes now is
+    solved beside it there (its request, restart cost and claims weighed as in one solve), and one that
+    runs there and elsewhere keeps what it holds there. Only the group's own answer is kept; the others
+    are solved again with their group. Without that, a job kept off one node (by a partition, or by its
+    own `--exclude` or lost-node report) was solved first on the rest alone and took other users' running
+    GPUs (an adversarial probe: `--exclude` of a DOWN spare took bob's job from 8 GPUs to 4).
+    """
+    names = _usable(problem)
     groups: dict[frozenset[str] | None, list[JobRequest]] = {}
     for job in problem.jobs:
         nodes = None if job.allowed_nodes is None or names <= job.allowed_nodes else job.allowed_nodes & names
@@ -35,14 +48,34 @@ def solve_by_pool(problem: AllocationProblem, solve: Solve) -> Allocation:
     order = sorted(groups, key=lambda g: (g is None, len(g or ()), sorted(g or ())))
     left = {n.name: n for n in problem.nodes}
     parts: list[tuple[frozenset[str] | None, Allocation]] = []
-    for nodes in order:
+    for at, nodes in enumerate(order):
         jobs = tuple(dataclasses.replace(j, allowed_nodes=None) for j in groups[nodes])
-        pool = tuple(left[n.name] for n in problem.nodes if nodes is None or n.name in nodes)
-        answer = solve(dataclasses.replace(problem, jobs=jobs, nodes=pool))
-        parts.append((nodes, answer))
+        room = dict(left)
+        rivals: list[JobRequest] = []
+        if nodes is not None:
+            for later in order[at + 1:]:
+                for other in groups[later]:
+                    held = {n: g for n, g in other.current.items() if g > 0}
+                    if held and set(held) <= nodes:
+                        rivals.append(dataclasses.replace(other, allowed_nodes=None))
+                    elif held:
+                        room = _less(room, other, {n: g for n, g in held.items() if n in nodes})
+        pool = tuple(room[n.name] for n in problem.nodes if nodes is None or n.name in nodes)
+        answer = solve(dataclasses.replace(problem, jobs=jobs + tuple(rivals), nodes=pool))
+        parts.append((nodes, _only(answer, {j.key for j in jobs}) if rivals else answer))
         for job in jobs:
             left = _less(left, job, answer.placement.get(job.key, {}))
     return _merged(parts)
+
+
+def _only(answer: Allocation, keys: set[str]) -> Allocation:
+    """`answer` for the jobs `keys` alone (the rivals solved beside them are solved again with their group)."""
+    return dataclasses.replace(
+        answer, gpus={k: g for k, g in answer.gpus.items() if k in keys},
+        placement={k: p for k, p in answer.placement.items() if k in keys},
+        decisions=tuple(d for d in answer.decisions if d.key in keys),
+        unplaceable=tuple(u for u in answer.unplaceable if u.key in keys),
+        basis={k: v for k, v in answer.basis.items() if k in keys})
 
 
 def _less(left: Mapping[str, NodeCapacity], job: JobRequest, placed: Mapping[str, int]) -> dict[str, NodeCapacity]:

@@ -173,3 +173,26 @@ def test_the_others_are_solved_around_a_pinned_job(tmp_path):
     assert slurm.jobs[a].nodes == ("n1", "n2") and slurm.jobs[a].restarts == 0
     # b gets what a leaves (4 GPUs of each node, a whole-node shape now), never GPUs a holds
     assert report.target(b) == 8 and report.allocation.placement[str(b)] == {"n1": 4, "n2": 4}
+
+
+@pytest.mark.parametrize("excluded", [("n5",), ("n4",)])
+def test_a_job_that_keeps_itself_off_a_node_takes_no_gpus_from_other_users_for_it(tmp_path, excluded):
+    """An adversarial probe: alice's job submitted with `--exclude n5` (a DOWN spare, no GPUs) was solved first on
+    the other nodes alone, as a partition's jobs are, and took bob's running job from 8 GPUs to 4; excluding a
+    live node did the same. Her own word may cost her GPUs, never give her any: what bob's jobs and hers get
+    is at most what the same cluster gives without the exclusion, for her, and at least that, for him."""
+    def decide(exclude: tuple[str, ...]) -> dict[str, int]:
+        slurm = FakeSlurm(nodes=5)
+        slurm.node_down("n5")                                   # a spare that is down
+        spec = ElasticSpec(4, 8, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt"))
+        for _ in range(2):
+            slurm.add_job(spec, nodes=2, gpus_per_node=4, user="bob")
+        alice = slurm.add_job(spec, nodes=2, gpus_per_node=4, user="alice", run=False)
+        slurm.jobs[alice] = dataclasses.replace(slurm.jobs[alice], excluded_nodes=exclude)
+        rec, clock = _reconciler(slurm, tmp_path / "-".join(exclude or ("none",)), min_resize_interval_s=0)
+        return dict(rec.decide(slurm.snapshot(), clock()).allocation.gpus)
+
+    plain = decide(())
+    kept_off = decide(excluded)
+    assert kept_off["103"] <= plain["103"], (plain, kept_off)
+    assert kept_off["101"] + kept_off["102"] >= plain["101"] + plain["102"], (plain, kept_off)
