@@ -5,9 +5,9 @@ each for ever: any user who can reach the port (on loopback, anyone logged in
 on the host) held 1,000 idle connections, the root daemon ran out of file
 descriptors and every cycle failed (`Too many open files`; an adversarial
 probe, 2026-12-07). Here a connection beyond `max_connections` is closed at
-once, and one that sends nothing for `timeout_s` is closed by its thread, so
-the daemon holds at most `max_connections` sockets and threads for metrics
-whatever is done to the port. A scraper (Prometheus: one request every few
+once, and one still open `timeout_s` after it was accepted is cut, however
+slowly it sends, so the daemon holds at most `max_connections` sockets (and
+twice as many threads) for metrics whatever is done to the port. A scraper (Prometheus: one request every few
 seconds) needs one.
 """
 
@@ -27,7 +27,24 @@ def _handler(registry: Any, timeout_s: float) -> type[http.server.BaseHTTPReques
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     class MetricsHandler(http.server.BaseHTTPRequestHandler):
-        timeout = timeout_s           # socket timeout: an idle or slow client is dropped
+        timeout = timeout_s           # socket timeout: an idle client is dropped
+
+        def handle(self) -> None:
+            # And a whole-connection deadline: a client trickling a byte a second never trips the socket
+            # timeout, and eight of them held every slot (a probe, 2026-12-07).
+            deadline = threading.Timer(timeout_s, self._cut)
+            deadline.daemon = True
+            deadline.start()
+            try:
+                super().handle()
+            finally:
+                deadline.cancel()
+
+        def _cut(self) -> None:
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
         def do_GET(self) -> None:     # noqa: N802 (http.server's name)
             if self.path.split("?", 1)[0] not in ("/", "/metrics"):

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -164,6 +165,9 @@ class CycleReport:
                                                   "mip_gap": _finite(alloc.mip_gap), "bound": _finite(alloc.bound),
                                                   "solve_s": alloc.solve_s, "notes": list(alloc.notes)},
         }
+
+
+_SECONDS = re.compile(r"\d+(?:\.\d+)?s\b")
 
 
 def _finite(value: float) -> float | None:
@@ -653,11 +657,14 @@ class Reconciler:
         return f"{said[-1]} ({what})" if said else f"being resized ({what})"
 
     def _say_waits(self, waits: Mapping[int, str]) -> None:
-        """Log each job's reason when it changes (the daemon's and the watch's log), not every cycle."""
+        """Log each job's reason when it changes (the daemon's and the watch's log), not every cycle: the text
+        before " (", its seconds aside (a countdown is the same reason)."""
+        def gist(why: str) -> str:
+            return _SECONDS.sub("#s", why.split(" (")[0])
         for job_id, why in waits.items():
-            if self._said.get(job_id) != why.split(" (")[0]:
+            if self._said.get(job_id) != gist(why):
                 log.info("job %d: not resized now: %s", job_id, why)
-        self._said = {j: w.split(" (")[0] for j, w in waits.items()}
+        self._said = {j: gist(w) for j, w in waits.items()}
 
     def record_applied(self, decision: Decision) -> None:
         """Journal a decision's plans as carried out at its time, by someone else (another simulator).

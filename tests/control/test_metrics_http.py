@@ -58,8 +58,8 @@ def test_idle_connections_cost_at_most_the_bound_and_are_dropped():
         for _ in range(10 * metrics_http.MAX_CONNECTIONS):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         time.sleep(1.0)
-        # the serving thread and at most one thread per connection it kept
-        assert threading.active_count() <= before + 1 + metrics_http.MAX_CONNECTIONS
+        # the serving thread and at most two threads (its handler, its deadline) per connection it kept
+        assert threading.active_count() <= before + 1 + 2 * metrics_http.MAX_CONNECTIONS
         closed = 0
         for sock in idle:
             sock.settimeout(metrics_http.TIMEOUT_S + 10)
@@ -71,6 +71,35 @@ def test_idle_connections_cost_at_most_the_bound_and_are_dropped():
         assert "slurm_elastic_gpus" in _scrape(port)
     finally:
         for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_client_trickling_bytes_is_cut_at_the_deadline():
+    """Eight clients sending a byte every second never trip a per-read timeout and held every slot (a probe):
+    each connection is cut once it has been open for the timeout, whatever it sends."""
+    metrics = ControllerMetrics()
+    server = metrics.serve(0)
+    slow = []
+    try:
+        port = server.server_address[1]
+        for _ in range(metrics_http.MAX_CONNECTIONS):
+            slow.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        started = time.monotonic()
+        cut = 0
+        while time.monotonic() - started < metrics_http.TIMEOUT_S + 20 and cut < len(slow):
+            cut = 0
+            for sock in slow:
+                try:
+                    sock.sendall(b"G")
+                except OSError:
+                    cut += 1
+            time.sleep(1.0)
+        assert cut == len(slow)
+        assert "slurm_elastic_gpus" in _scrape(port)
+    finally:
+        for sock in slow:
             sock.close()
         server.shutdown()
         server.server_close()

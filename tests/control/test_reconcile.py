@@ -196,3 +196,17 @@ def test_a_job_that_keeps_itself_off_a_node_takes_no_gpus_from_other_users_for_i
     kept_off = decide(excluded)
     assert kept_off["103"] <= plain["103"], (plain, kept_off)
     assert kept_off["101"] + kept_off["102"] >= plain["101"] + plain["102"], (plain, kept_off)
+
+
+def test_a_reason_counting_down_is_logged_once_not_every_cycle(tmp_path, caplog):
+    """A job held by the hysteresis: its reason's seconds change every cycle, the reason does not (an adversarial
+    probe saw the line in every cycle for every job)."""
+    slurm = FakeSlurm(nodes=4)
+    slurm.add_job(ElasticSpec(4, 16, gpu_step=4, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4)
+    rec, clock = _reconciler(slurm, tmp_path, min_resize_interval_s=300)
+    with caplog.at_level("INFO"):
+        for _ in range(4):
+            rec.cycle()
+            clock.skipped += 10
+    said = [r.getMessage() for r in caplog.records if "not resized now: hysteresis" in r.getMessage()]
+    assert len(said) == 1, said
