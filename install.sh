@@ -10,7 +10,8 @@
 #
 # Environment:
 #   TORCH_SPEC   what to pip-install when torch is not importable yet (default: torch).
-#                On CPU-only machines use e.g. TORCH_SPEC=torch==2.13.0 (a CPU wheel).
+#                On CPU-only machines a CPU build, e.g. TORCH_SPEC=torch==2.13.0+cpu with
+#                PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu (PyPI's plain one is CUDA).
 #   PYTHON       the interpreter for the virtual environment (default: python3, >= 3.11; for
 #                --prefix, the system's Python when the default one is private to its owner).
 #
