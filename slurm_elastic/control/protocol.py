@@ -199,7 +199,8 @@ class RequeueProtocol:
                 self._recheck(records, finished, held, before=step)
             # Releases in the order their waits run out: one waiting out an old srun (KillWait) holds
             # back no job whose own gap is over.
-            for rec in sorted(records, key=self._release_not_before) if step == "release" else records:
+            ordered = sorted(records, key=lambda r: self._release_not_before(r.plan_id)) if step == "release" else records
+            for rec in ordered:
                 if rec.plan_id in finished or (step == "hold" and rec.plan.entry is PlanEntry.PENDING):
                     continue
                 outcome = self._step(rec, step, crash=True)
@@ -444,22 +445,21 @@ class RequeueProtocol:
         seconds of slurmctld's, whatever the offset between the clocks; the 0.05 s is for a rate
         difference between them.
         """
-        since = self._requeued_at.pop(plan_id, None)
-        until = self._old_srun_until.pop(plan_id, None)
+        until = self._old_srun_until.get(plan_id)
         if until is not None and until > self._clock():
             log.info("plan %d: releasing in %.0f s, once the old srun (its step spanned the lost node) has given "
                      "up, so its last cancel cannot hit the next incarnation's step", plan_id, until - self._clock())
-            self._sleep(until - self._clock())
-        if since is None:
-            return
-        left = since + self.settings.credential_gap_s - self._clock()
+        left = self._release_not_before(plan_id) - self._clock()
+        self._requeued_at.pop(plan_id, None)
+        self._old_srun_until.pop(plan_id, None)
         if left > 0:
             self._sleep(left)
 
-    def _release_not_before(self, rec: PlanRecord) -> float:
-        """When `_credential_gap` lets the plan's job be released (on this protocol's clock)."""
-        since = self._requeued_at.get(rec.plan_id)
-        return max(self._old_srun_until.get(rec.plan_id, float("-inf")),
+    def _release_not_before(self, plan_id: int) -> float:
+        """When the plan's job may be released (on this protocol's clock): after its old srun has given up and
+        the credential gap after its requeue (`_credential_gap`)."""
+        since = self._requeued_at.get(plan_id)
+        return max(self._old_srun_until.get(plan_id, float("-inf")),
                    since + self.settings.credential_gap_s if since is not None else float("-inf"))
 
     def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True, plan_id: int = 0) -> None:
