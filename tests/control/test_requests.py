@@ -704,3 +704,53 @@ def test_a_problem_with_another_users_files_is_a_note_in_a_users_view_and_a_warn
             MeasuredRequests().requests(slurm.snapshot(), 0.0, Policy())
         said = [r for r in caplog.records if path in r.getMessage()]
         assert [r.levelname for r in said] == [level], [(r.levelname, r.getMessage()) for r in caplog.records]
+
+
+def test_one_users_fast_growing_metrics_files_cost_at_most_their_budget_a_cycle_and_slow_no_other_users_reads(
+        tmp_path, monkeypatch):
+    """An adversarial user appending fast to many jobs' metrics files made every cycle parse 1 MiB per job
+    (3.1-3.5 s a cycle with six such jobs, found by a probe). A user's files now share one budget a cycle:
+    what mallory's eight jobs may read in a cycle adds up to at most `metrics_max_bytes`, each of them
+    still gives its newest rows, and victim's job is read whole every cycle."""
+    from users import ensure_user
+
+    from slurm_elastic.control.requests import measuring
+
+    mallory, victim = ensure_user("se-mallory"), ensure_user("se-victim")
+    budget = 64 << 10
+    slurm = InMemorySlurm(nodes=8)
+    ckpt = tmp_path / "ckpt"
+    owner = {slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(ckpt)), nodes=1, gpus_per_node=1, user=u.pw_name): u
+             for u in (mallory,) * 8 + (victim,)}
+    (theirs,) = [j for j, u in owner.items() if u is victim]
+    step = dict.fromkeys(owner, 0)
+
+    def append(job, rows):
+        path = shim.metrics_path(str(ckpt), str(job))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a") as f:
+            for _ in range(rows):
+                step[job] += 1
+                f.write(json.dumps(_row(step[job], step[job], 1, 1.0, total=10**6)) + "\n")
+        for p in (os.path.dirname(path), path):
+            os.chown(p, owner[job].pw_uid, owner[job].pw_gid)
+
+    reads: list[tuple[int, int, int]] = []          # (job id, bytes it may read, rows it gave)
+    real = measuring.read_metrics
+
+    def spy(path, **kw):
+        got = real(path, **kw)
+        reads.append((int(os.path.basename(os.path.dirname(path))), kw["max_bytes"], len(got.rows)))
+        return got
+    monkeypatch.setattr(measuring, "read_metrics", spy)
+    src = MeasuredRequests(RequestSettings(metrics_max_bytes=budget))
+    for cycle in range(4):
+        for job, user in owner.items():
+            append(job, 2000 if user is mallory else 20)        # mallory: about 240 KB a job a cycle
+        for p in (tmp_path, ckpt):
+            os.chmod(p, 0o755)
+        reads.clear()
+        src.requests(slurm.snapshot(), 60.0 * cycle, Policy())
+        assert sum(cap for job, cap, _ in reads if owner[job] is mallory) <= budget, cycle
+        assert [rows for job, _, rows in reads if job == theirs] == [20], cycle
+        assert all(rows for job, _, rows in reads if owner[job] is mallory), cycle

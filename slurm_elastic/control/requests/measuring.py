@@ -286,13 +286,25 @@ class SizesInMemory:
 
 class JobFiles:
     """Reads each job's files for the request source: the metrics files' tails kept between cycles (only
-    what was appended is read), and each problem logged once per job and kind, not every cycle."""
+    what was appended is read), and each problem logged once per job and kind, not every cycle.
+
+    A user's metrics files share one budget a cycle (`metrics_max_bytes`), each job an equal part of it
+    (its newest bytes; never less than MIN_READ_BYTES), so one user appending fast to many jobs' files
+    costs the cycle one budget's parsing (more only past `metrics_max_bytes / MIN_READ_BYTES` jobs, as
+    every other per-job cost) and slows no other user's reads.
+    """
 
     def __init__(self, settings: RequestSettings, sizes: SizesRan | None = None) -> None:
         self.settings = settings
         self.sizes = sizes if sizes is not None else SizesInMemory()
         self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements, frozenset[tuple[int, int]]]] = {}
         self._reported: dict[int, str] = {}
+        self._part: dict[int | None, int] = {}    # uid -> metrics bytes each of its jobs may read this cycle
+
+    def begin_cycle(self, jobs: Sequence[Job]) -> None:
+        """Share each user's metrics budget among their `jobs` for this cycle."""
+        mine = collections.Counter(owner_uid(job) for job in jobs)
+        self._part = {uid: max(MIN_READ_BYTES, self.settings.metrics_max_bytes // n) for uid, n in mine.items()}
 
     def observe(self, job: Job) -> None:
         """Remember the size Slurm runs `job` at now: only speed rows at sizes remembered are used."""
@@ -339,7 +351,8 @@ class JobFiles:
                 return cached[2]
             tail, problem = cached[1], ""          # the file is as read; only the sizes seen running grew
         else:
-            tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=self.settings.metrics_max_bytes,
+            part = self._part.get(uid, self.settings.metrics_max_bytes)
+            tail, problem = read_job_metrics(path, owner_uid=uid, max_bytes=part,
                                              tail=cached[1] if cached is not None else None)
         result = self.report(job, path, problem) if problem else measure(tail, self.settings, ran)
         self._cache[path] = (key, tail, result, ran)
@@ -410,6 +423,9 @@ class JobFiles:
         viewer = os.geteuid()
         level = logging.WARNING if viewer == 0 or viewer == owner_uid(job) else logging.INFO
         log.log(level, "job %d: %s", job.job_id, line)
+
+
+MIN_READ_BYTES = 1 << 12           # a job's part of its user's metrics budget is never less
 
 
 def owner_uid(job: Job) -> int | None:

@@ -71,6 +71,7 @@ class MeasuredRequests:
         bad: dict[int, str] = {}
         own = own_weights(state)
         shares = fair_shares(state, own)
+        self.files.begin_cycle(state.elastic_jobs)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
@@ -140,6 +141,7 @@ class ProgressRequests(MeasuredRequests):
         basis: dict[str, str] = {}
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
+        self.files.begin_cycle(state.elastic_jobs)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
