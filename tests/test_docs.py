@@ -53,6 +53,19 @@ def test_the_settings_table_in_the_admin_guide_is_the_settings_modules() -> None
     assert found[1] == expected, "docs/admin.md's settings table is stale; replace it with:\n" + expected
 
 
+def test_the_cli_reference_is_the_cli_as_it_is() -> None:
+    import re
+
+    from slurm_elastic.cli import main
+    from slurm_elastic.cli.reference import render_reference
+
+    text = (REPO / "docs" / "cli.md").read_text()
+    found = re.search(r"<!-- cli-reference:[^\n]*-->\n(.*?)<!-- /cli-reference -->", text, re.S)
+    assert found is not None, "docs/cli.md has no generated reference"
+    expected = render_reference(main)
+    assert found[1] == expected, "docs/cli.md is stale; replace the reference with:\n" + expected
+
+
 def test_the_job_templates_defaults_are_the_settings_modules() -> None:
     import re
 
