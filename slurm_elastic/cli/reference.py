@@ -28,7 +28,9 @@ def _render(cmd: click.Command, path: str, ctx: click.Context, lines: list[str],
         lines.append("\n".join(line for line in text.splitlines() if line.strip() != "\b"))
         lines.append("```")
         lines.append("")
-    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option)]
+    # Every command's -h/--help is left out: click keeps a command's help option from the first context
+    # that built it, so its names would depend on what ran before (the page says it once instead).
+    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option) and p.name != "help"]
     if opts:
         lines.append("| option | meaning |")
         lines.append("|---|---|")
