@@ -116,6 +116,37 @@ class JobEnvironment:
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 
+def export_torch_env(env: JobEnvironment) -> None:
+    """Set torchrun's variables under srun too: a torchrun-ready script reads os.environ["LOCAL_RANK"], and
+    one that decides whether it runs distributed from RANK (nanoGPT) must find it, or each rank trains
+    a model of its own."""
+    if env.launcher != "slurm":
+        return
+    os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank),
+                       "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
+                       "MASTER_ADDR": env.master_addr})
+    if env.master_port:     # else the ranks met through the job directory's rendezvous, on a port of its own
+        os.environ["MASTER_PORT"] = str(env.master_port)
+
+
+def group_backend(requested: str | None, *, cuda: bool) -> str:
+    """The backend the ranks' process group is formed with: the one asked for (default NCCL on GPUs, gloo
+    without), always with a CPU backend in it. The session's own collectives (its per-step agreement, the
+    checkpoint's commit) are small CPU tensors, and a group formed as plain "nccl" has no backend for the
+    CPU: each would fail ("No backend type associated with device type cpu"). Gloo carries them beside
+    NCCL's GPU collectives."""
+    import torch.distributed as dist
+
+    if requested is None:
+        requested = "nccl" if cuda else "gloo"
+    if ":" in requested:                  # device-qualified already ("cuda:nccl"), perhaps without the CPU
+        return requested if "cpu:" in requested else f"cpu:gloo,{requested}"
+    devices = dist.Backend.backend_capability.get(requested.lower(), ["cpu"])
+    if "cpu" in devices:
+        return requested
+    return ",".join(["cpu:gloo", *(f"{device}:{requested.lower()}" for device in devices)])
+
+
 def first_hostname(nodelist: str) -> str | None:
     """The first host of a Slurm node list ('n[1-3],m1' -> 'n1'), via `scontrol show hostnames`."""
     if not nodelist:

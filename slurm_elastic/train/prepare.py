@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from slurm_elastic.errors import ElasticError
-from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.environment import group_backend
 from slurm_elastic.train.session import ElasticSession
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,10 @@ class ElasticLoop:
             # One rank too: a torchrun-ready script builds its DistributedSampler and DDP on a
             # process group, and the same script must run when the job shrinks to one GPU.
             # An in-process store: no port to find or to collide on.
-            dist.init_process_group(self.session.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            dist.init_process_group(group_backend(self.session.backend, cuda=torch.cuda.is_available()),
                                     store=dist.HashStore(), rank=0, world_size=1)
             self._own_group = True
         self._had_group = dist.is_initialized()
-        _export_torch_env(self.session.env)
         sys.excepthook = self._excepthook
         atexit.register(self._at_exit)
 
@@ -651,17 +650,6 @@ def _divide_by(a: int) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor:
         return grad / a
     return hook
-
-
-def _export_torch_env(env: JobEnvironment) -> None:
-    """Set torchrun's variables under srun too, so a torchrun-ready script's os.environ["LOCAL_RANK"] works."""
-    if env.launcher != "slurm":
-        return
-    os.environ.update({"RANK": str(env.rank), "WORLD_SIZE": str(env.world_size), "LOCAL_RANK": str(env.local_rank),
-                       "LOCAL_WORLD_SIZE": str(env.local_world_size), "GROUP_RANK": str(env.node_rank),
-                       "MASTER_ADDR": env.master_addr})
-    if env.master_port:     # else the ranks met through the job directory's rendezvous, on a port of its own
-        os.environ["MASTER_PORT"] = str(env.master_port)
 
 
 def _line_buffered() -> None:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal as signal_module
+import struct
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ from slurm_elastic.train.checkpointer import (
     optimizer_groups_json,
 )
 from slurm_elastic.train.connections import GroupConnections
-from slurm_elastic.train.environment import JobEnvironment
+from slurm_elastic.train.environment import JobEnvironment, export_torch_env, group_backend
 from slurm_elastic.train.noise import DEFAULT_EVERY_STEPS, DEFAULT_SMOOTHING, GradientNoiseEstimator, NoiseEstimate, has_dtensor
 from slurm_elastic.train.rng import RawRng, capture_rng, capture_rng_raw, restore_rng, rng_json
 from slurm_elastic.train.sampler import (
@@ -108,6 +109,7 @@ class ElasticSession:
         self.store = CheckpointStore(self.job_dir, keep=keep, checksum=checksum,
                                      writer=Incarnation.of(self.env.job_id, self.env.restart_count))
         self.step = 0
+        self._steps_here = 0                       # optimizer steps taken in this process
         self.restored_step: int | None = None
         self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest
         self._signalled = False
@@ -186,6 +188,7 @@ class ElasticSession:
         # The job templates start the ranks with the signal blocked, so one sent while Python and torch
         # import stays pending instead of being lost; with the handler in place it is delivered now.
         self._old_mask = signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, {sig})
+        export_torch_env(self.env)
         if self.env.is_main:
             # Creates and verifies the job directory and takes the writer role before restoring, so a
             # stale incarnation elsewhere (a partitioned node) stops at its next commit, not racing us.
@@ -198,8 +201,8 @@ class ElasticSession:
             if self.env.is_main:
                 self.run_dir.remove_older_runs()
         if self.env.world_size > 1 and not dist.is_initialized():
-            backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-            if backend == "nccl":
+            backend = group_backend(self.backend, cuda=torch.cuda.is_available())
+            if "nccl" in backend:
                 torch.cuda.set_device(self.env.local_rank)
             timeout = datetime.timedelta(seconds=self.timeout_s)
             store = rendezvous.connect(self.env, self.run_dir, timeout_s=self.timeout_s)
@@ -213,8 +216,9 @@ class ElasticSession:
                                             world_size=self.env.world_size, timeout=timeout)
             # The store's connection is among them: it is this group's alone (train/rendezvous.py).
             connections = GroupConnections.opened_by(form_group)
-            if backend == "gloo":
-                self._connections = connections   # on NCCL the sockets are not where a collective waits
+            if backend == "gloo" or backend.startswith("cpu:gloo"):
+                # the session's collectives wait on gloo's sockets (on NCCL a GPU collective does not)
+                self._connections = connections
             self._owns_group = True
         if self.env.world_size > 1:
             # Beside the ranks of its own node, each rank watches the first rank of the next
@@ -514,6 +518,9 @@ class ElasticSession:
             self._optimizer.zero_grad(set_to_none=True)
             self.step += 1
             self._mark_boundary()
+        self._steps_here += 1
+        if self._steps_here & (self._steps_here - 1) == 0:     # 1, 2, 4, 8 ... steps into this start
+            self._check_replicas_agree()
         self._write_metrics()
         self._settle_upto(min_finished)
         if signal_now:
@@ -529,6 +536,30 @@ class ElasticSession:
                 self._arm()
             else:
                 log.debug("step %d: previous checkpoint still being written; skipping this one", self.step)
+
+    def _check_replicas_agree(self) -> None:
+        """Refuse to go on when the ranks' weights differ: their gradients are not averaged (no
+        DistributedDataParallel, or a script that decided it had no peers), so each rank trains a model of
+        its own and a checkpoint would stitch layers of different models together. One parameter's sum,
+        compared across ranks, says so (a learning rate of 0 in a warmup hides it: hence more than once)."""
+        assert self._optimizer is not None and self._ckpt is not None
+        if self.world_size == 1 or self._ckpt.sharded:
+            return
+        first = next((p for g in self._optimizer.param_groups for p in g["params"]), None)
+        if first is None:
+            return
+        total = float(first.detach().double().sum())
+        bits = struct.unpack("<q", struct.pack("<d", total))[0]
+        t = torch.tensor([bits, -bits], dtype=torch.int64)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        except Exception as exc:
+            self._peer_lost(f"step {self.step}: all-reduce failed: {type(exc).__name__}: {exc}", "collective-error")
+        if int(t[0]) != -int(t[1]):
+            raise ElasticError(
+                f"after step {self.step} the {self.world_size} ranks hold different weights: their gradients are "
+                f"not averaged across ranks. Wrap the model in DistributedDataParallel after session.attach() "
+                f"(a script that decides from RANK or WORLD_SIZE finds them set by the session)")
 
     def _step_optimizer(self) -> None:
         """optimizer.step() at lr x lr_gain (adaptive batch); the groups keep the unscaled rate, which is what

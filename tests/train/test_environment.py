@@ -9,6 +9,7 @@ from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import (
     JobEnvironment,
     first_hostname,
+    group_backend,
     node_address,
 )
 
@@ -102,3 +103,20 @@ def test_contract_package_imports_only_the_stdlib() -> None:
             "'slurm_elastic.cluster'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("requested", "cuda", "formed"), [
+    (None, False, "gloo"),
+    (None, True, "cpu:gloo,cuda:nccl"),
+    ("nccl", True, "cpu:gloo,cuda:nccl"),
+    ("gloo", True, "gloo"),
+    ("cuda:nccl", True, "cpu:gloo,cuda:nccl"),
+    ("cpu:gloo,cuda:nccl", True, "cpu:gloo,cuda:nccl"),
+])
+def test_the_process_group_always_has_a_cpu_backend_for_the_sessions_own_collectives(requested, cuda, formed) -> None:
+    """A group formed as plain "nccl" has no CPU backend, and the session's per-step agreement (a CPU
+    tensor) would fail on every GPU job ("No backend type associated with device type cpu")."""
+    import torch.distributed as dist
+
+    assert group_backend(requested, cuda=cuda) == formed
+    assert "cpu" in dist.distributed_c10d.BackendConfig(dist.Backend(formed)).get_device_backend_map()

@@ -18,6 +18,8 @@ from slurm_elastic import jobfiles as protocol
 from slurm_elastic.train.environment import JobEnvironment
 from slurm_elastic.train.session import ElasticSession
 
+from .launch import run_ranks
+
 ENV = JobEnvironment(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, num_nodes=1,
                      master_addr="127.0.0.1", master_port=1, job_id="55", job_name="t", restart_count=0,
                      launcher="single")
@@ -226,3 +228,22 @@ def test_a_loop_that_declares_its_length_tells_the_controller(tmp_path: Path) ->
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ElasticError, match="total_steps"):
             ElasticSession(ckpt_dir=str(tmp_path / "bad"), env=ENV, total_steps=bad)
+
+
+def test_a_loop_that_decides_ddp_from_rank_finds_it_and_one_whose_ranks_never_average_is_stopped(
+        tmp_path: Path) -> None:
+    """nanoGPT decides whether it runs distributed from RANK; the session exported it only for ElasticLoop,
+    so under ElasticSession each rank trained a model of its own, and the checkpoint stitched layers of
+    different models together (found converting nanoGPT by the docs alone). RANK is set now, and ranks
+    that never average their gradients stop with one line saying so, even behind a warmup's zero learning
+    rate at the first step."""
+    env = {"SLURM_ELASTIC_CKPT_DIR": str(tmp_path / "a")}
+    results = run_ranks("tests.train.rank_env_trainer", [], world_size=2, job_id="71", extra_env=env)
+    for r in results:
+        assert r.returncode == 0 and "ddp True RANK" in r.stdout and "trained" in r.stdout, r.stdout[-3000:]
+    env = {"SLURM_ELASTIC_CKPT_DIR": str(tmp_path / "b")}
+    results = run_ranks("tests.train.rank_env_trainer", ["--never-ddp", "--warmup-zero-lr"], world_size=2,
+                        job_id="72", extra_env=env)
+    for r in results:
+        assert r.returncode != 0 and "trained" not in r.stdout, r.stdout[-3000:]
+        assert "the 2 ranks hold different weights: their gradients are not averaged" in r.stdout, r.stdout[-3000:]
