@@ -497,8 +497,11 @@ class ElasticSession:
     def done(self, total_steps: int) -> bool:
         return self.step >= total_steps
 
-    def optimizer_step(self) -> None:
-        """optimizer.step(), scheduler.step(), zero_grad; then the checkpoint/signal bookkeeping."""
+    def optimizer_step(self, scaler: Any = None) -> None:
+        """optimizer.step(), scheduler.step(), zero_grad; then the checkpoint/signal bookkeeping.
+
+        `scaler`: an AMP loop's torch.amp.GradScaler: the step is scaler.step(optimizer) (skipped where the
+        gradients are not finite, and still counted as a step, as such loops count it), then scaler.update()."""
         assert self._optimizer is not None and self._ckpt is not None, "call attach() first"
         if self._exit_after_snapshot:
             # This step's forward pass was the checkpoint pass of a signalled stop;
@@ -512,7 +515,9 @@ class ElasticSession:
         # gradient all-reduce learns here, before it applies gradients its peers never added to.
         signal_now, due, min_finished = self._agree(self.step + 1)
         with self._state_lock:
-            self._step_optimizer()            # the step pre-hook waits for outstanding layer copies
+            self._step_optimizer(scaler)      # the step pre-hook waits for outstanding layer copies
+            if scaler is not None:
+                scaler.update()
             if self._scheduler is not None:
                 self._scheduler.step()
             self._optimizer.zero_grad(set_to_none=True)
@@ -561,19 +566,26 @@ class ElasticSession:
                 f"not averaged across ranks. Wrap the model in DistributedDataParallel after session.attach() "
                 f"(a script that decides from RANK or WORLD_SIZE finds them set by the session)")
 
-    def _step_optimizer(self) -> None:
-        """optimizer.step() at lr x lr_gain (adaptive batch); the groups keep the unscaled rate, which is what
-        the scheduler sets and the checkpoint records."""
-        assert self._optimizer is not None
+    def _step_optimizer(self, scaler: Any = None) -> None:
+        """optimizer.step() (through the AMP `scaler` where given) at lr x lr_gain (adaptive batch); the groups
+        keep the unscaled rate, which is what the scheduler sets and the checkpoint records."""
+        optimizer = self._optimizer
+        assert optimizer is not None
+
+        def step() -> None:
+            if scaler is not None:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
         if self.lr_gain == 1.0:
-            self._optimizer.step()
+            step()
             return
-        groups = self._optimizer.param_groups
+        groups = optimizer.param_groups
         saved = [group["lr"] for group in groups]
         for group, lr in zip(groups, saved):
             group["lr"] = lr * self.lr_gain
         try:
-            self._optimizer.step()
+            step()
         finally:
             for group, lr in zip(groups, saved):
                 group["lr"] = lr

@@ -247,3 +247,24 @@ def test_a_loop_that_decides_ddp_from_rank_finds_it_and_one_whose_ranks_never_av
     for r in results:
         assert r.returncode != 0 and "trained" not in r.stdout, r.stdout[-3000:]
         assert "the 2 ranks hold different weights: their gradients are not averaged" in r.stdout, r.stdout[-3000:]
+
+
+def test_an_amp_loop_steps_through_its_grad_scaler_and_a_step_with_inf_gradients_changes_no_weight(
+        tmp_path: Path) -> None:
+    """An AMP loop (nanoGPT's float16 path) steps with scaler.step(optimizer): optimizer_step(scaler) does,
+    so a step whose gradients overflowed is skipped and the scale backs off, as the loop meant."""
+    model = _model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    with ElasticSession(ckpt_dir=str(tmp_path), env=ENV, fast_exit=False) as s:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        s.attach(model, opt, global_batch=16, micro_batch=16, dataset_size=len(X))
+        for overflow in (True, False):
+            before = [p.detach().clone() for p in model.parameters()]
+            for idx in s.micro_batches():
+                scaler.scale((model(X[idx]) - Y[idx]).pow(2).mean()).backward()
+            if overflow:
+                next(model.parameters()).grad[0, 0] = float("inf")
+            s.optimizer_step(scaler)
+            moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+            assert moved is not overflow, overflow
+        assert s.step == 2 and scaler.get_scale() == 2.0 ** 9
