@@ -72,7 +72,6 @@ class ElasticLoop:
         self.seed = seed
         self.scheduler_interval = scheduler_interval
         self.ddp_kwargs = dict(ddp_kwargs or {})
-        _line_buffered()
         self.session = ElasticSession(**session_options)
         self._closed = False
         self._prepared = False
@@ -650,18 +649,6 @@ def _divide_by(a: int) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor:
         return grad / a
     return hook
-
-
-def _line_buffered() -> None:
-    # Under srun stdout is a file or pipe, block-buffered: a rank killed with its node
-    # would lose everything since the last 8 KiB. Lines reach the job's output as printed.
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            try:
-                reconfigure(line_buffering=True)
-            except (ValueError, OSError):
-                pass
 
 
 def _flush() -> None:

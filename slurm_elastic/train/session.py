@@ -189,6 +189,7 @@ class ElasticSession:
         # import stays pending instead of being lost; with the handler in place it is delivered now.
         self._old_mask = signal_module.pthread_sigmask(signal_module.SIG_UNBLOCK, {sig})
         export_torch_env(self.env)
+        line_buffered_output()
         if self.env.is_main:
             # Creates and verifies the job directory and takes the writer role before restoring, so a
             # stale incarnation elsewhere (a partitioned node) stops at its next commit, not racing us.
@@ -1055,3 +1056,15 @@ def _json_or_none(obj: Any) -> Any:
     except (TypeError, ValueError):
         log.warning("state %r is not JSON-able; it is not checkpointed", type(obj).__name__)
         return None
+
+
+def line_buffered_output() -> None:
+    """Under srun stdout is a file or pipe, block-buffered: a rank killed with its node would lose
+    everything since the last 8 KiB. Lines reach the job's output as printed."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(line_buffering=True)
+            except (ValueError, OSError):
+                pass

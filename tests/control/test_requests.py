@@ -754,3 +754,37 @@ def test_one_users_fast_growing_metrics_files_cost_at_most_their_budget_a_cycle_
         assert sum(cap for job, cap, _ in reads if owner[job] is mallory) <= budget, cycle
         assert [rows for job, _, rows in reads if job == theirs] == [20], cycle
         assert all(rows for job, _, rows in reads if owner[job] is mallory), cycle
+
+
+def test_a_metrics_file_naming_a_new_size_in_every_row_keeps_what_is_held_bounded(two, caplog):
+    """A probe's job wrote 1 MiB of rows every 4 s, each at a size never seen before: every size was kept,
+    the check against the sizes Slurm ran was quadratic in them, and the root daemon's cycles grew from
+    0.07 s to 345 s. Now the sizes written to last are kept (SIZES_KEPT), and one log line names a few."""
+    from slurm_elastic.control.requests import measuring
+
+    slurm, ckpt, a, _ = two
+    rows = [_row(i, 1000 + i, 1 + i % 9999, 1.0, nodes=1 + i // 9999) for i in range(20_000)]
+    _rows(shim.metrics_path(ckpt, str(a)), rows)
+    tail, problem = read_job_metrics(shim.metrics_path(ckpt, str(a)), owner_uid=os.getuid(), max_bytes=8 << 20)
+    assert not problem and tail.count + tail.bad == 20_000     # a row of 1 GPU on 2 nodes is refused
+    assert len(tail.speeds) == measuring.SIZES_KEPT and len(tail.batch_at) <= measuring.SIZES_KEPT
+    assert (tail.last["gpus"], tail.last["nodes"]) in tail.speeds        # the newest sizes are the ones kept
+    src = MeasuredRequests()
+    with caplog.at_level("WARNING"):
+        src.requests(slurm.snapshot(), 0.0, Policy())
+    line = next(r.getMessage() for r in caplog.records if "never ran it at" in r.getMessage())
+    assert len(line) < 1000 and f"and {measuring.SIZES_KEPT - 8} more" in line
+
+
+def test_the_files_of_an_ended_job_are_forgotten(two):
+    slurm, ckpt, a, b = two
+    for job in (a, b):
+        _rows(shim.metrics_path(ckpt, str(job)), [_row(10, 0, 2, 1.0, total=200), _row(20, 10, 2, 1.0, total=200)])
+    src = MeasuredRequests()
+    src.requests(slurm.snapshot(), 0.0, Policy())
+    assert len(src.files._cache) == 2
+    slurm.cancel(a)
+    slurm.now += 600
+    slurm.schedule()
+    src.requests(slurm.snapshot(), 600.0, Policy())
+    assert [p for p in src.files._cache if f"/{a}/" in p] == [] and len(src.files._cache) == 1

@@ -38,7 +38,7 @@ from typing import Mapping, Protocol, Sequence
 from slurm_elastic import jobfiles as shim
 from slurm_elastic.allocate.stepmodel import step_time_model
 from slurm_elastic.allocate.throughput import MeasuredThroughput, concave_hull
-from slurm_elastic.cluster.model import Job, JobState
+from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.requests.settings import RESTART_MIN_S, RequestSettings
 from slurm_elastic.goodput import GradientNoise
 from slurm_elastic.jobfiles import BATCH_FILE, BatchRange, MetricsCursor, MetricsRow, parse_row, read_metrics, read_record
@@ -91,7 +91,8 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh), the newest 16 relaunches (intervals that lost at least RESTART_MIN_S) and,
+    starts them afresh) for the SIZES_KEPT sizes written to last (a file that names a new size in every
+    row made each cycle's work and the daemon's memory grow with it, found by a probe), the newest 16 relaunches (intervals that lost at least RESTART_MIN_S) and,
     apart, the newest 16 resizes in place (the row after one says `in_place`), the
     newest gradient noise, and the last row.
     """
@@ -127,7 +128,13 @@ class MetricsTail:
                 self.batch_at[size] = int(batch)
             else:
                 self.batch_at.pop(size, None)
-            self.speeds.setdefault(size, collections.deque(maxlen=SPEEDS_KEPT)).append(v)
+            kept = self.speeds.pop(size, None)               # re-inserted last: the dicts run oldest first
+            if kept is None and len(self.speeds) >= SIZES_KEPT:
+                oldest = next(iter(self.speeds))
+                del self.speeds[oldest]
+                self.batch_at.pop(oldest, None)
+            self.speeds[size] = kept if kept is not None else collections.deque(maxlen=SPEEDS_KEPT)
+            self.speeds[size].append(v)
         if "grad_sqr" in row:
             self.noise = (float(row["grad_sqr"]), float(row["grad_var"]))
         prev = self.last
@@ -149,6 +156,7 @@ class MetricsTail:
 
 
 SPEEDS_KEPT = 64
+SIZES_KEPT = 32
 def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
                      tail: MetricsTail | None = None) -> tuple[MetricsTail, str]:
     """Validated rows of a job's metrics file (appended to `tail`), and a problem ("" when none).
@@ -200,7 +208,7 @@ def measure(rows: Sequence[Mapping[str, float | int]] | MetricsTail, settings: R
         return JobMeasurements()
     sizes = sorted(size for size, v in tail.speeds.items() if v)
     ignored = tuple(size for size in sizes if ran is not None and size not in ran)
-    at = {size: statistics.median(tail.speeds[size]) for size in sizes if size not in ignored}
+    at = {size: statistics.median(tail.speeds[size]) for size in sizes if ran is None or size in ran}
     model = _throughput(at, {size: tail.batch_at.get(size) for size in at}, tail, settings, "steps")
     # samples/s only where the batch is known: steps/s at different batches are not comparable
     batches = {size: tail.batch_at[size] for size in at if size in tail.batch_at}
@@ -300,9 +308,16 @@ class JobFiles:
         self._cache: dict[str, tuple[tuple[int, int], MetricsTail, JobMeasurements, frozenset[tuple[int, int]]]] = {}
         self._reported: dict[int, str] = {}
         self._part: dict[int | None, int] = {}    # uid -> metrics bytes each of its jobs may read this cycle
+        self._job_of: dict[str, int] = {}         # metrics path -> the job it was read for
 
-    def begin_cycle(self, jobs: Sequence[Job]) -> None:
-        """Share each user's metrics budget among their `jobs` for this cycle."""
+    def begin_cycle(self, state: ClusterState) -> None:
+        """Share each user's metrics budget among their elastic jobs for this cycle; forget the files of
+        jobs that ended or left Slurm (a job whose plan is open, seen without its spec, is kept)."""
+        jobs = state.elastic_jobs
+        present = {job.job_id for job in state.jobs if not job.state.finished}
+        for path in [p for p, job_id in self._job_of.items() if job_id not in present]:
+            self._cache.pop(path, None)
+            del self._job_of[path]
         mine = collections.Counter(owner_uid(job) for job in jobs)
         self._part = {uid: max(MIN_READ_BYTES, self.settings.metrics_max_bytes // n) for uid, n in mine.items()}
 
@@ -356,6 +371,7 @@ class JobFiles:
                                              tail=cached[1] if cached is not None else None)
         result = self.report(job, path, problem) if problem else measure(tail, self.settings, ran)
         self._cache[path] = (key, tail, result, ran)
+        self._job_of[path] = job.job_id
         if result.ignored:
             self._report_ignored(job, path, result.ignored)
         return result
@@ -365,7 +381,8 @@ class JobFiles:
         view that cannot read the controller's record of them says so instead, not as a warning."""
         key = -job.job_id - (2 << 40)          # its own slot in the once-per-problem memory
         if key not in self._reported:
-            sizes = ", ".join(f"{g} GPUs on {n} node{'s' if n > 1 else ''}" for g, n in ignored)
+            sizes = ", ".join(f"{g} GPUs on {n} node{'s' if n > 1 else ''}" for g, n in ignored[:8])
+            sizes += f" and {len(ignored) - 8} more" if len(ignored) > 8 else ""
             if self.sizes.lifelong:
                 log.warning("job %d: %s has speed rows at sizes Slurm never ran it at (%s); those rows are "
                             "ignored", job.job_id, path, sizes)

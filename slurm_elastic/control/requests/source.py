@@ -71,7 +71,7 @@ class MeasuredRequests:
         bad: dict[int, str] = {}
         own = own_weights(state)
         shares = fair_shares(state, own)
-        self.files.begin_cycle(state.elastic_jobs)
+        self.files.begin_cycle(state)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
@@ -141,7 +141,7 @@ class ProgressRequests(MeasuredRequests):
         basis: dict[str, str] = {}
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
-        self.files.begin_cycle(state.elastic_jobs)
+        self.files.begin_cycle(state)
         for job in state.elastic_jobs:
             self._remember(job, now)
             try:
