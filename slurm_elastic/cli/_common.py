@@ -42,5 +42,14 @@ def elastic_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+_CONTROLS = {c: "?" for c in [*range(0x20), *range(0x7f, 0xa0)]}
+
+
+def printable(text: object) -> str:
+    """`text` with control characters shown as '?': a job's name is its user's, and escape sequences in it
+    would reach the terminal of whoever lists it (clear the screen, retitle the window, hide text)."""
+    return str(text).translate(_CONTROLS)
+
+
 def echo_json(payload: object) -> None:
     click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))

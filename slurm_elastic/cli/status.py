@@ -10,7 +10,7 @@ from typing import Mapping
 
 import click
 
-from slurm_elastic.cli._common import echo_json, elastic_errors
+from slurm_elastic.cli._common import echo_json, elastic_errors, printable
 from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic import jobfiles as shim
 
@@ -118,5 +118,5 @@ def status(as_json: bool, user: str | None) -> None:
             ended[r["job_id"]] if r["ended"] else
             "held" if r["held"] else (r["why"] or (r["reason"] if r["state"] == "PENDING" else "")))
         ckpt = "-" if r["checkpoint_step"] is None else r["checkpoint_step"]
-        click.echo(f"{r['job_id']:>8} {str(r['name'])[:16]:<16} {r['state']:<10} {r['gpus']:>4} {rng:>9} "
-                   f"{r['restarts']:>8} {ckpt:>8}  {note}")
+        click.echo(f"{r['job_id']:>8} {printable(r['name'])[:16]:<16} {r['state']:<10} {r['gpus']:>4} {rng:>9} "
+                   f"{r['restarts']:>8} {ckpt:>8}  {printable(note)}")

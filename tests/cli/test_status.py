@@ -118,3 +118,19 @@ def test_a_jobs_why_uses_the_watchs_settings_from_its_variables(tmp_path: Path,
     slurm.add_job(ElasticSpec(1, 4, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=getpass.getuser())
     assert CliRunner().invoke(main, ["status"], catch_exceptions=False).exit_code == 0
     assert [(c.min_resize_interval_s, c.restart_budget_per_hour) for c in seen] == [(30.0, 7)]
+
+
+def test_escape_sequences_in_a_job_name_never_reach_the_terminal(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's name is its user's: `\\e[2J\\e[3J\\e[H` (16 characters) cleared the screen and scrollback of
+    whoever ran `status` on that user's jobs (found by a probe)."""
+    slurm = InMemorySlurm(nodes=1, gpus_per_node=2)
+    monkeypatch.setattr("slurm_elastic.cluster.select.select_backend", lambda *a, **k: slurm)
+    monkeypatch.setenv("SLURM_ELASTIC_DAEMON_DIR", str(tmp_path / "daemon"))
+    monkeypatch.setenv("SLURM_ELASTIC_STATE_DIR", str(tmp_path / "user"))
+    me = getpass.getuser()
+    slurm.add_job(ElasticSpec(1, 2, ckpt_dir=str(tmp_path / "ck")), nodes=1, gpus_per_node=2, user=me,
+                  name="\x1b[2J\x1b[3J\x1b[H\x9b8m\x07")
+    text = CliRunner().invoke(main, ["status"], catch_exceptions=False).output
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in text), repr(text)
+    assert "?[2J?[3J?[H" in text
