@@ -110,6 +110,7 @@ class ElasticSession:
                                      writer=Incarnation.of(self.env.job_id, self.env.restart_count))
         self.step = 0
         self._steps_here = 0                       # optimizer steps taken in this process
+        self._replica_sum: int | None = None       # the weights' check the next agreement compares
         self.restored_step: int | None = None
         self.user_state: dict[str, Any] = {}   # JSON-able extras saved in the manifest
         self._signalled = False
@@ -526,7 +527,7 @@ class ElasticSession:
             self._mark_boundary()
         self._steps_here += 1
         if self._steps_here & (self._steps_here - 1) == 0:     # 1, 2, 4, 8 ... steps into this start
-            self._check_replicas_agree()
+            self._replica_sum = self._replica_sum_bits()    # compared in the next step's agreement
         self._write_metrics()
         self._settle_upto(min_finished)
         if signal_now:
@@ -543,29 +544,19 @@ class ElasticSession:
             else:
                 log.debug("step %d: previous checkpoint still being written; skipping this one", self.step)
 
-    def _check_replicas_agree(self) -> None:
-        """Refuse to go on when the ranks' weights differ: their gradients are not averaged (no
-        DistributedDataParallel, or a script that decided it had no peers), so each rank trains a model of
-        its own and a checkpoint would stitch layers of different models together. One parameter's sum,
-        compared across ranks, says so (a learning rate of 0 in a warmup hides it: hence more than once)."""
+    def _replica_sum_bits(self) -> int | None:
+        """One parameter's sum as int64 bits, for the ranks to compare (None: nothing to compare). Ranks
+        whose gradients are not averaged (no DistributedDataParallel, or a script that decided it had no
+        peers) each train a model of their own, and a checkpoint would stitch layers of different models
+        together; a learning rate of 0 in a warmup hides it at the first step, hence again at 2, 4, 8 ..."""
         assert self._optimizer is not None and self._ckpt is not None
         if self.world_size == 1 or self._ckpt.sharded:
-            return
+            return None
         first = next((p for g in self._optimizer.param_groups for p in g["params"]), None)
         if first is None:
-            return
-        total = float(first.detach().double().sum())
-        bits = struct.unpack("<q", struct.pack("<d", total))[0]
-        t = torch.tensor([bits, -bits], dtype=torch.int64)
-        try:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        except Exception as exc:
-            self._peer_lost(f"step {self.step}: all-reduce failed: {type(exc).__name__}: {exc}", "collective-error")
-        if int(t[0]) != -int(t[1]):
-            raise ElasticError(
-                f"after step {self.step} the {self.world_size} ranks hold different weights: their gradients are "
-                f"not averaged across ranks. Wrap the model in DistributedDataParallel after session.attach() "
-                f"(a script that decides from RANK or WORLD_SIZE finds them set by the session)")
+            return None
+        bits = struct.unpack("<q", struct.pack("<d", float(first.detach().double().sum())))[0]
+        return 0 if bits == -(1 << 63) else bits          # -0.0, whose negation int64 cannot hold
 
     def _step_optimizer(self, scaler: Any = None) -> None:
         """optimizer.step() (through the AMP `scaler` where given) at lr x lr_gain (adaptive batch); the groups
@@ -624,11 +615,19 @@ class ElasticSession:
                       (self.every_seconds is not None and time.monotonic() - self._last_arm_time >= self.every_seconds))
         if self.world_size == 1:
             return self._signalled, bool(due), len(self._finished)
-        t = torch.tensor([int(self._signalled), due, -len(self._finished)], dtype=torch.int64)
+        # Every rank has taken the same steps in this start, so all carry a replica sum or none.
+        replica_sum, self._replica_sum = self._replica_sum, None
+        extra = [] if replica_sum is None else [replica_sum, -replica_sum]
+        t = torch.tensor([int(self._signalled), due, -len(self._finished), *extra], dtype=torch.int64)
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         except Exception as exc:
             self._peer_lost(f"step {self.step}: all-reduce failed: {type(exc).__name__}: {exc}", "collective-error")
+        if extra and int(t[3]) != -int(t[4]):
+            raise ElasticError(
+                f"after step {self.step} the {self.world_size} ranks hold different weights: their gradients are "
+                f"not averaged across ranks. Wrap the model in DistributedDataParallel after session.attach() "
+                f"(a script that decides from RANK or WORLD_SIZE finds them set by the session)")
         return bool(t[0]), bool(t[1]), int(-t[2])
 
     def _settle(self, *, block: bool) -> None:
