@@ -189,12 +189,14 @@ class RigidDemand:
     waiting: tuple[tuple[int, str], ...] = ()   # (job id, why elastic jobs do not yield to it)
 
 
-def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
-    """Pending rigid jobs waiting only for resources, in Slurm's priority order, that the rules let borrow back."""
+def rigid_queue(state: ClusterState, rules: RigidPolicy, elastic: frozenset[int] = frozenset()) -> tuple[Job, ...]:
+    """Pending rigid jobs waiting only for resources, in Slurm's priority order, that the rules let borrow back
+    (`elastic`: jobs seen here without their spec that are elastic all the same: a plan of theirs is open)."""
     def waited(job: Job) -> float:
         return state.taken_at - job.submit_time if job.submit_time is not None else math.inf
 
-    queue = [j for j in state.jobs if not j.elastic and j.state is JobState.PENDING and not j.held and j.gpus > 0
+    queue = [j for j in state.jobs if not j.elastic and j.job_id not in elastic
+             and j.state is JobState.PENDING and not j.held and j.gpus > 0
              and j.reason in WAITING_FOR_RESOURCES and waited(j) >= rules.yield_after_s
              and (not rules.partitions or j.partition in rules.partitions)]
     return tuple(sorted(queue, key=queue_order)[:rules.lookahead])
@@ -202,7 +204,8 @@ def rigid_queue(state: ClusterState, rules: RigidPolicy) -> tuple[Job, ...]:
 
 def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy,
                       windows: Mapping[str, AdvanceReservation] | None = None,
-                      keeps_ranks: Callable[[Job], bool] | None = None) -> RigidDemand:
+                      keeps_ranks: Callable[[Job], bool] | None = None,
+                      planned: frozenset[int] = frozenset()) -> RigidDemand:
     """Capacity for elastic work less whole nodes kept for the pending rigid jobs Slurm would start next.
 
     For each such job in priority order: the nodes of its partition that
@@ -213,7 +216,8 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     nodes would cut into elastic minimums protected from it, or into the
     minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
-    they hold there. A job in an advance reservation is looked at only while
+    they hold there. `planned`: elastic jobs whose plan is open, seen without their spec (never taken for
+    rigid ones). A job in an advance reservation is looked at only while
     `windows` has it active, on its nodes; no job on the nodes of another
     reservation that would not let it start now (`reservations.blocking`).
     """
@@ -235,7 +239,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
               and j.reason in WAITING_FOR_RESOURCES]
     reserved: list[RigidReservation] = []
     waiting: list[tuple[int, str]] = []
-    for job in rigid_queue(state, rules):
+    for job in rigid_queue(state, rules, planned):
         inside = open_nodes(windows, job.reservation) if job.reservation else None
         if inside is not None and not inside:
             continue      # Slurm starts it only inside its window: nothing elastic work leaves helps now

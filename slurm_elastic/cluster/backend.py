@@ -61,6 +61,20 @@ class Backend(Protocol):
 
 
 @runtime_checkable
+class PriorityKeepingBackend(Backend, Protocol):
+    """A backend that can give a released job back the priority it had before the controller held it.
+
+    Slurm recomputes a job's priority when it is released: priority/basic gives it the lowest of all
+    (behind every job submitted since), multifactor an age counted from its requeue. A job the controller
+    resized would then wait behind jobs that came after it, and the GPUs the plan freed for it go to them.
+    """
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        """Set a pending job's priority (`scontrol update Priority=`: an operator's right)."""
+        ...
+
+
+@runtime_checkable
 class NodeExcludingBackend(Backend, Protocol):
     """A backend that can act on a job's report of a lost node (control/peer_loss.py).
 

@@ -232,6 +232,9 @@ class CliBackend:
     def release(self, job_id: int) -> None:
         self._run(["scontrol", "release", str(int(job_id))])
 
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self._run(["scontrol", "update", f"JobId={int(job_id)}", f"Priority={int(priority)}"])
+
     def signal(self, job_id: int, signal: str) -> None:
         # --full: the batch shell and every step (srun tasks) get it; without it the batch
         # shell is skipped, with --batch only the batch shell (checked live on 22.05).

@@ -21,6 +21,12 @@ It models what the controller's requeue protocol meets on a live cluster
   from running jobs' time limits; never, if they have none); a lower job
   starts only if it does not delay that: it ends (by its time limit) before
   the reservation's time, or fits on nodes outside it;
+- with `release_lowers_priority`, priority/basic's release: a released job
+  gets the lowest priority of all (seen on 22.05.8). Off by default: the
+  controller gives a released job its own priority back at once
+  (`set_priority`), and what remains on a live Slurm, a scheduler pass
+  between the two commands, this Slurm would overstate (it schedules at
+  every call);
 - the training shim's acknowledgement: a signalled job writes its ACK file
   beside its checkpoints, as the shim does after its checkpoint commits.
 
@@ -58,8 +64,10 @@ class InMemorySlurm:
 
     def __init__(self, nodes: int = 4, gpus_per_node: int = 4, *, cpus_per_node: int = 32,
                  mem_per_node_mb: int = 64000, ack: bool = True, clock: Callable[[], float] | None = None,
-                 completing_s: float = 0.0, start_latency_s: float = 0.0, node_prefix: str = "n") -> None:
+                 completing_s: float = 0.0, start_latency_s: float = 0.0, node_prefix: str = "n",
+                 release_lowers_priority: bool = False) -> None:
         self._manual_now = 1_000_000.0
+        self.release_lowers_priority = release_lowers_priority
         self._clock = clock
         self.nodes: dict[str, Node] = {
             f"{node_prefix}{i}": Node(name=f"{node_prefix}{i}", state=NodeState.IDLE, cpus=cpus_per_node,
@@ -240,8 +248,18 @@ class InMemorySlurm:
         if not job.held:
             raise SlurmError(f"scontrol release: job {job_id} is not held")
         waiting = self.begin.get(job_id, 0) > self.now
-        self.jobs[job_id] = dataclasses.replace(job, held=False,
+        priority = job.priority
+        if self.release_lowers_priority:
+            priority = min((j.priority for j in self.jobs.values() if j.priority), default=FIRST_PRIORITY) - 1
+        self.jobs[job_id] = dataclasses.replace(job, held=False, priority=priority,
                                                 reason="BeginTime" if waiting else "Priority")
+        self.schedule()
+
+    def set_priority(self, job_id: int, priority: int) -> None:
+        job = self._job("set_priority", job_id)
+        if job.state.finished:
+            raise SlurmError(f"scontrol update: job {job_id} has ended")
+        self.jobs[job_id] = dataclasses.replace(job, priority=int(priority))
         self.schedule()
 
     def signal(self, job_id: int, signal: str) -> None:

@@ -336,6 +336,9 @@ class PyslurmBackend:
     def release(self, job_id: int) -> None:
         self._call("Job.release", self._ps.Job(int(job_id)).release)
 
+    def set_priority(self, job_id: int, priority: int) -> None:
+        self._cli.set_priority(job_id, priority)      # one scontrol update, as on every version
+
     def signal(self, job_id: int, signal: str) -> None:
         # steps="all" sets KILL_FULL_JOB: the batch shell and every step, like scancel --full.
         name = str(signal).upper()

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend
+from slurm_elastic.cluster.backend import Backend, NodeExcludingBackend, PriorityKeepingBackend
 from slurm_elastic.cluster.model import ClusterState, Job, JobState
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, Journal, PlanRecord
 from slurm_elastic.control.peer_loss import still_lost
@@ -106,6 +106,8 @@ class RequeueProtocol:
         self._geometry_exited: set[int] = set()       # plan ids whose ranks exited 87: no ACK to wait for
         self._kept_shrinks: set[int] = set()          # plan ids to shrink in place, their ranks kept (Plan.keep)
         self._slurm_requeues: dict[int, float] = {}   # plan id -> until when Slurm's own requeue is waited for
+        self._priority: dict[int, int] = {}           # job id -> its Slurm priority when its plan opened
+        self._keeps_priority = isinstance(backend, PriorityKeepingBackend)
 
     # -- the forward path ------------------------------------------------------------------
     def execute(self, plans: Sequence[Plan], state: ClusterState, *,
@@ -120,6 +122,8 @@ class RequeueProtocol:
         records: list[PlanRecord] = []
         for plan in plans:
             job = state.job(plan.job_id)
+            if job.priority and not job.held:
+                self._priority[plan.job_id] = job.priority
             plan_id = self.journal.open_plan(plan, restarts=job.restarts)
             self._maybe_crash("open")
             records.append(self._record(plan_id))
@@ -681,7 +685,7 @@ class RequeueProtocol:
     def _release(self, job_id: int, *, fresh: bool = False) -> None:
         if fresh:
             try:
-                self.backend.release(job_id)
+                self._release_keeping_priority(job_id)
                 return
             except SlurmError as exc:
                 log.info("job %d: release refused (%s); looking again", job_id, exc)
@@ -690,8 +694,25 @@ class RequeueProtocol:
             job = self._observe(job_id)
             if job is None or job.state.finished or not job.held:
                 return
-            self.backend.release(job_id)
+            self._release_keeping_priority(job_id)
         self._settle(job_id, attempt)
+
+    def _release_keeping_priority(self, job_id: int) -> None:
+        """Release the job, then give it back the priority it had when its plan opened: released, Slurm
+        ranks it behind every job that came after it (priority/basic; multifactor counts its age from the
+        requeue), and those took the GPUs the plan freed for it (a probe: another user's 40 pending jobs
+        kept a resized job pending for good). Setting a priority is an operator's right: a controller
+        without it (a user's watch) releases only, and says so once."""
+        self.backend.release(job_id)
+        priority = self._priority.pop(job_id, None)
+        if priority is None or not self._keeps_priority:
+            return
+        try:
+            self.backend.set_priority(job_id, priority)      # type: ignore[attr-defined]
+        except SlurmError as exc:
+            self._keeps_priority = False
+            log.warning("job %d: released at the priority Slurm gives it, not its own %d (%s); jobs resized from "
+                        "now on wait behind those submitted after them", job_id, priority, exc)
 
     def _clear_hold_of_started(self, rec: PlanRecord) -> None:
         """A queued job Slurm started just before our hold took it anyway (priority 0), and a running job shows

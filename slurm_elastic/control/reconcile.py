@@ -506,7 +506,8 @@ class Reconciler:
         acting = ready(losses, now, self.config.protocol.ack_timeout_s)
         windows = self._reservation_windows(scoped)
         keeps = _read_once(keeps_ranks)    # the rigid reservation and the in-place swap ask the same jobs
-        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps)
+        rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps,
+                                  planned=frozenset(open_plans))
         # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
         # budget, measure first, the share floor): kept by them, one job held its size and the other
         # went back to the queue though both minimums fitted beside the rigid job (seen live).

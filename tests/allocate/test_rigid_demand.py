@@ -123,3 +123,18 @@ def test_a_pending_elastic_job_of_higher_priority_starts_before_a_rigid_job_at_i
     # Of lower priority than the rigid job, it waits behind it, as Slurm would make it.
     slurm.jobs[first] = dataclasses.replace(slurm.jobs[first], priority=slurm.jobs[rigid].priority - 1)
     assert [r.job_id for r in _demand(slurm).reserved] == [rigid]
+
+
+def test_an_elastic_job_whose_plan_is_open_is_never_taken_for_a_rigid_one():
+    """The controller sees a job with an open plan without its spec (it counts as usage of what it holds);
+    queued, it was taken for a rigid job: GPUs were kept for it and `rebalance --explain` said "rigid job 8
+    waits: elastic jobs' minimums ... are protected from it" of an elastic job (found by a probe)."""
+    slurm, _, _ = _filled()
+    queued = slurm.add_job(ElasticSpec(2, 16), nodes=1, gpus_per_node=4)
+    state = slurm.snapshot()
+    masked = dataclasses.replace(state, jobs=tuple(dataclasses.replace(j, spec=None) if j.job_id == queued else j
+                                                   for j in state.jobs))
+    seen = reserve_for_rigid(masked, capacity_from_state(masked), RigidPolicy())
+    assert [r.job_id for r in seen.reserved] == [queued]            # taken for rigid without the word
+    demand = reserve_for_rigid(masked, capacity_from_state(masked), RigidPolicy(), planned=frozenset({queued}))
+    assert demand.reserved == () and demand.waiting == ()

@@ -68,9 +68,23 @@ def test_running_job_is_signalled_acked_requeued_resized_and_released(setup):
     assert out.status == DONE and out.acked is True
     assert job.state is JobState.RUNNING and job.gpus == 4 and not job.held and job.restarts == 1
     verbs = [v for v, _ in slurm.calls]
-    assert verbs == ["signal", "requeue_hold", "set_resources", "release"]
+    assert verbs == ["signal", "requeue_hold", "set_resources", "release", "set_priority"]
     assert journal.open_plans() == []
     assert [s for s, _, _ in journal.steps(out.plan_id)] == ["open", *STEPS[1:], "done"]
+
+
+def test_a_resized_job_keeps_its_place_in_slurms_queue(setup):
+    """Released, Slurm ranks a job behind every job submitted after it (priority/basic, seen live on 22.05:
+    4294901759 before the hold, 4294901756 after the release), and another user's 40 pending jobs took
+    every GPU the controller freed for a resized job, which stayed pending (found by a probe). The
+    controller gives it back its own priority after the release."""
+    slurm, job_id, journal = setup
+    slurm.release_lowers_priority = True
+    later = slurm.add_job(ElasticSpec(1, 8), nodes=1, gpus_per_node=4, user="mallory")
+    before = slurm.jobs[job_id].priority
+    assert before > slurm.jobs[later].priority
+    [out] = _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
+    assert out.status == DONE and slurm.jobs[job_id].priority == before
 
 
 def test_missing_ack_waits_for_the_deadline_then_proceeds(setup):
@@ -92,7 +106,7 @@ def test_job_requeued_by_slurm_enters_at_hold_and_starts_without_begin_time(setu
                 reason="requeued", forced=True)
     [out] = _protocol(slurm, journal).execute([plan], slurm.snapshot())
     assert out.status == DONE
-    assert [v for v, _ in slurm.calls] == ["hold", "set_resources", "release"]
+    assert [v for v, _ in slurm.calls] == ["hold", "set_resources", "release", "set_priority"]
     job = slurm.jobs[job_id]
     assert job.state is JobState.RUNNING and job.gpus == 4 and job.nodes[0] != "n2"
 
