@@ -30,7 +30,7 @@ def _render(cmd: click.Command, path: str, ctx: click.Context, lines: list[str],
         lines.append("")
     # Every command's -h/--help is left out: click keeps a command's help option from the first context
     # that built it, so its names would depend on what ran before (the page says it once instead).
-    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option) and p.name != "help"]
+    opts = [p for p in cmd.get_params(ctx) if isinstance(p, click.Option) and "--help" not in p.opts]
     if opts:
         lines.append("| option | meaning |")
         lines.append("|---|---|")
