@@ -710,6 +710,10 @@ class RequeueProtocol:
         try:
             self.backend.set_priority(job_id, priority)      # type: ignore[attr-defined]
         except SlurmError as exc:
+            if "denied" not in str(exc).lower():
+                # e.g. it started meanwhile: nothing to keep for this job
+                log.info("job %d: its priority was not set back (%s)", job_id, exc)
+                return
             self._keeps_priority = False
             log.warning("job %d: released at the priority Slurm gives it, not its own %d (%s); jobs resized from "
                         "now on wait behind those submitted after them", job_id, priority, exc)
