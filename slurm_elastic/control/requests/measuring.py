@@ -91,10 +91,12 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh) for the SIZES_KEPT sizes written to last (a file that names a new size in every
-    row made each cycle's work and the daemon's memory grow with it, found by a probe), the newest 16 relaunches (intervals that lost at least RESTART_MIN_S) and,
-    apart, the newest 16 resizes in place (the row after one says `in_place`), the
-    newest gradient noise, and the last row.
+    starts them afresh) for the SIZES_KEPT sizes written to last (a file that
+    named a new size in every row made each cycle's work and the daemon's
+    memory grow with it, found by a probe), the newest 16 relaunches
+    (intervals that lost at least RESTART_MIN_S) and, apart, the newest 16
+    resizes in place (the row after one says `in_place`), the newest gradient
+    noise, and the last row.
     """
 
     cursor: MetricsCursor = dataclasses.field(default_factory=MetricsCursor)   # where the file was read up to
@@ -157,6 +159,9 @@ class MetricsTail:
 
 SPEEDS_KEPT = 64
 SIZES_KEPT = 32
+MIN_READ_BYTES = 1 << 12           # a job's part of its user's metrics budget is never less
+
+
 def read_job_metrics(path: str, *, owner_uid: int | None, max_bytes: int,
                      tail: MetricsTail | None = None) -> tuple[MetricsTail, str]:
     """Validated rows of a job's metrics file (appended to `tail`), and a problem ("" when none).
@@ -440,9 +445,6 @@ class JobFiles:
         viewer = os.geteuid()
         level = logging.WARNING if viewer == 0 or viewer == owner_uid(job) else logging.INFO
         log.log(level, "job %d: %s", job.job_id, line)
-
-
-MIN_READ_BYTES = 1 << 12           # a job's part of its user's metrics budget is never less
 
 
 def owner_uid(job: Job) -> int | None:
