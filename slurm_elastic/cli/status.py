@@ -46,6 +46,24 @@ def job_row(job: Job, why: str | None = None) -> dict[str, object]:
             "ended": job.state.finished, "end_time": job.end_time, "exit_signal": job.exit_signal}
 
 
+def _daemon_notes(who: str) -> Mapping[int, str] | None:
+    """The running daemon's notes on `who`'s jobs (control/job_notes.py), when a fresh daemon wrote them and
+    the caller may read them; else None."""
+    import pwd
+
+    from slurm_elastic.control.job_notes import read_notes
+    from slurm_elastic.control.state_dir import daemon_dir, read_heartbeat
+
+    beat = read_heartbeat(daemon_dir())
+    if beat is None or not beat.fresh():
+        return None
+    try:
+        uid = pwd.getpwnam(who).pw_uid
+    except KeyError:
+        return None
+    return read_notes(daemon_dir(), uid, max_age_s=max(3 * beat.interval_s, 60.0))
+
+
 def how_it_ended(job: Job) -> str:
     """A finished job's note: its final state, the signal that ended it, when (Slurm keeps it a while)."""
     parts = [f"ended {job.state.value}"]
@@ -93,7 +111,10 @@ def status(as_json: bool, user: str | None) -> None:
     rigid = [j for j in state.jobs if j.user == who and j.spec is None and not j.spec_error
              and j.state is JobState.PENDING and j.gpus > 0]
     waits: Mapping[int, str] = {}
-    if rigid or any(j.spec and not j.state.finished for j in jobs):
+    notes = _daemon_notes(who)
+    if notes is not None:
+        waits = notes            # what the running daemon itself says of each job
+    elif rigid or any(j.spec and not j.state.finished for j in jobs):
         # Why each job is not being resized now: the decision the running controller would take
         # (the daemon's settings when one runs, else a watch's: its variables, as `sbatch --watch` reads
         # them), as a dry run.

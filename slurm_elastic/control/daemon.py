@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
+from slurm_elastic.control.job_notes import write_notes
 from slurm_elastic.control.metrics import ControllerMetrics
 from slurm_elastic.control.reconcile import CycleReport, Reconciler
 from slurm_elastic.control.state_dir import HEARTBEAT_EVERY_S, StateDirError, clear_heartbeat, write_heartbeat
@@ -83,6 +85,7 @@ class Loop:
         report = None
         try:
             report = self.reconciler.cycle()
+            self._write_notes(report)
             if self.metrics is not None:
                 self.metrics.observe(report)
             if self.on_cycle is not None:
@@ -103,6 +106,18 @@ class Loop:
                 self.metrics.cycle_errors.inc()
         self.cycles += 1
         return report
+
+    def _write_notes(self, report: CycleReport) -> None:
+        """Each user's jobs' notes, for their `status` (control/job_notes.py)."""
+        if self.heartbeat_dir is None:
+            return
+        by_user: dict[str, dict[int, str]] = {}
+        for job_id, user in report.owners.items():
+            by_user.setdefault(user, {})[job_id] = report.waits.get(job_id, "")
+        try:
+            write_notes(self.heartbeat_dir, by_user, time.time())
+        except OSError as exc:
+            log.warning("cannot write the jobs' notes in %s: %s", self.heartbeat_dir, exc.strerror)
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT stop after the current step; SIGHUP wakes a cycle now."""

@@ -134,6 +134,7 @@ class CycleReport:
     gpus_free: int = 0
     cycle_s: float = 0.0
     rigid: RigidDemand | None = None   # what pending rigid jobs take back this cycle, and which still wait
+    owners: Mapping[int, str] = field(default_factory=dict)   # job id -> its user, for the jobs it speaks of
 
     def target(self, job_id: int) -> int | None:
         if self.allocation is None:
@@ -466,6 +467,7 @@ class Reconciler:
         drained = self._drain_lost(plans, outcomes) if not dry_run else ()
         resumed = self._expire_drains(state) if not dry_run else ()
         elastic = scope_state(state, self.config.user)[0].elastic_jobs   # with those whose plan is still open
+        spoken_of = {j.job_id for j in elastic}
         total = sum(n.gpus for n in state.nodes if n.available)
         used = sum(n.gpus_alloc for n in state.nodes if n.available)
         report = CycleReport(
@@ -476,7 +478,8 @@ class Reconciler:
             current_gpus={j.job_id: j.gpus for j in elastic}, waits=decision.waits,
             peer_losses=decision.peer_losses, drained=drained, resumed=resumed, revived=revived,
             gpus_total=total, gpus_elastic=sum(j.gpus for j in elastic if j.state is JobState.RUNNING),
-            gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0, rigid=decision.rigid)
+            gpus_free=max(total - used, 0), cycle_s=time.monotonic() - t0, rigid=decision.rigid,
+            owners={j.job_id: j.user for j in state.jobs if j.job_id in decision.waits or j.job_id in spoken_of})
         return report
 
     def decide(self, state: ClusterState, now: float, *, job_ids: frozenset[int] | None = None) -> Decision:
