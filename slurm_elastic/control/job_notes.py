@@ -2,10 +2,10 @@
 
 A user's `status` otherwise decides again in a dry run of its own, which
 cannot read the daemon's journal: it knows no hysteresis under way, no node
-kept off a job after its report, no size the job ran at before, and so said
-less than `admin rebalance --explain` (found by probes, three sessions
-running). The daemon writes, after each cycle, one file per user,
-`<daemon dir>/notes/<uid>.json`, with its note for each of that user's jobs.
+kept off a job after its report, no size the job ran at before, and says
+less than `admin rebalance --explain`. The daemon writes, after each cycle,
+one file per user, `<daemon dir>/notes/<uid>.json`, with its note for each
+of that user's jobs.
 
 The file is owned by that user (mode 0400) in a directory only root writes
 (0711: nobody lists whose files are there), so no user reads another's notes;

@@ -700,9 +700,8 @@ class RequeueProtocol:
     def _release_keeping_priority(self, job_id: int) -> None:
         """Release the job, then give it back the priority it had when its plan opened: released, Slurm
         ranks it behind every job that came after it (priority/basic; multifactor counts its age from the
-        requeue), and those took the GPUs the plan freed for it (a probe: another user's 40 pending jobs
-        kept a resized job pending for good). Setting a priority is an operator's right: a controller
-        without it (a user's watch) releases only, and says so once."""
+        requeue), and those would take the GPUs the plan freed for it. Setting a priority is an operator's
+        right: a controller without it (a user's watch) releases only, and says so once."""
         self.backend.release(job_id)
         priority = self._priority.pop(job_id, None)
         if priority is None or not self._keeps_priority:

@@ -91,9 +91,9 @@ class MetricsTail:
 
     Kept bounded: the newest SPEEDS_KEPT speeds per (GPU count, node count)
     (at the batch the job last ran at with that size: a new batch there
-    starts them afresh) for the SIZES_KEPT sizes written to last (a file that
-    named a new size in every row made each cycle's work and the daemon's
-    memory grow with it, found by a probe), the newest 16 relaunches
+    starts them afresh) for the SIZES_KEPT sizes written to last (a file
+    that names a new size in every row must not grow each cycle's work and
+    the daemon's memory with it), the newest 16 relaunches
     (intervals that lost at least RESTART_MIN_S) and, apart, the newest 16
     resizes in place (the row after one says `in_place`), the newest gradient
     noise, and the last row.
