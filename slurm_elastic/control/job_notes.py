@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
+from slurm_elastic.control.state_dir import replace_file
 from slurm_elastic.errors import JobFileRefused
 from slurm_elastic.jobfiles import load_json, read_user_file
 
@@ -52,20 +53,7 @@ def write_notes(directory: Path, notes: Mapping[str, Mapping[int, str]], at: flo
             name = f"{entry.pw_uid}.json"
             keep.add(name)
             body = json.dumps({"at": at, "notes": {str(job_id): note for job_id, note in jobs.items()}})
-            tmp = f".{name}.{os.getpid()}"
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400,
-                         dir_fd=dir_fd)
-            try:
-                os.write(fd, body.encode()[:MAX_NOTES_BYTES])
-                os.fchown(fd, entry.pw_uid, entry.pw_gid)
-                os.fchmod(fd, 0o400)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            replace_file(dir_fd, name, body.encode()[:MAX_NOTES_BYTES], 0o400, (entry.pw_uid, entry.pw_gid))
         for name in os.listdir(dir_fd):
             if name.endswith(".json") and name not in keep:
                 os.unlink(name, dir_fd=dir_fd)

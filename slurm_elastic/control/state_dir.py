@@ -264,25 +264,32 @@ def write_heartbeat(directory: Path, interval_s: float, *, every_s: float = 0.0,
                     settings: Mapping[str, float | int | str] | None = None) -> None:
     """Atomically replace `<dir>/daemon.heartbeat` (0644: user-mode watches read it); OSError if it cannot."""
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    tmp = f".{HEARTBEAT_FILE}.{os.getpid()}"
     try:
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "at": time.time(),
                            "interval_s": interval_s, "every_s": every_s, "uid": os.geteuid(),
                            "settings": dict(settings or {})})
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=dir_fd)
-        try:
-            os.fchmod(fd, 0o644)
-            os.write(fd, body.encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, HEARTBEAT_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        replace_file(dir_fd, HEARTBEAT_FILE, body.encode(), 0o644)
     finally:
         os.close(dir_fd)
+
+
+def replace_file(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
+    """Atomically replace `name` in the directory `dir_fd` with `data`, at `mode` (and `owner`, uid and gid):
+    a new file, never a link followed, renamed over the old one; OSError if it cannot."""
+    tmp = f".{name}.{os.getpid()}"
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def clear_heartbeat(directory: Path) -> None:
