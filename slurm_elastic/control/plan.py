@@ -43,8 +43,14 @@ class Plan:
 
     @property
     def leaves_queued(self) -> bool:
-        """It leaves its job queued, on no named nodes (back to the queue, or an earlier plan's nodes cleared)."""
-        return self.to_gpus == 0 or self.reason.startswith(CLEARED_REASON)
+        """It leaves its job queued, on no named nodes (back to the queue, an earlier plan's nodes cleared, or
+        kept queued while the cycle's other jobs start)."""
+        return self.to_gpus == 0 or self.reason.startswith((CLEARED_REASON, KEPT_QUEUED_REASON))
+
+    @property
+    def keeps_queued(self) -> bool:
+        """It only holds its queued job while the cycle's other plans start theirs: no resize, no StartTime."""
+        return self.reason.startswith(KEPT_QUEUED_REASON)
 
     @property
     def shrinks(self) -> bool:
@@ -128,6 +134,8 @@ def make_plans(state: ClusterState, allocation: Allocation, shape: ShapeFn,
                          given_to_rigid=given_to_rigid)
         if plan is not None:
             plans.append(plan)
+    plans += kept_queued(state, plans, lambda job: job_ids is None or job.job_id in job_ids,
+                         lambda spec, gpus: shape(spec, gpus, {}))
     # A plan that leaves its job queued with no nodes named is released after the rest: released first,
     # Slurm starts it on the first GPUs free, the nodes a grow beside it was planned on.
     plans.sort(key=lambda p: (p.leaves_queued, not p.shrinks, p.job_id))
@@ -201,6 +209,40 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
 
 
 CLEARED_REASON = "queued job's earlier nodes cleared"
+KEPT_QUEUED_REASON = "kept queued while this cycle's resized jobs start"
+ROOM_WAITS = frozenset({"Priority", "Resources", "None", ""})
+"""Slurm's reasons for a pending job that starts as soon as GPUs are free (not a dependency, a begin time,
+a limit or a hold)."""
+
+
+def kept_queued(state: ClusterState, plans: list[Plan], in_scope: Callable[[Job], bool],
+                shape: Callable[[ElasticSpec, int], RequestShape]) -> list[Plan]:
+    """Plans that hold the queued elastic jobs the solve leaves waiting while `plans` start their jobs.
+
+    Slurm starts pending jobs by priority on whatever is free: released beside a job the solve resized, an
+    older job the solve left waiting took the GPUs freed for it, the resized job waited in the queue, and
+    the next cycle sent the intruder back, freeing GPUs the next waiting job took (an adversarial probe:
+    one user's 40 queued jobs, 458 requeues). Held from before any GPU is freed until the resized jobs
+    have started (protocol.py), they cannot. Only jobs ahead of the lowest-priority job started here in
+    Slurm's queue are held (behind it, they cannot take its nodes first); every one where a priority is
+    unknown."""
+    starting = [p for p in plans if p.to_gpus > 0 and not p.leaves_queued]
+    if not starting:
+        return []
+    priorities = [state.job(p.job_id).priority or 0 for p in starting]
+    floor = min(priorities)
+    planned = {p.job_id for p in plans}
+    out = []
+    for job in state.elastic_jobs:
+        if (job.job_id in planned or job.state is not JobState.PENDING or job.held or job.spec is None
+                or job.reason not in ROOM_WAITS or not in_scope(job)):
+            continue
+        if floor and job.priority and job.priority < floor:
+            continue
+        size = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)   # its shape stays as it is (not resized)
+        out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=shape(job.spec, size),
+                        entry=PlanEntry.PENDING, reason=KEPT_QUEUED_REASON, user=job.user))
+    return out
 
 
 def placed_on(size: RequestShape, placement: Mapping[str, int]) -> tuple[str, ...]:

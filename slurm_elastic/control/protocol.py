@@ -66,6 +66,7 @@ class ProtocolSettings:
     credential_gap_s: float = 1.05   # no release sooner after the requeue (see RequeueProtocol._credential_gap)
     observe_every_s: float = 2.0     # during the ACK wait, look at the jobs this often (a cancel ends the wait)
     launcher_wait_s: float = 3.0     # how long a peer-lost plan waits for the batch script's launcher-stopped word
+    start_wait_s: float = 15.0       # how long the jobs a cycle leaves queued stay held while its resized jobs start
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,16 +203,23 @@ class RequeueProtocol:
             if step != "hold":
                 self._recheck(records, finished, held, before=step)
             # Releases in the order their waits run out: one waiting out an old srun (KillWait) holds
-            # back no job whose own gap is over.
-            ordered = sorted(records, key=lambda r: self._release_not_before(r.plan_id)) if step == "release" else records
+            # back no job whose own gap is over. Jobs left queued go last, once the others have started.
+            ordered = sorted(records, key=lambda r: (r.plan.leaves_queued, self._release_not_before(r.plan_id))) \
+                if step == "release" else records
+            released: list[PlanRecord] = []
             for rec in ordered:
                 if rec.plan_id in finished or (step == "hold" and rec.plan.entry is PlanEntry.PENDING):
                     continue
+                if step == "release" and rec.plan.leaves_queued and released:
+                    self._wait_for_starts(released)
+                    released = []
                 outcome = self._step(rec, step, crash=True)
                 if outcome is not None:
                     finished[rec.plan_id] = outcome
                 elif step == "hold":
                     held.add(rec.plan_id)
+                elif step == "release" and not rec.plan.leaves_queued:
+                    released.append(rec)
         outcomes = []
         for rec in records:
             outcome = finished.get(rec.plan_id)
@@ -332,6 +340,8 @@ class RequeueProtocol:
                 why = self._hold(rec, fresh=crash)
                 if why is not None:
                     return self._abandon(rec, why, "at hold")
+            elif step == "resize" and plan.keeps_queued:
+                pass   # held only: its size, its nodes and a begin time of its user's stay as they are
             elif step == "resize":
                 self._resize(plan, rec.plan_id, ran_before=rec.restarts > 0)
                 log.info("job %d: resized to %s GPUs, StartTime=now", plan.job_id, plan.shape.describe())
@@ -465,6 +475,23 @@ class RequeueProtocol:
         since = self._requeued_at.get(plan_id)
         return max(self._old_srun_until.get(plan_id, float("-inf")),
                    since + self.settings.credential_gap_s if since is not None else float("-inf"))
+
+    def _wait_for_starts(self, released: Sequence[PlanRecord]) -> None:
+        """Until the jobs just released onto GPUs run, or `start_wait_s`: only then are the jobs the cycle
+        leaves queued released. A live Slurm starts released jobs at its next scheduling pass, in priority
+        order, so released together an older queued job took the GPUs freed for a resized one."""
+        deadline = self._clock() + self.settings.start_wait_s
+        ids = {r.job_id for r in released}
+        while True:
+            state = self.backend.snapshot()
+            waiting = sorted(i for i in ids if (job := _find(state, i)) is not None and job.state is JobState.PENDING
+                             and not job.held)
+            if not waiting or self._clock() >= deadline:
+                if waiting:
+                    log.info("jobs %s have not started within %gs; releasing the jobs this cycle leaves queued",
+                             ",".join(map(str, waiting)), self.settings.start_wait_s)
+                return
+            self._sleep(self.settings.settle_poll_s)
 
     def _wait_until_requeued(self, plan: Plan, *, requeued: bool = True, plan_id: int = 0) -> None:
         """Until a requeued job has finished COMPLETING.

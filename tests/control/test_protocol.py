@@ -11,7 +11,7 @@ import pytest
 from slurm_elastic.cluster.model import JobState
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.control.journal import ABANDONED, DONE, ROLLED_BACK, STEPS, Journal
-from slurm_elastic.control.plan import Plan, PlanEntry
+from slurm_elastic.control.plan import Plan, PlanEntry, kept_queued
 from slurm_elastic.control.protocol import ProtocolSettings, RequeueProtocol
 from slurm_elastic.spec import ElasticSpec
 from slurm_elastic import jobfiles as shim
@@ -85,6 +85,46 @@ def test_a_resized_job_keeps_its_place_in_slurms_queue(setup):
     assert before > slurm.jobs[later].priority
     [out] = _protocol(slurm, journal).execute([_shrink_plan(slurm, job_id)], slurm.snapshot())
     assert out.status == DONE and slurm.jobs[job_id].priority == before
+
+
+@pytest.mark.parametrize("keep_queued", [True, False])
+def test_a_queued_job_the_solve_leaves_waiting_never_takes_the_gpus_freed_for_a_resized_one(tmp_path, keep_queued):
+    """A live Slurm starts released jobs at its next pass, by priority: another user's older queued job
+    took the GPUs a cycle freed for a grow, and the next cycle sent it back, freeing GPUs the next one of
+    that user's 40 queued jobs took (an adversarial probe: 458 requeues). The cycle holds the queued jobs
+    it leaves waiting until its resized jobs have started. Without that (`keep_queued` False) the race is
+    lost: the test sees what the probe saw."""
+    clock = FakeClock()
+    slurm = FakeSlurm(nodes=2, gpus_per_node=4, clock=clock)
+    ckpt = str(tmp_path / "ckpt")
+    bob = slurm.add_job(ElasticSpec(4, 8, gpu_step=4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="bob")
+    mine = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="mallory")
+    queued = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="mallory",
+                           priority=slurm.jobs[bob].priority + 10)   # ahead of bob's job (fair-share)
+    assert [slurm.jobs[j].state for j in (bob, mine, queued)] == [JobState.RUNNING, JobState.RUNNING,
+                                                                  JobState.PENDING]
+    slurm.start_latency_s = 1.0   # a live Slurm's next scheduling pass
+    shape4 = RequestShape(1, 4, 1, 1024)
+    plans = [Plan(job_id=mine, from_gpus=4, to_gpus=0, shape=shape4, entry=PlanEntry.RUNNING,
+                  reason="no room: back to the queue at its minimum", user="mallory"),
+             Plan(job_id=bob, from_gpus=4, to_gpus=8, shape=RequestShape(2, 4, 1, 1024), entry=PlanEntry.RUNNING,
+                  reason="grow", user="bob", place=("n1", "n2"))]
+    guards = kept_queued(slurm.snapshot(), plans, lambda job: True, lambda spec, gpus: shape4)
+    assert [(g.job_id, g.leaves_queued, g.keeps_queued) for g in guards] == [(queued, True, True)]
+    journal = Journal(tmp_path / "journal.sqlite")
+    proto = RequeueProtocol(slurm, journal, ProtocolSettings(ack_timeout_s=5.0, settle_timeout_s=2.0),
+                            clock=clock, sleep=clock.sleep, crash_after="", crash=_crash)
+    outcomes = proto.execute(plans + guards if keep_queued else plans, slurm.snapshot())
+    assert {o.status for o in outcomes} == {DONE}
+    clock.t += 5.0
+    state = {j: slurm.jobs[j] for j in (bob, mine, queued)}
+    if keep_queued:
+        assert (state[bob].state, state[bob].gpus) == (JobState.RUNNING, 8)
+        assert [state[j].state for j in (mine, queued)] == [JobState.PENDING, JobState.PENDING]
+        assert not state[queued].held and state[queued].priority == slurm.jobs[bob].priority + 10
+        assert ("set_resources", queued) not in slurm.calls   # only held: its size and begin time untouched
+    else:
+        assert state[bob].state is JobState.PENDING and state[queued].state is JobState.RUNNING
 
 
 def test_missing_ack_waits_for_the_deadline_then_proceeds(setup):
