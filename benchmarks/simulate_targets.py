@@ -40,6 +40,7 @@ from slurm_elastic.sim import SimConfig, Simulation, make_policy, parse_cluster,
 from slurm_elastic.sim.engine import RestartModel
 from slurm_elastic.sim.jobs import packed_placement
 from slurm_elastic.sim.pollux import load_workload
+from table import machine  # benchmarks/table.py: the machine a run's figures belong to
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
 REFERENCE_COLUMNS = {"tiresias": "tiresias_jct_s", "optimus": "optimus_oracle_jct_s", "pollux": "pollux_jct_s"}
@@ -256,6 +257,7 @@ def main() -> int:
         print(f"reference JCTs not found at {ref_path} (the shared/ folder beside the repository)", file=sys.stderr)
         return 2
     refs = reference(ref_path)
+    print(machine(), file=sys.stderr)
     rows = []
     for w in args.workloads:
         name = f"workload-{w}"

@@ -41,3 +41,25 @@ def print_rows(rows: Sequence[dict[str, Any]], as_json: bool, columns: Iterable[
     if title:
         print(title)
     print(format_table(rows, columns))
+
+
+def machine() -> str:
+    """What a simulation's figures depend on beyond the code: the same code gave workload 1 (fixed batches)
+    2370 s on one machine and 2450 s on another (docs/simulator.md, "One run is one draw"), so runs are
+    compared on one machine and this line says which."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    libs = []
+    for name in ("highspy", "numpy"):
+        try:
+            libs.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            libs.append(f"{name} not installed")
+    return f"machine: {cpu}, Python {platform.python_version()}, " + ", ".join(libs)
