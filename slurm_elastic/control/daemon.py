@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -120,9 +121,17 @@ class Loop:
             log.warning("cannot write the jobs' notes in %s: %s", self.heartbeat_dir, exc.strerror)
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop after the current step; SIGHUP wakes a cycle now."""
+        """SIGTERM/SIGINT stop after the current cycle, a second one at once; SIGHUP wakes a cycle now.
+
+        A cycle can wait a minute for checkpoint ACKs, and one stalled on something else ends only with
+        it: a second signal exits now, as a crash would. Every protocol step is journaled before it is
+        taken, so the next start finishes what was open (a job held meanwhile stays held until then)."""
         def stop(signum: int, frame: object) -> None:
-            log.info("signal %d: stopping", signum)
+            if self.stop.is_set():
+                log.warning("signal %d again: exiting now; open plans are finished at the next start", signum)
+                logging.shutdown()
+                os._exit(128 + signum)
+            log.info("signal %d: stopping after this cycle (again: at once)", signum)
             self.stop.set()
             self.wake.set()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
 
 from slurm_elastic.control.daemon import Loop
@@ -101,3 +102,40 @@ def test_a_state_dir_that_cannot_be_written_stops_the_start_with_one_error(tmp_p
     finally:
         os.chmod(readonly, 0o700)
     assert loop.cycles == 0
+
+
+_STALLED_DAEMON = """
+import sys, threading, time
+from slurm_elastic.control.daemon import Loop
+
+class Stalled:
+    config = None
+    def cycle(self):
+        print("cycle started", flush=True)
+        threading.Event().wait()      # a cycle that never ends (a stall)
+
+loop = Loop(Stalled(), interval_s=1.0)
+loop.install_signal_handlers()
+loop.run()
+"""
+
+
+def test_a_second_stop_signal_ends_a_stalled_daemon_at_once(tmp_path):
+    """The first SIGTERM lets the cycle finish (its plans are under way); a cycle stalled on something
+    else ended only with it (a probe's daemon did not stop within 10 s), so a second one exits now."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _STALLED_DAEMON], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "cycle started"
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)            # the first one waits for the cycle
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
