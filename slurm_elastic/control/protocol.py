@@ -131,7 +131,11 @@ class RequeueProtocol:
         finished: dict[int, Outcome] = {}
         held: set[int] = set()      # plans whose hold step has been taken
         try:
-            return self._carry(records, finished, held, state)
+            outcomes = self._carry(records, finished, held, state)
+            for outcome in outcomes:   # a plan that ended without a release (in place, abandoned) keeps none
+                if outcome.status != WAITING:
+                    self._priority.pop(outcome.job_id, None)
+            return outcomes
         except ElasticError:
             raise     # Slurm unreachable: the plans stay open and the next cycle's recovery finishes them
         except Exception:
