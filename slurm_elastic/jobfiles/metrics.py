@@ -103,6 +103,7 @@ class MetricsCursor:
     partial: bytes = b""
     dropping: bool = False             # inside an over-long line: its bytes are skipped up to its newline
     from_start: bool = True            # False: a read skipped the file's beginning
+    said_long: bool = False            # an over-long line was logged: later ones are only counted
 
 
 @dataclass(slots=True)
@@ -155,8 +156,7 @@ def read_metrics(path: str, *, owner_uid: int | None, max_bytes: int, cursor: Me
             if cursor.dropping:
                 cursor.dropping = False
                 if not skipped:
-                    out.bad += 1
-                    log.warning("%s: dropped a line longer than %d bytes", path, MAX_LINE_BYTES)
+                    _dropped_long(path, out)
                 continue
             raw = cursor.partial + raw
             cursor.partial = b""
@@ -171,12 +171,20 @@ def read_metrics(path: str, *, owner_uid: int | None, max_bytes: int, cursor: Me
     return out
 
 
+def _dropped_long(path: str, out: MetricsRead) -> None:
+    """Count an over-long line; log the first of the file only (a probe's file wrote 64 a cycle)."""
+    out.bad += 1
+    if not out.cursor.said_long:
+        out.cursor.said_long = True
+        log.warning("%s: dropped a line longer than %d bytes (further ones are counted, not logged)", path,
+                    MAX_LINE_BYTES)
+
+
 def _take(raw: bytes, path: str, out: MetricsRead) -> None:
     if not raw.strip():
         return
     if len(raw) > MAX_LINE_BYTES:
-        out.bad += 1
-        log.warning("%s: dropped a line longer than %d bytes", path, MAX_LINE_BYTES)
+        _dropped_long(path, out)
         return
     try:
         out.rows.append(MetricsRow.parse_line(raw))

@@ -143,6 +143,23 @@ def test_the_metrics_reader_bounds_a_line_that_never_ends(tmp_path: Path, caplog
     assert len([r for r in caplog.records if "longer than" in r.getMessage()]) == 1
 
 
+def test_a_file_of_over_long_lines_is_logged_once_and_counted_always(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A probe's file wrote 64 over-long lines a cycle, each one warning in the root daemon's log."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b"")
+    cursor = read_metrics(str(path), owner_uid=ME, max_bytes=1 << 20).cursor
+    bad = 0
+    for _ in range(3):
+        with open(path, "ab") as f:
+            f.write((b"y" * (jobfiles.metrics.MAX_LINE_BYTES + 1) + b"\n") * 20 + ROW.to_line())
+        got = read_metrics(str(path), owner_uid=ME, max_bytes=1 << 20, cursor=cursor)
+        assert got.rows == [ROW]
+        bad += got.bad
+    assert bad == 60
+    assert len([r for r in caplog.records if "longer than" in r.getMessage()]) == 1
+
+
 def test_a_torn_last_line_waits_for_its_end(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     line = ROW.to_line()
