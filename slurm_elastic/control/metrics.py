@@ -51,8 +51,10 @@ class ControllerMetrics:
         if report.allocation is not None:
             self.solve_seconds.observe(report.allocation.solve_s)
             self.mip_gap.set(report.allocation.mip_gap)
+        held_only = {p.job_id for p in report.plans if p.keeps_queued}   # not resizes (control/plan.py)
         for outcome in report.outcomes:
-            self.plans.labels(outcome.status).inc()
+            if outcome.job_id not in held_only:
+                self.plans.labels(outcome.status).inc()
         for plan in report.plans:
             if plan.entry.value == "running" and not report.dry_run:
                 self.restarts.labels(str(plan.job_id)).inc()
