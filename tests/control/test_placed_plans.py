@@ -10,7 +10,7 @@ from slurm_elastic.allocate.from_state import away_from_lost_nodes, job_request
 from slurm_elastic.allocate.problem import Allocation
 from slurm_elastic.cluster.cli_backend import update_args
 from slurm_elastic.cluster.memory import InMemorySlurm
-from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.model import ClusterState, JobState
 from slurm_elastic.cluster.shape import RequestShape
 from slurm_elastic.cluster.slurm_values import SlurmVersion
 from slurm_elastic.control.journal import Journal
@@ -201,3 +201,29 @@ def test_slurms_node_lists_are_read_as_names_from_json_and_text():
             "Features=(null) TresPerNode=gres:gpu:1")
     [job] = jobs_from_text(text)
     assert job.required_nodes == ("n01", "n02") and job.excluded_nodes == () and job.constraint == ""
+
+
+def test_queued_jobs_ahead_of_a_cycles_started_job_are_kept_queued_and_no_others(tmp_path):
+    """make_plans adds a hold-only plan for each queued elastic job the solve leaves waiting that is ahead of
+    the lowest-priority job the cycle starts or resizes, and that Slurm would start on free GPUs; none in a
+    cycle that starts nothing, none for a job behind them, waiting on a dependency, or held by its user."""
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    spec = ElasticSpec(1, 4, ckpt_dir=str(tmp_path / "ckpt"))
+    grown = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4, run=False)
+    _running(slurm, grown, ("n1",))
+    top = slurm.jobs[grown].priority
+    ahead = slurm.add_job(spec, nodes=1, gpus_per_node=4, priority=top + 5, run=False)
+    waiting = slurm.add_job(spec, nodes=1, gpus_per_node=4, priority=top + 4, run=False)
+    behind = slurm.add_job(spec, nodes=1, gpus_per_node=4, priority=top - 5, run=False)
+    held = slurm.add_job(spec, nodes=1, gpus_per_node=4, priority=top + 3, held=True, run=False)
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, priority=top + 2, run=False)
+    slurm.jobs[waiting] = dataclasses.replace(slurm.jobs[waiting], reason="Dependency")
+    # as Slurm shows it (a snapshot of the in-memory Slurm would start them: it models no dependency)
+    state = ClusterState(nodes=tuple(slurm.nodes.values()), jobs=tuple(slurm.jobs.values()), taken_at=slurm.now)
+    others = {str(j): 0 for j in (ahead, waiting, behind, held)}
+    plans = make_plans(state, _allocation({str(grown): 8, **others}, {str(grown): {"n1": 4, "n2": 4}}), _shape)
+    kept = [p for p in plans if p.keeps_queued]
+    assert [p.job_id for p in kept] == [ahead] and rigid not in {p.job_id for p in plans}
+    assert kept[0].to_gpus == kept[0].from_gpus == 4 and kept[0].place == () and plans[-1].keeps_queued
+    # a cycle that starts or resizes nothing holds nothing
+    assert make_plans(state, _allocation({str(grown): 4, **others}, {str(grown): {"n1": 4}}), _shape) == ()
