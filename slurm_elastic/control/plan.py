@@ -219,25 +219,19 @@ def kept_queued(state: ClusterState, plans: list[Plan], in_scope: Callable[[Job]
                 shape: Callable[[ElasticSpec, int], RequestShape]) -> list[Plan]:
     """Plans that hold the queued elastic jobs the solve leaves waiting while `plans` start their jobs.
 
-    Slurm starts pending jobs by priority on whatever is free: released beside a job the solve resized, an
-    older job the solve left waiting took the GPUs freed for it, the resized job waited in the queue, and
-    the next cycle sent the intruder back, freeing GPUs the next waiting job took (an adversarial probe:
-    one user's 40 queued jobs, 458 requeues). Held from before any GPU is freed until the resized jobs
-    have started (protocol.py), they cannot. Only jobs ahead of the lowest-priority job started here in
-    Slurm's queue are held (behind it, they cannot take its nodes first); every one where a priority is
-    unknown."""
-    starting = [p for p in plans if p.to_gpus > 0 and not p.leaves_queued]
-    if not starting:
+    Slurm starts pending jobs on whatever is free, and a job being resized is held, at priority 0, from its
+    requeue to its release: a queued job the solve left waiting, of any priority, took the GPUs freed for
+    it (live, 22.05: allocated in the millisecond of the requeue), the resized job waited in the queue,
+    and the next cycle sent the intruder back, freeing GPUs the next waiting job took (an adversarial
+    probe: one user's 40 queued jobs, 458 requeues). Held from before any GPU is freed until the resized
+    jobs have started (protocol.py), they cannot. Only jobs Slurm would start on free GPUs are held."""
+    if not any(p.to_gpus > 0 and not p.leaves_queued for p in plans):
         return []
-    priorities = [state.job(p.job_id).priority or 0 for p in starting]
-    floor = min(priorities)
     planned = {p.job_id for p in plans}
     out = []
     for job in state.elastic_jobs:
         if (job.job_id in planned or job.state is not JobState.PENDING or job.held or job.spec is None
                 or job.reason not in ROOM_WAITS or not in_scope(job)):
-            continue
-        if floor and job.priority and job.priority < floor:
             continue
         size = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)   # its shape stays as it is (not resized)
         out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=shape(job.spec, size),

@@ -66,7 +66,7 @@ class ProtocolSettings:
     credential_gap_s: float = 1.05   # no release sooner after the requeue (see RequeueProtocol._credential_gap)
     observe_every_s: float = 2.0     # during the ACK wait, look at the jobs this often (a cancel ends the wait)
     launcher_wait_s: float = 3.0     # how long a peer-lost plan waits for the batch script's launcher-stopped word
-    start_wait_s: float = 15.0       # how long the jobs a cycle leaves queued stay held while its resized jobs start
+    start_wait_s: float = 5.0        # how long the jobs a cycle leaves queued stay held while its resized jobs start
 
 
 @dataclass(frozen=True, slots=True)

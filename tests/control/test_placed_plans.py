@@ -203,10 +203,11 @@ def test_slurms_node_lists_are_read_as_names_from_json_and_text():
     assert job.required_nodes == ("n01", "n02") and job.excluded_nodes == () and job.constraint == ""
 
 
-def test_queued_jobs_ahead_of_a_cycles_started_job_are_kept_queued_and_no_others(tmp_path):
-    """make_plans adds a hold-only plan for each queued elastic job the solve leaves waiting that is ahead of
-    the lowest-priority job the cycle starts or resizes, and that Slurm would start on free GPUs; none in a
-    cycle that starts nothing, none for a job behind them, waiting on a dependency, or held by its user."""
+def test_the_queued_jobs_a_cycle_leaves_waiting_are_kept_queued_whatever_their_priority(tmp_path):
+    """make_plans adds a hold-only plan for each queued elastic job the solve leaves waiting that Slurm would
+    start on free GPUs, ahead of the job the cycle resizes in Slurm's queue or behind it (held for its
+    resize, that job has priority 0: a live probe's jobs submitted after it took its GPUs); none in a cycle
+    that starts nothing, none for a job waiting on a dependency or held by its user."""
     slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
     spec = ElasticSpec(1, 4, ckpt_dir=str(tmp_path / "ckpt"))
     grown = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4, run=False)
@@ -223,7 +224,7 @@ def test_queued_jobs_ahead_of_a_cycles_started_job_are_kept_queued_and_no_others
     others = {str(j): 0 for j in (ahead, waiting, behind, held)}
     plans = make_plans(state, _allocation({str(grown): 8, **others}, {str(grown): {"n1": 4, "n2": 4}}), _shape)
     kept = [p for p in plans if p.keeps_queued]
-    assert [p.job_id for p in kept] == [ahead] and rigid not in {p.job_id for p in plans}
+    assert [p.job_id for p in kept] == [ahead, behind] and rigid not in {p.job_id for p in plans}
     assert kept[0].to_gpus == kept[0].from_gpus == 4 and kept[0].place == () and plans[-1].keeps_queued
     # a cycle that starts or resizes nothing holds nothing
     assert make_plans(state, _allocation({str(grown): 4, **others}, {str(grown): {"n1": 4}}), _shape) == ()

@@ -101,8 +101,11 @@ def test_a_queued_job_the_solve_leaves_waiting_never_takes_the_gpus_freed_for_a_
     mine = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="mallory")
     queued = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="mallory",
                            priority=slurm.jobs[bob].priority + 10)   # ahead of bob's job (fair-share)
-    assert [slurm.jobs[j].state for j in (bob, mine, queued)] == [JobState.RUNNING, JobState.RUNNING,
-                                                                  JobState.PENDING]
+    # behind it: held for its resize, bob's job has priority 0 (seen live: such a job took its GPUs)
+    later = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=ckpt), nodes=1, gpus_per_node=4, user="mallory",
+                          priority=slurm.jobs[bob].priority - 10)
+    assert [slurm.jobs[j].state for j in (bob, mine, queued, later)] == [
+        JobState.RUNNING, JobState.RUNNING, JobState.PENDING, JobState.PENDING]
     slurm.start_latency_s = 1.0   # a live Slurm's next scheduling pass
     shape4 = RequestShape(1, 4, 1, 1024)
     plans = [Plan(job_id=mine, from_gpus=4, to_gpus=0, shape=shape4, entry=PlanEntry.RUNNING,
@@ -110,18 +113,20 @@ def test_a_queued_job_the_solve_leaves_waiting_never_takes_the_gpus_freed_for_a_
              Plan(job_id=bob, from_gpus=4, to_gpus=8, shape=RequestShape(2, 4, 1, 1024), entry=PlanEntry.RUNNING,
                   reason="grow", user="bob", place=("n1", "n2"))]
     guards = kept_queued(slurm.snapshot(), plans, lambda job: True, lambda spec, gpus: shape4)
-    assert [(g.job_id, g.leaves_queued, g.keeps_queued) for g in guards] == [(queued, True, True)]
+    assert [(g.job_id, g.leaves_queued, g.keeps_queued) for g in guards] == [(queued, True, True),
+                                                                            (later, True, True)]
     journal = Journal(tmp_path / "journal.sqlite")
     proto = RequeueProtocol(slurm, journal, ProtocolSettings(ack_timeout_s=5.0, settle_timeout_s=2.0),
                             clock=clock, sleep=clock.sleep, crash_after="", crash=_crash)
     outcomes = proto.execute(plans + guards if keep_queued else plans, slurm.snapshot())
     assert {o.status for o in outcomes} == {DONE}
     clock.t += 5.0
-    state = {j: slurm.jobs[j] for j in (bob, mine, queued)}
+    state = {j: slurm.jobs[j] for j in (bob, mine, queued, later)}
     if keep_queued:
         assert (state[bob].state, state[bob].gpus) == (JobState.RUNNING, 8)
-        assert [state[j].state for j in (mine, queued)] == [JobState.PENDING, JobState.PENDING]
+        assert [state[j].state for j in (mine, queued, later)] == [JobState.PENDING] * 3
         assert not state[queued].held and state[queued].priority == slurm.jobs[bob].priority + 10
+        assert not state[later].held and state[later].priority == slurm.jobs[bob].priority - 10
         assert ("set_resources", queued) not in slurm.calls   # only held: its size and begin time untouched
     else:
         assert state[bob].state is JobState.PENDING and state[queued].state is JobState.RUNNING
