@@ -155,6 +155,20 @@ def test_a_file_owned_by_someone_else_is_refused(tmp_path):
     assert tail.count == 0 and "not the job's user" in problem
 
 
+def test_a_file_of_invalid_lines_is_logged_once_though_its_counts_grow(two, caplog):
+    """A file whose every line is refused said so every cycle ("5 invalid lines of 5", then "7 of 7", ...: a
+    live probe's log), the counts making each line new to the once-per-problem memory."""
+    slurm, ckpt, a, _ = two
+    path = os.path.join(shim.job_dir(ckpt, shim.job_key(a)), "metrics.jsonl")
+    src = MeasuredRequests()
+    for n in (5, 7, 10):
+        _rows(path, [{"step": i, "gpus": 2, "t": float(i)} for i in range(n)])   # no speed: not the shim's rows
+        got = src.requests(slurm.snapshot(), 0.0, Policy())
+        assert "default model" in got.basis[str(a)]
+    said = [r.getMessage() for r in caplog.records if "invalid lines" in r.getMessage()]
+    assert len(said) == 1 and f"job {a}:" in said[0]
+
+
 def test_only_the_bounded_tail_is_read(tmp_path):
     path = tmp_path / "m.jsonl"
     _rows(str(path), [_row(i, i, 2, 1.0) for i in range(5000)])

@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import os
 import pwd
+import re
 import statistics
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
@@ -439,9 +440,10 @@ class JobFiles:
         """`line` about `job`'s files, once per `key` until it changes: a warning to the controller (root) and to
         the job's owner, a note in another user's view (their `status` cannot read that job's files, and the
         problem is not theirs to fix)."""
-        if self._reported.get(key) == line:
+        kind = re.sub(r"\d+", "N", line)   # "has 7 invalid lines of 7" is the same problem as "5 of 5"
+        if self._reported.get(key) == kind:
             return
-        self._reported[key] = line
+        self._reported[key] = kind
         viewer = os.geteuid()
         level = logging.WARNING if viewer == 0 or viewer == owner_uid(job) else logging.INFO
         log.log(level, "job %d: %s", job.job_id, line)
