@@ -197,7 +197,8 @@ class Journal:
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, "open", at, json.dumps(plan.describe())))
-        log.info("job %d: plan %d opened: %s", plan.job_id, plan_id, plan.describe())
+        log.log(logging.DEBUG if plan.keeps_queued else logging.INFO, "job %d: plan %d opened: %s", plan.job_id,
+                plan_id, plan.describe())
         return plan_id
 
     def record(self, plan_id: int, step: str, note: str = "", now: float | None = None) -> None:

@@ -446,8 +446,13 @@ class Reconciler:
                 if any(p.job_id == job_id for p in decision.plans):
                     log.warning("job %d: %s", job_id, why)
         plans = decision.plans
-        for plan in plans:
-            log.info("%s%s", "(dry run) " if dry_run else "", plan.describe())
+        for plan in plans:   # the holds of queued jobs kept back: one line for all (each in the journal)
+            log.log(logging.DEBUG if plan.keeps_queued else logging.INFO, "%s%s", "(dry run) " if dry_run else "",
+                    plan.describe())
+        kept = [str(p.job_id) for p in plans if p.keeps_queued]
+        if kept:
+            log.info("%squeued jobs %s kept back while this cycle's resized jobs start", "(dry run) " if dry_run
+                     else "", ",".join(kept))
         outcomes: list[Outcome] = []
         if plans and not dry_run:
             losses = decision.peer_losses
