@@ -617,8 +617,9 @@ class Reconciler:
     def _waits(self, state: ClusterState, allocation: Allocation, plans: tuple[Plan, ...],
                pinned: Mapping[int, str], stuck: Mapping[int, str], measuring: Mapping[int, str],
                now: float) -> dict[int, str]:
-        """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized)."""
-        planned = {p.job_id for p in plans}
+        """Per elastic job, why it is not being resized now (absent: it is at its target, or being resized).
+        A queued job only kept back while others start is not being resized: its reason stays its own."""
+        planned = {p.job_id for p in plans if not p.keeps_queued}
         node_gpus = [n.gpus for n in state.nodes if n.available]
         decided = {d.key: d for d in allocation.decisions}
         out: dict[int, str] = {}

@@ -228,3 +228,21 @@ def test_the_queued_jobs_a_cycle_leaves_waiting_are_kept_queued_whatever_their_p
     assert kept[0].to_gpus == kept[0].from_gpus == 4 and kept[0].place == () and plans[-1].keeps_queued
     # a cycle that starts or resizes nothing holds nothing
     assert make_plans(state, _allocation({str(grown): 4, **others}, {str(grown): {"n1": 4}}), _shape) == ()
+
+
+def test_a_queued_job_kept_back_still_says_why_it_waits(tmp_path):
+    """Its hold is not a resize: `status` and the daemon's notes keep telling its user why it is not started
+    (before, a job with any plan had no reason, so each cycle that started another job blanked it)."""
+    from slurm_elastic.control.reconcile import Reconciler
+
+    slurm = InMemorySlurm(nodes=2, gpus_per_node=4)
+    grown = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4, run=False)
+    _running(slurm, grown, ("n1",))
+    queued = slurm.add_job(ElasticSpec(4, 4, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4, run=False)
+    state = ClusterState(nodes=tuple(slurm.nodes.values()), jobs=tuple(slurm.jobs.values()), taken_at=slurm.now)
+    allocation = _allocation({str(grown): 8, str(queued): 0}, {str(grown): {"n1": 4, "n2": 4}})
+    plans = make_plans(state, allocation, _shape)
+    assert [p.job_id for p in plans if p.keeps_queued] == [queued]
+    waits = Reconciler(slurm, Journal(tmp_path / "j.sqlite"))._waits(state, allocation, plans, {}, {}, {}, slurm.now)
+    assert waits[queued].startswith("not placeable: its minimum of 4 GPUs does not fit beside the others now")
+    assert grown not in waits
