@@ -197,7 +197,7 @@ class Journal:
             plan_id = int(cur.lastrowid)
             self._db.execute("INSERT INTO steps (plan_id, step, at, note) VALUES (?,?,?,?)",
                              (plan_id, "open", at, json.dumps(plan.describe())))
-        log.log(logging.DEBUG if plan.keeps_queued else logging.INFO, "job %d: plan %d opened: %s", plan.job_id,
+        log.log(plan.log_level, "job %d: plan %d opened: %s", plan.job_id,
                 plan_id, plan.describe())
         return plan_id
 

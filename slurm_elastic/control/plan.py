@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from slurm_elastic.allocate.from_state import WAITING_FOR_RESOURCES
 from slurm_elastic.allocate.problem import Allocation
 from slurm_elastic.cluster.model import ClusterState, Job, JobState, NodeFlag, NodeState
 from slurm_elastic.cluster.shape import RequestShape
@@ -51,6 +53,11 @@ class Plan:
     def keeps_queued(self) -> bool:
         """It only holds its queued job while the cycle's other plans start theirs: no resize, no StartTime."""
         return self.reason.startswith(KEPT_QUEUED_REASON)
+
+    @property
+    def log_level(self) -> int:
+        """How loud its steps are: a hold that only keeps a queued job back is said in one line a cycle."""
+        return logging.DEBUG if self.keeps_queued else logging.INFO
 
     @property
     def shrinks(self) -> bool:
@@ -210,9 +217,6 @@ def _plan_for(job: Job, target: int, placement: Mapping[str, int], shape: ShapeF
 
 CLEARED_REASON = "queued job's earlier nodes cleared"
 KEPT_QUEUED_REASON = "kept queued while this cycle's resized jobs start"
-ROOM_WAITS = frozenset({"Priority", "Resources", "None", ""})
-"""Slurm's reasons for a pending job that starts as soon as GPUs are free (not a dependency, a begin time,
-a limit or a hold)."""
 
 
 def kept_queued(state: ClusterState, plans: list[Plan], in_scope: Callable[[Job], bool],
@@ -231,7 +235,7 @@ def kept_queued(state: ClusterState, plans: list[Plan], in_scope: Callable[[Job]
     out = []
     for job in state.elastic_jobs:
         if (job.job_id in planned or job.state is not JobState.PENDING or job.held or job.spec is None
-                or job.reason not in ROOM_WAITS or not in_scope(job)):
+                or job.reason not in WAITING_FOR_RESOURCES or not in_scope(job)):
             continue
         size = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)   # its shape stays as it is (not resized)
         out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=shape(job.spec, size),

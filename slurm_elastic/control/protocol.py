@@ -352,7 +352,7 @@ class RequeueProtocol:
             else:
                 self._credential_gap(rec.plan_id)
                 self._release(rec.job_id, fresh=crash)
-                log.log(logging.DEBUG if plan.keeps_queued else logging.INFO, "job %d: released (plan %d done)",
+                log.log(plan.log_level, "job %d: released (plan %d done)",
                         plan.job_id, rec.plan_id)
             if crash:
                 self._maybe_crash(step)
@@ -589,7 +589,7 @@ class RequeueProtocol:
             log.info("job %d: requeued and held", job_id)
         else:
             self.backend.hold(job_id)
-            log.log(logging.DEBUG if plan is not None and plan.keeps_queued else logging.INFO, "job %d: held", job_id)
+            log.log(plan.log_level if plan is not None else logging.INFO, "job %d: held", job_id)
 
     def _shrink_keeping_ranks(self, job_id: int, plan: Plan, plan_id: int) -> bool:
         """Give up the nodes the plan does not keep, the job running on; whether it was done. Asked of a job

@@ -447,7 +447,7 @@ class Reconciler:
                     log.warning("job %d: %s", job_id, why)
         plans = decision.plans
         for plan in plans:   # the holds of queued jobs kept back: one line for all (each in the journal)
-            log.log(logging.DEBUG if plan.keeps_queued else logging.INFO, "%s%s", "(dry run) " if dry_run else "",
+            log.log(plan.log_level, "%s%s", "(dry run) " if dry_run else "",
                     plan.describe())
         kept = [str(p.job_id) for p in plans if p.keeps_queued]
         if kept:
