@@ -13,6 +13,10 @@ simulator's default), then runs, in one go:
 - `mixed`: the rigid jobs as plain Slurm jobs, the others elastic (1 .. 2x
   their request), under the shipped controller (pending rigid jobs take back
   what elastic jobs borrowed: every GPU above an elastic job's minimum);
+- `mixed-guarantee`: the same as `mixed` with the daemon's
+  `--elastic-guarantee submitted`: an elastic job keeps the GPUs it was
+  submitted at (here its request) from rigid jobs of lower priority, as a
+  rigid job of that size would; only what it holds above that is borrowed;
 - `mixed-requeue-only`: the same as `mixed` with every resize a requeue
   (scripts run without the templates' runner, which keeps the ranks where
   a job gives up whole nodes);
@@ -46,7 +50,8 @@ from pathlib import Path
 import numpy as np
 
 from slurm_elastic.sim import SimConfig, Simulation, parse_cluster, summarize
-from slurm_elastic.sim.controller import ControllerPolicy
+from slurm_elastic.allocate.from_state import RigidPolicy
+from slurm_elastic.sim.controller import SIM_CONFIG, ControllerPolicy
 from slurm_elastic.sim.engine import RestartModel, SimResult
 from slurm_elastic.sim.jobs import SimJob
 from slurm_elastic.sim.pollux import load_workload
@@ -56,6 +61,7 @@ from table import print_rows  # benchmarks/table.py: how every benchmark prints
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "pollux"
 WAIT_BOUND = 1.05   # the issue's target: rigid jobs wait at most 5 % longer than with every job rigid
+GUARANTEE_CONFIG = dataclasses.replace(SIM_CONFIG, rigid=RigidPolicy(guarantee="submitted"))
 
 
 def mixed_workload(jobs: list[SimJob], rigid_share: float, min_request: bool = False) -> list[SimJob]:
@@ -110,6 +116,7 @@ def compare(jobs: list[SimJob], rigid_share: float, cluster: str = "16x4", pertu
             ("all-rigid", all_rigid(jobs), StaticPolicy),
             ("all-rigid-slurm", all_rigid(jobs), ControllerPolicy),
             ("mixed", mixed, ControllerPolicy),
+            ("mixed-guarantee", mixed, lambda: ControllerPolicy(GUARANTEE_CONFIG)),
             ("mixed-requeue-only", mixed, lambda: ControllerPolicy(keep_ranks=False)),
             ("mixed-min-request", mixed_workload(jobs, rigid_share, min_request=True), ControllerPolicy)):
         draws = []

@@ -154,6 +154,11 @@ ELASTIC_MINIMUM: Setting[str] = Setting(
     "to a rigid job of higher Slurm priority (by-priority).", CONTROLLER, kind="choice",
     env="SLURM_ELASTIC_MINIMUM", option="--elastic-minimum", commands=(DAEMON,),
     choices=("protected", "by-priority"))
+ELASTIC_GUARANTEE: Setting[str] = Setting(
+    "elastic_guarantee", "minimum", "What an elastic job keeps from pending rigid jobs of lower Slurm priority than "
+    "its own: its minimum, or the GPUs it was submitted at (submitted), as a rigid job of that size would; what "
+    "it holds above that is borrowed.", CONTROLLER, kind="choice", env="SLURM_ELASTIC_GUARANTEE",
+    option="--elastic-guarantee", commands=(DAEMON,), choices=("minimum", "submitted"))
 NODE_CONFIRM_S: Setting[float] = Setting(
     "node_confirm_s", 1.0, "Seconds to wait before reading a node's state again, before acting on a node "
     "that just went away.", CONTROLLER, kind="float", minimum=0)
@@ -237,7 +242,8 @@ CRASH_AFTER: Setting[str | None] = Setting(
 
 SETTINGS: tuple[Setting[object], ...] = (
     INTERVAL, ACK_TIMEOUT, HYSTERESIS, RESTART_BUDGET, SIGNAL, METRICS_PORT, METRICS_ADDR, SPEED, OBJECTIVE,
-    DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, NODE_CONFIRM_S,
+    DRAIN_ON_PEER_LOSS, DRAIN_EXPIRY, RIGID_PARTITIONS, RIGID_YIELD_AFTER, ELASTIC_MINIMUM, ELASTIC_GUARANTEE,
+    NODE_CONFIRM_S,
     RECENT_PLAN_S,
     DAEMON_DIR, STATE_DIR, BACKEND, LOG,
     CKPT_DIR, JOB_KEY, BATCH, PYTHON, HOME, REQUEUE_WAIT_S, IN_PLACE_WAIT_S, KEEP_RANKS, MIN_GPUS, GENERATION, LIMIT_WARNING_S, RUN_DEADLINE,

@@ -151,19 +151,39 @@ WAITING_FOR_RESOURCES = frozenset({"Resources", "Priority", "None", ""})
 class RigidPolicy:
     """The site's rules for giving borrowed GPUs back to pending rigid (non-elastic) jobs.
 
-    GPUs an elastic job holds above its minimum are borrowed and go back to
-    any pending rigid job waiting for resources; its minimum goes back only
-    to a rigid job of higher Slurm priority, and never when
-    `protect_minimum`. `partitions`: the partitions whose rigid jobs
-    elastic jobs yield to (empty: every partition); `yield_after_s`: how long
-    a rigid job waits before they do; `lookahead`: how many pending rigid
-    jobs, in Slurm's priority order, are looked at.
+    GPUs an elastic job holds above its guarantee (its minimum; with
+    `guarantee` "submitted", the GPUs it was submitted at, where larger) are
+    borrowed and go back to any pending rigid job waiting for resources. Its
+    guarantee above its minimum goes back only to a rigid job of higher
+    Slurm priority than its own, as a rigid job of that size would keep it;
+    its minimum likewise, and never when `protect_minimum`. `partitions`: the
+    partitions whose rigid jobs elastic jobs yield to (empty: every
+    partition); `yield_after_s`: how long a rigid job waits before they do;
+    `lookahead`: how many pending rigid jobs, in Slurm's priority order, are
+    looked at.
     """
 
     partitions: tuple[str, ...] = ()
     yield_after_s: float = 0.0
     protect_minimum: bool = True
+    guarantee: str = "minimum"      # or "submitted"
     lookahead: int = 8
+
+    def __post_init__(self) -> None:
+        if self.guarantee not in GUARANTEES:
+            raise ValueError(f"guarantee must be one of {', '.join(GUARANTEES)}, got {self.guarantee!r}")
+
+    def kept_from(self, elastic: Job, rigid: Job, submitted: int | None) -> int:
+        """The GPUs running elastic job `elastic` keeps from pending rigid job `rigid`."""
+        assert elastic.spec is not None
+        ahead = (elastic.priority or 0) >= (rigid.priority or 0)
+        kept = elastic.spec.min_gpus if self.protect_minimum or ahead else 0
+        if ahead and self.guarantee == "submitted" and submitted is not None:
+            kept = max(kept, min(submitted, elastic.gpus))
+        return kept
+
+
+GUARANTEES = ("minimum", "submitted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +225,8 @@ def rigid_queue(state: ClusterState, rules: RigidPolicy, elastic: frozenset[int]
 def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], rules: RigidPolicy,
                       windows: Mapping[str, AdvanceReservation] | None = None,
                       keeps_ranks: Callable[[Job], bool] | None = None,
-                      planned: frozenset[int] = frozenset()) -> RigidDemand:
+                      planned: frozenset[int] = frozenset(),
+                      submitted: Callable[[Job], int | None] | None = None) -> RigidDemand:
     """Capacity for elastic work less whole nodes kept for the pending rigid jobs Slurm would start next.
 
     For each such job in priority order: the nodes of its partition that
@@ -217,9 +238,9 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
     they hold there. `planned`: elastic jobs whose plan is open, seen without their spec (never taken for
-    rigid ones). A job in an advance reservation is looked at only while
-    `windows` has it active, on its nodes; no job on the nodes of another
-    reservation that would not let it start now (`reservations.blocking`).
+    rigid ones); `submitted`: the GPUs a job was submitted at, for a "submitted" guarantee (RigidPolicy). A job in an
+    advance reservation is looked at only while `windows` has it active, on its nodes; no job on the nodes
+    of another reservation that would not let it start now (`reservations.blocking`).
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}
@@ -260,15 +281,15 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
             in_place = _given_up_in_place([j for j in running if keeps_ranks is not None and keeps_ranks(j)])
         chosen = sorted(fits, key=lambda c: (cost(c), -in_place.get(c.name, 0) if cost(c) else 0,  # type: ignore[union-attr]
                                              c.name))[:job.num_nodes]
-        protected = sum(e.spec.min_gpus for e in running  # type: ignore[union-attr]
-                        if rules.protect_minimum or (e.priority or 0) >= (job.priority or 0))
+        protected = sum(rules.kept_from(e, job, submitted(e) if submitted else None) for e in running)
         # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job
         ahead = sum(e.spec.min_gpus for e in queued  # type: ignore[union-attr]
                     if queue_order(e) < queue_order(job)
                     and (not e.partition or not job.partition or e.partition == job.partition))
         after = sum(c.gpus for c in left.values()) - need.gpus * job.num_nodes
         if after < protected + ahead:
-            why = (f"elastic jobs' minimums ({protected} GPUs) are protected from it" if after < protected else
+            kept = "minimums" if rules.guarantee == "minimum" else "guarantees"
+            why = (f"elastic jobs' {kept} ({protected} GPUs) are protected from it" if after < protected else
                    f"pending elastic jobs of higher priority start first ({ahead} GPUs at their minimums)")
             waiting.append((job.job_id, why))
             left = _keep_off_slurms_reservation(state, job, left, held)

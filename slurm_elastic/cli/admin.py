@@ -282,7 +282,7 @@ def _print_report(report: Any, *, as_json: bool, explain: bool, deciding: str | 
 def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart_budget: int, signal_name: str,
                  metrics_port: int | None, metrics_addr: str, speed: str, drain_on_peer_loss: bool,
                  drain_expiry: float, rigid_partitions: str, rigid_yield_after: float, elastic_minimum: str,
-                 max_cycles: int | None) -> None:
+                 elastic_guarantee: str, max_cycles: int | None) -> None:
     """Run the reconcile loop until stopped (SIGTERM/SIGINT stop, SIGHUP wakes a cycle).
 
     State (journal, lock, heartbeat) lives in $SLURM_ELASTIC_DAEMON_DIR
@@ -307,7 +307,8 @@ def admin_daemon(interval: float, ack_timeout: float, hysteresis: float, restart
     config = dataclasses.replace(controller_config(ack_timeout, hysteresis, restart_budget, signal_name),
                                  measured_speed=speed == "measured", drain_on_peer_loss=drain_on_peer_loss,
                                  drain_expiry_s=drain_expiry,
-                                 rigid=rigid_policy(rigid_partitions, rigid_yield_after, elastic_minimum))
+                                 rigid=rigid_policy(rigid_partitions, rigid_yield_after, elastic_minimum,
+                                                    elastic_guarantee))
     backend = select_backend()
     directory = daemon_dir()
     with InstanceLock(directory, "slurm-elastic controller (admin daemon or rebalance)"):

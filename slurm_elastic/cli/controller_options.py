@@ -70,10 +70,11 @@ def controller_config(ack_timeout: float, hysteresis: float, restart_budget: int
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def rigid_policy(partitions: str, yield_after_s: float, minimum: str) -> RigidPolicy:
+def rigid_policy(partitions: str, yield_after_s: float, minimum: str, guarantee: str) -> RigidPolicy:
     """The site's rules for pending rigid jobs from the daemon's options (a bad partition name: one line)."""
     names = tuple(name.strip() for name in partitions.split(",") if name.strip())
     for name in names:
         if not _PARTITION.fullmatch(name):
             raise SpecError(f"{settings.RIGID_PARTITIONS.option}: {name!r} is not a partition name")
-    return RigidPolicy(partitions=names, yield_after_s=yield_after_s, protect_minimum=minimum == "protected")
+    return RigidPolicy(partitions=names, yield_after_s=yield_after_s, protect_minimum=minimum == "protected",
+                       guarantee=guarantee)

@@ -329,6 +329,13 @@ class Journal:
                                (job_id, DONE)).fetchone()
         return None if row[0] is None else float(row[0])
 
+    def first_size(self, job_id: int, since: float = 0.0) -> int | None:
+        """The GPUs the job had when the controller first planned for it (a plan created at or after `since`:
+        an earlier one was for another job that had the id), None without such a plan."""
+        row = self._db.execute("SELECT from_gpus FROM plans WHERE job_id=? AND created_at>=? ORDER BY plan_id "
+                               "LIMIT 1", (job_id, since)).fetchone()
+        return None if row is None or int(row[0]) < 1 else int(row[0])
+
     def restarts_after_last_plan(self, job_id: int, since: float = 0.0) -> int | None:
         """The job's Slurm restart count right after the controller's last finished plan for it.
 

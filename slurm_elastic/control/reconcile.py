@@ -515,7 +515,7 @@ class Reconciler:
         windows = self._reservation_windows(scoped)
         keeps = _read_once(keeps_ranks)    # the rigid reservation and the in-place swap ask the same jobs
         rigid = reserve_for_rigid(scoped, capacity_from_state(scoped), self.config.rigid, windows, keeps,
-                                  planned=frozenset(open_plans))
+                                  planned=frozenset(open_plans), submitted=self._submitted_gpus)
         # GPUs going back to a rigid job are above the rules among elastic jobs (hysteresis, the restart
         # budget, measure first, the share floor): kept by them, one job held its size and the other
         # went back to the queue though both minimums fitted beside the rigid job (seen live).
@@ -602,6 +602,14 @@ class Reconciler:
         for job_id, why in rigid.waiting:
             waits[job_id] = f"rigid job {job_id} waits: {why}"
         return Decision(now, plans, problem, allocation, scoped, pinned, malformed, waits, losses, stuck, rigid)
+
+    def _submitted_gpus(self, job: Job) -> int:
+        """The GPUs a job was submitted at: its size before the controller's first plan for it, else its size
+        now (Slurm itself never resizes a job)."""
+        # A plan from before its submission was for an earlier job with its id (a minute for the clocks' skew)
+        since = job.submit_time - 60.0 if job.submit_time is not None else 0.0
+        first = self.journal.first_size(job.job_id, since=since)
+        return first if first is not None else job.gpus
 
     def _requests(self, state: ClusterState, now: float, yielding: bool = False) -> Requests:
         """The request source's requests; when the source itself fails (a source that does not isolate

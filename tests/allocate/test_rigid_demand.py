@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from slurm_elastic.allocate.from_state import RigidPolicy, capacity_from_state, reserve_for_rigid
 from slurm_elastic.cluster.memory import InMemorySlurm
-from slurm_elastic.cluster.model import JobState
+from slurm_elastic.cluster.model import Job, JobState
 from slurm_elastic.spec import ElasticSpec
 
 
@@ -138,3 +140,44 @@ def test_an_elastic_job_whose_plan_is_open_is_never_taken_for_a_rigid_one():
     assert [r.job_id for r in seen.reserved] == [queued]            # taken for rigid without the word
     demand = reserve_for_rigid(masked, capacity_from_state(masked), RigidPolicy(), planned=frozenset({queued}))
     assert demand.reserved == () and demand.waiting == ()
+
+
+def test_a_submitted_guarantee_keeps_what_a_rigid_job_of_that_size_would_from_rigid_jobs_of_lower_priority():
+    """An elastic job submitted at 8 GPUs and grown to 12 borrowed 4: a later rigid job (lower priority) gets
+    those 4, not the 8 a rigid job submitted at 8 would have kept; one of higher priority gets all but the
+    minimum. Without the guarantee both get all but the minimum."""
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    elastic = slurm.add_job(ElasticSpec(1, 12), nodes=3, gpus_per_node=4)
+    later = slurm.add_job(None, nodes=2, gpus_per_node=4)
+    assert slurm.jobs[later].priority < slurm.jobs[elastic].priority
+    state = slurm.snapshot()
+    guaranteed = RigidPolicy(guarantee="submitted")
+
+    def submitted(job: Job) -> int | None:
+        return 8
+
+    def demand(rules: RigidPolicy, sizes=None):
+        return reserve_for_rigid(state, capacity_from_state(state), rules, submitted=sizes)
+
+    assert [r.job_id for r in demand(RigidPolicy(), submitted).reserved] == [later]       # the minimum only
+    kept = demand(guaranteed, submitted)
+    assert kept.reserved == ()
+    assert kept.waiting == ((later, "elastic jobs' guarantees (8 GPUs) are protected from it"),)
+    # Submitted at 4, it keeps 4; with no size known, its minimum.
+    assert [r.job_id for r in demand(guaranteed, lambda job: 4).reserved] == [later]
+    assert [r.job_id for r in demand(guaranteed, lambda job: None).reserved] == [later]
+    assert [r.job_id for r in demand(guaranteed).reserved] == [later]
+    # A rigid job of one node fits beside the 8 kept.
+    slurm.jobs[later] = dataclasses.replace(slurm.jobs[later], num_nodes=1)
+    state = slurm.snapshot()
+    assert [r.job_id for r in demand(guaranteed, submitted).reserved] == [later]
+    # Of higher priority than the elastic job's, a rigid job is owed all but the minimum.
+    slurm.jobs[later] = dataclasses.replace(slurm.jobs[later], num_nodes=2,
+                                            priority=slurm.jobs[elastic].priority + 1)
+    state = slurm.snapshot()
+    assert [r.job_id for r in demand(guaranteed, submitted).reserved] == [later]
+
+
+def test_a_guarantee_is_the_minimum_or_the_submitted_size():
+    with pytest.raises(ValueError):
+        RigidPolicy(guarantee="everything")

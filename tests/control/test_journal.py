@@ -44,6 +44,16 @@ def test_finished_plans_are_not_open_and_feed_hysteresis(tmp_path):
     assert j.restarts_since(7, 15.0) == 0
 
 
+def test_a_jobs_first_size_is_the_one_before_its_first_plan_since_its_submission(tmp_path):
+    j = Journal(tmp_path / "j.sqlite")
+    j.open_plan(dataclasses.replace(_plan(7), from_gpus=2), restarts=0, now=10.0)    # an earlier job 7
+    j.open_plan(_plan(7), restarts=0, now=50.0)
+    j.open_plan(dataclasses.replace(_plan(7), from_gpus=4, to_gpus=12), restarts=1, now=60.0)
+    assert j.first_size(7) == 2
+    assert j.first_size(7, since=40.0) == 8        # the id's reuse after 40 s: the later job's own
+    assert j.first_size(7, since=70.0) is None and j.first_size(8) is None
+
+
 def test_pending_plans_do_not_count_as_restarts(tmp_path):
     j = Journal(tmp_path / "j.sqlite")
     j.finish(j.open_plan(_plan(9, PlanEntry.PENDING), restarts=1, now=5.0), DONE, now=6.0)

@@ -159,3 +159,34 @@ def test_an_elastic_job_moves_off_the_node_a_rigid_job_needs_when_its_size_stays
     assert slurm.jobs[rigid].state is JobState.RUNNING, slurm.jobs[rigid]
     assert set(slurm.jobs[rigid].nodes) == held
     assert slurm.jobs[elastic].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 2    # 1 + 1 beside it
+
+
+def test_with_a_submitted_guarantee_a_later_rigid_job_gets_only_what_the_elastic_job_grew_into(tmp_path):
+    """With `--elastic-guarantee submitted` an elastic job keeps the size it was submitted at (8 here; Slurm
+    started it there, the controller grew it to 12, the journal says from what) from rigid jobs submitted
+    later, as Slurm would have for a rigid job of 8: a rigid job of one node starts, one of two waits."""
+    def run(rules: RigidPolicy, rigid_nodes: int) -> tuple[InMemorySlurm, int, int, dict[int, str]]:
+        slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+        elastic = slurm.add_job(ElasticSpec(1, 12, ckpt_dir=str(tmp_path / "ckpt")), nodes=2, gpus_per_node=4)
+        assert slurm.jobs[elastic].state is JobState.RUNNING        # started at once: never seen pending
+        clock = Clock()
+        config = ControllerConfig(protocol=ProtocolSettings(ack_timeout_s=0.5, settle_timeout_s=1.0),
+                                  node_confirm_s=0, min_resize_interval_s=0, rigid=rules)
+        rec = Reconciler(slurm, Journal(tmp_path / f"j-{rules.guarantee}-{rigid_nodes}.sqlite"), config,
+                         clock=clock, sleep=clock.sleep)
+        rec.cycle()                                   # grown to 12
+        rec.cycle()
+        assert slurm.jobs[elastic].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 12
+        rigid = slurm.add_job(None, nodes=rigid_nodes, gpus_per_node=4)
+        waits = rec.cycle().waits
+        rec.cycle()
+        return slurm, elastic, rigid, waits
+
+    guaranteed = RigidPolicy(guarantee="submitted")
+    slurm, elastic, rigid, waits = run(guaranteed, 2)
+    assert waits[rigid] == f"rigid job {rigid} waits: elastic jobs' guarantees (8 GPUs) are protected from it"
+    assert slurm.jobs[rigid].state is JobState.PENDING and slurm.jobs[elastic].gpus == 12
+    slurm, elastic, rigid, _ = run(guaranteed, 1)
+    assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 8
+    slurm, elastic, rigid, _ = run(RigidPolicy(), 2)          # the default keeps only the minimum
+    assert slurm.jobs[rigid].state is JobState.RUNNING and slurm.jobs[elastic].gpus == 4
