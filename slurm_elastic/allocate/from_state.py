@@ -250,6 +250,7 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
                 held[name] = held.get(name, 0) + job.gpus_per_node
     partitions = {n.name: n.partitions for n in state.nodes}
     running = [j for j in state.elastic_jobs if j.state.active and j.spec is not None]
+    sizes: dict[int, int | None] | None = None     # read once, and only when a rigid job is looked at
     # Slurm takes whole nodes from a running job but never its batch host: a job whose ranks go on in
     # their processes gives up any other node in place (docs/controller.md, "Shrinking on healthy nodes
     # in place"), its batch host only by a requeue, like a job without that word wherever it shrinks.
@@ -281,7 +282,10 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
             in_place = _given_up_in_place([j for j in running if keeps_ranks is not None and keeps_ranks(j)])
         chosen = sorted(fits, key=lambda c: (cost(c), -in_place.get(c.name, 0) if cost(c) else 0,  # type: ignore[union-attr]
                                              c.name))[:job.num_nodes]
-        protected = sum(rules.kept_from(e, job, submitted(e) if submitted else None) for e in running)
+        if sizes is None:
+            sizes = ({j.job_id: submitted(j) for j in running} if submitted and rules.guarantee == "submitted"
+                     else {})
+        protected = sum(rules.kept_from(e, job, sizes.get(e.job_id)) for e in running)
         # Slurm would start a pending elastic job of higher priority first: its minimum comes before this job
         ahead = sum(e.spec.min_gpus for e in queued  # type: ignore[union-attr]
                     if queue_order(e) < queue_order(job)
