@@ -228,14 +228,29 @@ def kept_queued(state: ClusterState, plans: list[Plan], in_scope: Callable[[Job]
     it (live, 22.05: allocated in the millisecond of the requeue), the resized job waited in the queue,
     and the next cycle sent the intruder back, freeing GPUs the next waiting job took (an adversarial
     probe: one user's 40 queued jobs, 458 requeues). Held from before any GPU is freed until the resized
-    jobs have started (protocol.py), they cannot. Only jobs Slurm would start on free GPUs are held."""
+    jobs have started (protocol.py), they cannot. Only jobs Slurm would start on free GPUs are held, and
+    only those whose shape fits on the GPUs free now plus all that the cycle's plans could free: each hold
+    and release is two or three Slurm calls, for every waiting job, and most cannot start there anyway."""
     if not any(p.to_gpus > 0 and not p.leaves_queued for p in plans):
         return []
     planned = {p.job_id for p in plans}
+    could_free: dict[str, int] = {}     # per node, the GPUs free now and those of every job a plan may requeue
+    for job in state.jobs:
+        if job.job_id in planned and job.state.active:
+            for name in job.nodes:
+                could_free[name] = could_free.get(name, 0) + job.gpus_per_node
+    for node in state.nodes:
+        could_free[node.name] = could_free.get(node.name, 0) + node.free.gpus
+
+    def could_start(job: Job) -> bool:
+        nodes = [n for n in state.nodes if could_free[n.name] >= job.gpus_per_node
+                 and (not job.partition or not n.partitions or job.partition in n.partitions)]
+        return len(nodes) >= job.num_nodes
+
     out = []
     for job in state.elastic_jobs:
         if (job.job_id in planned or job.state is not JobState.PENDING or job.held or job.spec is None
-                or job.reason not in WAITING_FOR_RESOURCES or not in_scope(job)):
+                or job.reason not in WAITING_FOR_RESOURCES or not in_scope(job) or not could_start(job)):
             continue
         size = min(max(job.gpus, job.spec.min_gpus), job.spec.max_gpus)   # its shape stays as it is (not resized)
         out.append(Plan(job_id=job.job_id, from_gpus=job.gpus, to_gpus=job.gpus, shape=shape(job.spec, size),

@@ -230,6 +230,23 @@ def test_the_queued_jobs_a_cycle_leaves_waiting_are_kept_queued_whatever_their_p
     assert make_plans(state, _allocation({str(grown): 4, **others}, {str(grown): {"n1": 4}}), _shape) == ()
 
 
+def test_a_queued_job_that_cannot_fit_on_what_the_cycle_could_free_is_not_held(tmp_path):
+    """A hold and its release are Slurm calls for each waiting job: one whose shape does not fit on the GPUs
+    free now plus every GPU of the jobs the cycle plans for cannot take anything, and is left alone."""
+    slurm = InMemorySlurm(nodes=3, gpus_per_node=4)
+    grown = slurm.add_job(ElasticSpec(1, 8, ckpt_dir=str(tmp_path / "ckpt")), nodes=1, gpus_per_node=4, run=False)
+    _running(slurm, grown, ("n1",))
+    rigid = slurm.add_job(None, nodes=1, gpus_per_node=4, run=False)
+    _running(slurm, rigid, ("n3",))
+    spec = ElasticSpec(4, 12, ckpt_dir=str(tmp_path / "ckpt"))
+    two = slurm.add_job(spec, nodes=2, gpus_per_node=4, run=False)      # n1 (freed by the grow) and n2
+    three = slurm.add_job(spec, nodes=3, gpus_per_node=4, run=False)    # would need n3 too, which stays busy
+    state = ClusterState(nodes=tuple(slurm.nodes.values()), jobs=tuple(slurm.jobs.values()), taken_at=slurm.now)
+    plans = make_plans(state, _allocation({str(grown): 8, str(two): 0, str(three): 0},
+                                          {str(grown): {"n1": 4, "n2": 4}}), _shape)
+    assert [p.job_id for p in plans if p.keeps_queued] == [two]
+
+
 def test_a_queued_job_kept_back_still_says_why_it_waits(tmp_path):
     """Its hold is not a resize: `status` and the daemon's notes keep telling its user why it is not started
     (before, a job with any plan had no reason, so each cycle that started another job blanked it)."""
