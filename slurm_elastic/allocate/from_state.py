@@ -331,7 +331,7 @@ def _keep_off_slurms_reservation(state: ClusterState, job: Job, left: dict[str, 
 def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S, in_place_cost_s: float | None = None,
                 throughput: Callable[..., float] | None = None, weight: float = 1.0,
                 own_weight: float | None = None, allowed_gpus: tuple[int, ...] | None = None,
-                must_run: bool = False) -> JobRequest:
+                must_run: bool = False, charge_weight: float = 1.0) -> JobRequest:
     """The one translation of an elastic Slurm job into a JobRequest.
 
     The range, step, CPUs and memory per GPU come from the job's spec; what
@@ -348,7 +348,8 @@ def job_request(job: Job, *, restart_cost_s: float = DEFAULT_RESTART_COST_S, in_
                       cpus_per_gpu=spec.cpus_per_gpu, mem_per_gpu_mb=spec.mem_per_gpu_mb, weight=own * weight,
                       current=current, user=job.user, own_weight=own, restart_cost_s=restart_cost_s,
                       in_place_cost_s=in_place_cost_s, batch_node=job.first_node if current else None,
-                      throughput=throughput, allowed_gpus=allowed_gpus, must_run=must_run)
+                      throughput=throughput, allowed_gpus=allowed_gpus, must_run=must_run,
+                      charge_weight=charge_weight)
 
 
 def with_in_place(requests: Sequence[JobRequest], state: ClusterState,

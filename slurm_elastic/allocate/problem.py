@@ -87,6 +87,9 @@ class JobRequest:
     # that factor moves GPUs among the user's own jobs only (allocate/users.py).
     user: str = ""
     own_weight: float = 1.0
+    # The factor of restart_cost_s and in_place_cost_s that its weights put there (control/requests' restart
+    # charge): the equal-weight solve divides it out, or a claim would make a job cheap or dear to move there.
+    charge_weight: float = 1.0
     # Where it stands in the neutral solve (allocate/users.py): the placement that solve gave it last
     # cycle, where its user's claims placed it otherwise (None: `current`).
     neutral_current: Mapping[str, int] | None = None
@@ -126,6 +129,9 @@ class JobRequest:
             raise AllocationError(f"job {self.key}: weight must be a positive finite number, got {self.weight!r}")
         if not _number(self.own_weight) or self.own_weight <= 0:
             raise AllocationError(f"job {self.key}: own weight must be a positive finite number, got {self.own_weight!r}")
+        if not _number(self.charge_weight) or self.charge_weight <= 0:
+            raise AllocationError(f"job {self.key}: charge weight must be a positive finite number, "
+                                  f"got {self.charge_weight!r}")
         if not _number(self.restart_cost_s) or self.restart_cost_s < 0:
             raise AllocationError(f"job {self.key}: restart cost must be >= 0 seconds, got {self.restart_cost_s!r}")
         if self.in_place_cost_s is not None and (not _number(self.in_place_cost_s) or self.in_place_cost_s < 0):

@@ -46,8 +46,7 @@ def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
     """`solve` with every job neutral, then each claiming user's slice divided at their jobs' claims."""
     several = _several_users(problem)
     neutral = solve(dataclasses.replace(problem, jobs=tuple(
-        _in_neutral_place(dataclasses.replace(j, weight=1.0, values=None, own_weight=1.0) if several
-                          else j.neutral()) for j in problem.jobs)))
+        _in_neutral_place(_equal_weight(j) if several else j.neutral()) for j in problem.jobs)))
     answer = dataclasses.replace(neutral, neutral=neutral.placement)
     for user in claiming_users(problem):
         mine = tuple(dataclasses.replace(j, own_weight=1.0) for j in problem.jobs if j.user == user)
@@ -58,6 +57,14 @@ def solve_by_user(problem: AllocationProblem, solve: Solve) -> Allocation:
         divided = solve(AllocationProblem(mine, nodes, problem.policy))
         answer = _merge(answer, divided, keys, user)
     return answer
+
+
+def _equal_weight(job: JobRequest) -> JobRequest:
+    """The job as the equal-weight solve sees it: weight 1, no values, its restart charges at weight 1."""
+    w = job.charge_weight
+    return dataclasses.replace(job, weight=1.0, values=None, own_weight=1.0, charge_weight=1.0,
+                               restart_cost_s=job.restart_cost_s / w,
+                               in_place_cost_s=None if job.in_place_cost_s is None else job.in_place_cost_s / w)
 
 
 def _in_neutral_place(job: JobRequest) -> JobRequest:

@@ -582,6 +582,33 @@ def test_a_users_weight_moves_gpus_only_among_that_users_own_jobs(objective):
     assert heavy["alice-heavy"] + heavy["alice-light"] <= fair["alice-heavy"] + fair["alice-light"], (fair, heavy)
 
 
+@pytest.mark.parametrize("objective", ["legacy", "progress"])
+def test_a_users_weight_takes_nothing_from_another_user_whose_jobs_were_seen_queued(objective):
+    """The same with jobs the controller saw pending first (a busy cluster: the share floor then knows the
+    size each asked for). The weight had reached the equal-weight solve twice: through the fair shares
+    (alice's light job, with a share of 0, had no floor) and through the restart charge (alice's light job
+    free to move, her heavy one dear); that solve then broke the three-way tie against bob, 8 -> 4."""
+    from slurm_elastic.control.journal import Journal
+    from slurm_elastic.control.reconcile import ControllerConfig, Reconciler
+    from slurm_elastic.control.requests import default_request_source
+
+    def bobs_target(weight_a: float) -> int:
+        slurm = InMemorySlurm(nodes=4)                                  # 16 GPUs, held by a rigid job first
+        filler = slurm.add_job(None, nodes=4, gpus_per_node=4)
+        slurm.add_job(ElasticSpec(1, 16, weight=weight_a), nodes=1, gpus_per_node=4, user="alice")
+        slurm.add_job(ElasticSpec(1, 16), nodes=1, gpus_per_node=4, user="alice")
+        bob = slurm.add_job(ElasticSpec(1, 16), nodes=1, gpus_per_node=4, user="bob")
+        config = ControllerConfig(node_confirm_s=0, min_resize_interval_s=0)
+        rec = Reconciler(slurm, Journal(":memory:"), config,
+                         requests=default_request_source(RequestSettings(objective=objective)))
+        rec.cycle(dry_run=True)                                         # all three seen pending at 4
+        slurm.finish(filler)                                            # Slurm starts them at 4 each
+        assert slurm.snapshot() and slurm.jobs[bob].state is JobState.RUNNING
+        return rec.cycle(dry_run=True).target(bob)
+
+    assert bobs_target(1_000_000.0) == bobs_target(1.0)
+
+
 def test_a_users_weight_takes_nothing_from_another_user_over_many_cycles():
     """The same property cycle after cycle, as a daemon runs (found by an adversarial probe on the live
     cluster): a job alice's `--weight 1000000` left queued asked the next cycle's neutral solve for GPUs

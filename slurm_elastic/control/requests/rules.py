@@ -89,6 +89,7 @@ class JobContext:
     must_run: bool = False
     commitment: Commitment = Commitment.NONE
     restart_charge_s: float = 0.0             # kappa: what the solver charges per GPU changed
+    charge_weight: float = 1.0                # the factor of the charges its weights put there
     in_place_charge_s: float = 0.0            # the same for a shrink that keeps its processes
     notes: tuple[str, ...] = ()               # the explanation, each part ending in its rule's name
 
@@ -372,7 +373,7 @@ class RestartCharge:
         hold = max(s.hold_s if s.charge_horizon_s is None else s.charge_horizon_s, s.measure_first_s)
         per_second = charge_w / (policy.beta * hold * spec.max_gpus) if policy.beta > 0 else 1.0
         own = f" (--weight {spec.weight:g}: {ctx.own_weight:.3g} among its user's jobs)" if spec.weight != 1 else ""
-        return ctx.with_(self, f"weight {total_w:.3g}{own}",
+        return ctx.with_(self, f"weight {total_w:.3g}{own}", charge_weight=charge_w,
                          restart_charge_s=ctx.restart_s * per_second, in_place_charge_s=ctx.in_place_s * per_second)
 
 

@@ -70,7 +70,7 @@ class MeasuredRequests:
         waits: dict[int, str] = {}
         bad: dict[int, str] = {}
         own = own_weights(state)
-        shares = fair_shares(state, own)
+        shares = fair_shares(state)
         self.files.begin_cycle(state)
         for job in state.elastic_jobs:
             self._remember(job, now)
@@ -79,6 +79,7 @@ class MeasuredRequests:
                                    yielding)
                 req = dataclasses.replace(
                     job_request(job, restart_cost_s=ctx.restart_charge_s, in_place_cost_s=ctx.in_place_charge_s,
+                                charge_weight=ctx.charge_weight,
                                 throughput=ctx.model, weight=ctx.weight,
                                 own_weight=ctx.own_weight, allowed_gpus=ctx.allowed, must_run=ctx.must_run),
                     commitment=ctx.commitment)
@@ -134,7 +135,7 @@ class ProgressRequests(MeasuredRequests):
     def requests(self, state: ClusterState, now: float, policy: Policy, yielding: bool = False) -> Requests:
         node_sizes = frozenset(n.gpus for n in state.nodes if n.gpus > 0)
         own = own_weights(state)
-        shares = fair_shares(state, own)
+        shares = fair_shares(state)
         s = self.settings
         built: list[tuple[Job, JobContext, progress.ProgressTerms]] = []
         out: dict[int, JobRequest] = {}
@@ -232,17 +233,19 @@ def own_weights(state: ClusterState) -> dict[int, float]:
             for job in state.elastic_jobs}
 
 
-def fair_shares(state: ClusterState, own: Mapping[int, float] | None = None) -> dict[int, int]:
-    """Job id -> its fair share of the GPUs elastic work can use: those GPUs x its own weight (`own_weights`)
-    / the sum of the own weights of the elastic jobs that want GPUs, rounded down."""
+def fair_shares(state: ClusterState) -> dict[int, int]:
+    """Job id -> its fair share of the GPUs elastic work can use: those GPUs / the number of elastic jobs
+    that want GPUs, rounded down.
+
+    No weight enters it: the share floor it bounds is part of the equal-weight solve that fixes what each
+    user's jobs hold (allocate/users.py), and a `--weight` in it moved GPUs between users (a job of another
+    user's with a share near zero had no floor, and the equal-weight solve broke its tie the other way)."""
     usable = sum(n.gpus for n in state.nodes if n.available)
     usable -= sum(j.gpus for j in state.jobs if j.spec is None and j.state is JobState.RUNNING)
     wanting = _wanting(state)
-    own = own if own is not None else own_weights(state)
-    total_w = sum(own[j.job_id] for j in wanting)
-    if usable <= 0 or total_w <= 0:
+    if usable <= 0 or not wanting:
         return {}
-    return {j.job_id: int(usable * own[j.job_id] / total_w + 1e-9) for j in wanting}
+    return {j.job_id: int(usable / len(wanting) + 1e-9) for j in wanting}
 
 
 def default_request_source(settings: RequestSettings | None = None, sizes: SizesRan | None = None) -> RequestSource:
