@@ -27,9 +27,8 @@ The rules, stated:
   The size it asked for is the GPUs it was submitted at, as the source first saw it pending (a job the
   controller started below its request still asked for its request); for a job first seen running, the
   GPU count of its metrics file's first row (a file whose beginning was not read gives no floor). Its
-  fair share (`source.fair_shares`) is the GPUs elastic work can use x its own weight / the sum of the
-  own weights of the elastic jobs that want GPUs (`source.own_weights`: a `--weight` counts only among its
-  user's own jobs). Why: remaining-time weights alone make a long job lose
+  fair share (`source.fair_shares`) is the GPUs elastic work can use / the number of elastic jobs that
+  want GPUs: no weight, as the floor is part of the equal-weight solve (allocate/users.py). Why: remaining-time weights alone make a long job lose
   every trade against each shorter arrival, so over its life it was shrunk and grown back again and
   again, each a restart (workload 1 before the floor: yolov3 on 2.2 GPUs of the 4 it asked for, 27.7
   restarts per job, 1.77x its Tiresias JCT; with it: 3.6 GPUs, 5 restarts, 1.14x).
