@@ -238,9 +238,9 @@ def reserve_for_rigid(state: ClusterState, capacity: tuple[NodeCapacity, ...], r
     minimums of pending elastic jobs Slurm would start before it; the nodes
     Slurm's backfill then holds for that job give elastic jobs no more than
     they hold there. `planned`: elastic jobs whose plan is open, seen without their spec (never taken for
-    rigid ones); `submitted`: the GPUs a job was submitted at, for a "submitted" guarantee (RigidPolicy). A job in an
-    advance reservation is looked at only while `windows` has it active, on its nodes; no job on the nodes
-    of another reservation that would not let it start now (`reservations.blocking`).
+    rigid ones); `submitted`: the GPUs a job was submitted at, for a "submitted" guarantee (RigidPolicy).
+    A job in an advance reservation is looked at only while `windows` has it active, on its nodes; no job
+    on the nodes of another reservation that would not let it start now (`reservations.blocking`).
     """
     left = {c.name: c for c in capacity}
     held: dict[str, int] = {}

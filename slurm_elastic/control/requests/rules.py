@@ -28,8 +28,9 @@ The rules, stated:
   controller started below its request still asked for its request); for a job first seen running, the
   GPU count of its metrics file's first row (a file whose beginning was not read gives no floor). Its
   fair share (`source.fair_shares`) is the GPUs elastic work can use / the number of elastic jobs that
-  want GPUs: no weight, as the floor is part of the equal-weight solve (allocate/users.py). Why: remaining-time weights alone make a long job lose
-  every trade against each shorter arrival, so over its life it was shrunk and grown back again and
+  want GPUs: no weight, as the floor is part of the equal-weight solve (allocate/users.py). Why:
+  remaining-time weights alone make a long job lose every trade against each shorter arrival, so over
+  its life it was shrunk and grown back again and
   again, each a restart (workload 1 before the floor: yolov3 on 2.2 GPUs of the 4 it asked for, 27.7
   restarts per job, 1.77x its Tiresias JCT; with it: 3.6 GPUs, 5 restarts, 1.14x).
 - restart-cost (`RestartCost`): the median of the job's last five measured restarts, else the default.
