@@ -46,6 +46,9 @@ def job_row(job: Job, why: str | None = None) -> dict[str, object]:
             "ended": job.state.finished, "end_time": job.end_time, "exit_signal": job.exit_signal}
 
 
+OWN_VIEW = "no daemon's notes found: as a watch of yours would decide, other users' elastic jobs counted as fixed"
+
+
 def _daemon_notes(who: str) -> Mapping[int, str] | None:
     """The running daemon's notes on `who`'s jobs (control/job_notes.py), when a fresh daemon wrote them and
     the caller may read them; else None."""
@@ -122,7 +125,11 @@ def status(as_json: bool, user: str | None) -> None:
         config = controller_config(env["ack_timeout"], env["hysteresis"], env["restart_budget"],  # type: ignore[arg-type]
                                    env["signal_name"])  # type: ignore[arg-type]
         reconciler, _ = observer(backend, config, user=who)
-        waits = reconciler.cycle(dry_run=True).waits
+        waits = dict(reconciler.cycle(dry_run=True).waits)
+        # That view sizes the caller's own elastic jobs only: to it, other users' count as fixed usage
+        for job in rigid:
+            if job.job_id in waits:
+                waits[job.job_id] += f" ({OWN_VIEW})"
     jobs += [j for j in rigid if j.job_id in waits]
     rows = [job_row(j, waits.get(j.job_id)) for j in sorted(jobs, key=lambda j: j.job_id)]
     if as_json:

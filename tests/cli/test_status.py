@@ -96,6 +96,9 @@ def test_a_pending_rigid_job_is_listed_with_why_elastic_jobs_do_not_yield_to_it(
     assert other not in rows
     assert rows[rigid]["min_gpus"] is None and rows[rigid]["state"] == "PENDING"
     assert "elastic jobs' minimums (6 GPUs) are protected from it" in rows[rigid]["why"]
+    # No daemon wrote notes: the word is this user's own view, and says so (a probe read "does not fit even
+    # without elastic jobs" of a job that fitted once another user's elastic jobs shrank)
+    assert rows[rigid]["why"].endswith("other users' elastic jobs counted as fixed)")
     text = CliRunner().invoke(main, ["status"], catch_exceptions=False).output
     assert any(line.split()[0] == str(rigid) and "protected" in line for line in text.splitlines()[1:])
 
