@@ -39,7 +39,10 @@ T = TypeVar("T")
 
 CLI = Path(sys.executable).parent / "slurm-elastic"
 TEMPLATE = Path(__file__).resolve().parents[2] / "job_templates" / "ddp.sbatch"
-EPOCHS = 10    # the job must outlast the loss, the return and the grow decision on a loaded CI machine
+# The job must outlast the loss, the return and the grow decision. A job whose ranks reported n2 lost stays off
+# it for KILL_RETRY_S (90 s) after it comes back: at 2 GPUs an epoch takes ~11 s, so 10 epochs left ~80 s after
+# the return on a quiet CI machine and the job finished before it could grow (CI, 2026-12-08).
+EPOCHS = 16
 MINGPT_EPOCHS = 8     # ~2,500 steps: the loss and the return come in the first third here
 DELAY_S = "0.05"      # per batch: the run must outlast a node loss and a return on a fast machine
 START_RE = re.compile(r"slurm-elastic: job \d+ restart (\d+): (\d+) node\(s\) x (\d+) GPU\(s\)")
