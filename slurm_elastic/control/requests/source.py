@@ -238,8 +238,8 @@ def fair_shares(state: ClusterState) -> dict[int, int]:
     that want GPUs, rounded down.
 
     No weight enters it: the share floor it bounds is part of the equal-weight solve that fixes what each
-    user's jobs hold (allocate/users.py), and a `--weight` in it moved GPUs between users (a job of another
-    user's with a share near zero had no floor, and the equal-weight solve broke its tie the other way)."""
+    user's jobs hold (allocate/users.py), and a `--weight` in it moved GPUs between users (a job its user
+    weighted near zero had no floor, and the equal-weight solve broke a tie against another user's job)."""
     usable = sum(n.gpus for n in state.nodes if n.available)
     usable -= sum(j.gpus for j in state.jobs if j.spec is None and j.state is JobState.RUNNING)
     wanting = _wanting(state)
